@@ -1,0 +1,71 @@
+"""The engine: a step-driven language model over a paged KV cache.
+
+Importing this package root loads no torch: it exposes the plain data types and
+errors that other packages may use, and ``load_engine`` which imports the torch
+parts when it is called. Plain thread-safe Python; no HTTP and no Trio here.
+"""
+
+from __future__ import annotations
+
+import os
+
+# No model hub at run time, ever: set before anything imports huggingface_hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+from typing import TYPE_CHECKING  # noqa: E402
+
+from .errors import DoubleRelease as DoubleRelease  # noqa: E402
+from .errors import DuplicateRequestId as DuplicateRequestId  # noqa: E402
+from .errors import EmptyPrompt as EmptyPrompt  # noqa: E402
+from .errors import EngineError as EngineError  # noqa: E402
+from .errors import InvalidMaxNewTokens as InvalidMaxNewTokens  # noqa: E402
+from .errors import InvalidRequest as InvalidRequest  # noqa: E402
+from .errors import InvalidSampling as InvalidSampling  # noqa: E402
+from .errors import PromptTooLong as PromptTooLong  # noqa: E402
+from .errors import StepReentered as StepReentered  # noqa: E402
+from .types import EngineEvent as EngineEvent  # noqa: E402
+from .types import EngineStatistics as EngineStatistics  # noqa: E402
+from .types import FinishEvent as FinishEvent  # noqa: E402
+from .types import FinishReason as FinishReason  # noqa: E402
+from .types import GenerationRequest as GenerationRequest  # noqa: E402
+from .types import SamplingParams as SamplingParams  # noqa: E402
+from .types import TokenEvent as TokenEvent  # noqa: E402
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+def load_engine(
+    model: str = "smollm2",
+    device: str | None = None,
+    **engine_options: int,
+) -> Engine:
+    """Load a model by name or path and wrap it in an Engine (imports torch)."""
+    from .engine import Engine
+    from .model import load_model
+
+    loaded = load_model(model, device)
+    return Engine(loaded, **engine_options)
+
+
+__all__ = [
+    "DoubleRelease",
+    "DuplicateRequestId",
+    "EmptyPrompt",
+    "EngineError",
+    "EngineEvent",
+    "EngineStatistics",
+    "FinishEvent",
+    "FinishReason",
+    "GenerationRequest",
+    "InvalidMaxNewTokens",
+    "InvalidRequest",
+    "InvalidSampling",
+    "PromptTooLong",
+    "SamplingParams",
+    "StepReentered",
+    "TokenEvent",
+    "load_engine",
+]

@@ -1,0 +1,339 @@
+"""The step-driven engine: continuous batching over a paged KV cache.
+
+Theory of operation. The rest of the program talks to the engine through four
+thread-safe methods, ``submit``, ``cancel``, ``pause`` and ``resume``, which
+only record a wish in the inbox. Everything that changes a sequence or the
+cache happens inside ``step()``, which one caller runs repeatedly:
+
+1. apply the inbox: submits join the waiting queue, cancels finish a waiting
+   sequence (never admitted) or a running one (blocks released), pauses and
+   resumes flip a flag;
+2. admit waiting sequences in arrival order while there are batch slots and
+   blocks, and run each one's prefill, which yields its first token; with
+   ``on_prefill`` those events go out as soon as that prefill is done;
+3. decode one token for every other running, unpaused sequence in ONE batched
+   forward pass;
+4. return the events: tokens, and finishes with a reason.
+
+A sequence is therefore never removed while its tensors are in use, and its
+blocks are released in one place (``BlockAllocator.release``, which raises on
+a second release). ``statistics()`` is a snapshot taken at the last step
+boundary, so reading it never waits for a step.
+"""
+
+from __future__ import annotations
+
+import enum
+import statistics as stats
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+import torch
+
+from . import sampling
+from .attention import ATTENTION_NAME, PagedBatch
+from .errors import (
+    DuplicateRequestId,
+    EmptyPrompt,
+    InvalidMaxNewTokens,
+    PromptTooLong,
+    StepReentered,
+)
+from .kv_cache import BlockAllocator, PagedKVCache
+from .model import LoadedModel
+from .scheduler import Scheduler
+from .sequence import Sequence
+from .text import IncrementalDetokenizer, StopMatcher
+from .types import (
+    EngineEvent,
+    EngineStatistics,
+    FinishEvent,
+    FinishReason,
+    GenerationRequest,
+    TokenEvent,
+)
+
+PrefillCallback = Callable[[list[EngineEvent]], None]
+
+
+class _Op(enum.Enum):
+    SUBMIT = "submit"  # payload: a new Sequence
+    CANCEL = "cancel"  # payload: a request id
+    PAUSE = "pause"
+    RESUME = "resume"
+
+
+class Engine:
+    """A language model serving many sequences, one round per ``step()``.
+
+    Args:
+        loaded: the model and tokenizer (see ``engine.model.load_model``).
+        max_batch: most sequences running at once (batch slots).
+        num_blocks: KV-cache blocks, allocated once.
+        block_size: positions per block.
+        eos_token_ids: override the model's end-of-sequence ids.
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        max_batch: int = 32,
+        num_blocks: int = 512,
+        block_size: int = 16,
+        eos_token_ids: frozenset[int] | None = None,
+    ) -> None:
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.device = loaded.device
+        self.eos_token_ids = loaded.eos_token_ids if eos_token_ids is None else eos_token_ids
+        self.model.set_attn_implementation(ATTENTION_NAME)
+        config = self.model.config
+        num_heads = config.num_attention_heads
+        self.cache = PagedKVCache(
+            num_layers=config.num_hidden_layers,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // num_heads,
+            dtype=self.model.dtype,
+            device=self.device,
+        )
+        self.allocator = BlockAllocator(num_blocks, block_size)
+        self.scheduler = Scheduler(self.allocator, max_batch)
+        self._inbox: list[tuple[_Op, Sequence | str]] = []
+        self._live_ids: set[str] = set()  # submitted and not yet finished
+        self._inbox_lock = threading.Lock()  # guards _inbox and _live_ids
+        self._step_lock = threading.Lock()  # one step at a time
+        self._num_steps = 0
+        self._last_step_ms: float | None = None
+        self._decode_ms: deque[float] = deque(maxlen=256)
+        self._snapshot = self._take_snapshot()
+
+    # -- the thread-safe entry points: they only record a wish ---------------
+
+    def submit(self, request: GenerationRequest) -> int:
+        """Validate and queue a request; return its prompt's token count.
+
+        Raises:
+            EmptyPrompt, InvalidMaxNewTokens, InvalidSampling, PromptTooLong,
+            DuplicateRequestId: nothing was queued.
+        """
+        max_new = request.max_new_tokens
+        if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
+            raise InvalidMaxNewTokens(f"max_new_tokens must be an integer >= 1, got {max_new!r}")
+        sampling.validate(request.sampling)
+        prompt_ids = self.tokenizer.encode(request.prompt) if request.prompt else []
+        if not prompt_ids:
+            raise EmptyPrompt("the prompt is empty")
+        self.check_budget(len(prompt_ids), max_new)
+        seq = Sequence(
+            request=request,
+            prompt_ids=prompt_ids,
+            detokenizer=IncrementalDetokenizer(self.tokenizer, prompt_ids),
+            stop_matcher=StopMatcher(tuple(request.stop)),
+            generator=sampling.make_generator(request.sampling, self.device),
+        )
+        with self._inbox_lock:
+            if request.request_id in self._live_ids:
+                raise DuplicateRequestId(f"request id {request.request_id!r} is in use")
+            self._live_ids.add(request.request_id)
+            self._inbox.append((_Op.SUBMIT, seq))
+        return len(prompt_ids)
+
+    def check_budget(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Raise PromptTooLong if the request can never fit the cache or the model."""
+        total = prompt_tokens + max_new_tokens
+        limit = min(self.loaded.max_context, self.allocator.num_blocks * self.allocator.block_size)
+        if total > limit:
+            raise PromptTooLong(
+                f"prompt ({prompt_tokens} tokens) plus max_new_tokens ({max_new_tokens}) "
+                f"is {total}, over the limit of {limit} tokens"
+            )
+
+    def cancel(self, request_id: str) -> None:
+        """Ask for a request to end at the next step boundary (idempotent)."""
+        self._post(_Op.CANCEL, request_id)
+
+    def pause(self, request_id: str) -> None:
+        """Leave a running request out of decoding; it keeps its blocks and slot."""
+        self._post(_Op.PAUSE, request_id)
+
+    def resume(self, request_id: str) -> None:
+        self._post(_Op.RESUME, request_id)
+
+    def _post(self, op: _Op, request_id: str) -> None:
+        with self._inbox_lock:
+            self._inbox.append((op, request_id))
+
+    # -- the step: only its one caller runs it --------------------------------
+
+    def step(self, on_prefill: PrefillCallback | None = None) -> list[EngineEvent]:
+        """Run one round (see the module docstring) and return its events.
+
+        Events handed to ``on_prefill`` are not repeated in the return value.
+
+        Raises:
+            StepReentered: another thread is inside step().
+        """
+        if not self._step_lock.acquire(blocking=False):
+            raise StepReentered("step() is already running in another thread")
+        try:
+            started = time.perf_counter()
+            events = self._apply_inbox()
+            deliver = on_prefill if on_prefill is not None else events.extend
+            admitted = self.scheduler.admit()
+            for seq in admitted:
+                deliver(self._prefill(seq))
+            batch = [s for s in self.scheduler.decodable() if s not in admitted]
+            if batch:
+                events.extend(self._decode(batch))
+            self._record_step(started, decoded=bool(batch), prefilled=bool(admitted))
+            return events
+        finally:
+            self._step_lock.release()
+
+    def has_work(self) -> bool:
+        """Whether a step would do anything. For the step's caller, between steps."""
+        with self._inbox_lock:
+            if self._inbox:
+                return True
+        waiting = self.scheduler.waiting
+        can_admit = bool(waiting) and (
+            len(self.scheduler.running) < self.scheduler.max_batch
+            and self.allocator.can_reserve(waiting[0].max_tokens)
+        )
+        return can_admit or bool(self.scheduler.decodable())
+
+    def statistics(self) -> EngineStatistics:
+        """The state at the last step boundary."""
+        return self._snapshot
+
+    def _apply_inbox(self) -> list[EngineEvent]:
+        with self._inbox_lock:
+            ops, self._inbox = self._inbox, []
+        events: list[EngineEvent] = []
+        for op, payload in ops:
+            if op is _Op.SUBMIT:
+                assert isinstance(payload, Sequence)
+                self.scheduler.add(payload)
+                continue
+            assert isinstance(payload, str)
+            seq = self.scheduler.find(payload)
+            if seq is None:
+                continue  # unknown or already finished: nothing to do
+            if op is _Op.CANCEL:
+                events.append(self._finish(seq, FinishReason.CANCELLED))
+            else:
+                seq.is_paused = op is _Op.PAUSE
+        return events
+
+    # -- model work -----------------------------------------------------------
+
+    @torch.inference_mode()
+    def _prefill(self, seq: Sequence) -> list[EngineEvent]:
+        assert seq.block_table is not None
+        try:
+            n = seq.num_prompt_tokens
+            positions = torch.arange(n, device=self.device).unsqueeze(0)
+            tables = torch.tensor([seq.block_table.block_ids], device=self.device)
+            batch = PagedBatch(self.cache, self.cache.slots(tables, positions).flatten(), None, None)
+            input_ids = torch.tensor([seq.prompt_ids], device=self.device)
+            logits = self._forward(input_ids, positions, batch)
+            token_id = sampling.sample(logits, [seq.request.sampling], [seq.generator])[0]
+        except Exception as exc:  # a failed prefill ends this sequence only
+            return [self._finish(seq, FinishReason.ERROR, error=f"prefill failed: {exc}")]
+        return self._append_token(seq, token_id)
+
+    @torch.inference_mode()
+    def _decode(self, seqs: list[Sequence]) -> list[EngineEvent]:
+        try:
+            token_ids = self._decode_forward(seqs)
+        except Exception as exc:  # a failed batch ends every sequence in it
+            return [self._finish(s, FinishReason.ERROR, error=f"decode failed: {exc}") for s in seqs]
+        events: list[EngineEvent] = []
+        for seq, token_id in zip(seqs, token_ids, strict=True):
+            events.extend(self._append_token(seq, token_id))
+        return events
+
+    def _decode_forward(self, seqs: list[Sequence]) -> list[int]:
+        device = self.device
+        tables_list = [s.block_table.block_ids for s in seqs]  # type: ignore[union-attr]
+        width = max(len(t) for t in tables_list)
+        tables = torch.tensor([t + [0] * (width - len(t)) for t in tables_list], device=device)
+        positions = torch.tensor([[s.num_cached] for s in seqs], device=device)
+        lengths = positions + 1
+        span = torch.arange(int(lengths.max()), device=device).expand(len(seqs), -1)
+        batch = PagedBatch(
+            self.cache,
+            write_slots=self.cache.slots(tables, positions).flatten(),
+            read_slots=self.cache.slots(tables, span),
+            read_mask=(span < lengths)[:, None, None, :],
+        )
+        input_ids = torch.tensor([[s.last_token_id] for s in seqs], device=device)
+        logits = self._forward(input_ids, positions, batch)
+        return sampling.sample(
+            logits, [s.request.sampling for s in seqs], [s.generator for s in seqs]
+        )
+
+    def _forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: PagedBatch
+    ) -> torch.Tensor:
+        """Logits of the last position of each row, (batch, vocab)."""
+        out = self.model(
+            input_ids=input_ids, position_ids=positions, paged=batch,
+            use_cache=False, logits_to_keep=1,
+        )
+        return out.logits[:, -1, :]
+
+    # -- text and finishing ---------------------------------------------------
+
+    def _append_token(self, seq: Sequence, token_id: int) -> list[EngineEvent]:
+        seq.generated_ids.append(token_id)
+        index = len(seq.generated_ids) - 1
+        text, stopped = seq.stop_matcher.feed(seq.detokenizer.add(token_id))
+        reason: FinishReason | None = FinishReason.STOP if stopped else None
+        is_eos = token_id in self.eos_token_ids and not seq.request.sampling.ignore_eos
+        if reason is None and (is_eos or index + 1 == seq.request.max_new_tokens):
+            tail, stopped = seq.stop_matcher.feed(seq.detokenizer.flush())
+            text += tail if stopped else tail + seq.stop_matcher.flush()
+            reason = FinishReason.STOP if stopped else (
+                FinishReason.EOS if is_eos else FinishReason.LENGTH
+            )
+        events: list[EngineEvent] = [TokenEvent(seq.request_id, index, token_id, text)]
+        if reason is not None:
+            events.append(self._finish(seq, reason))
+        return events
+
+    def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> FinishEvent:
+        self.scheduler.finish(seq)
+        with self._inbox_lock:
+            self._live_ids.discard(seq.request_id)
+        return FinishEvent(
+            seq.request_id, reason, seq.num_prompt_tokens, len(seq.generated_ids), error
+        )
+
+    def _record_step(self, started: float, *, decoded: bool, prefilled: bool) -> None:
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        self._num_steps += 1
+        self._last_step_ms = elapsed_ms
+        if decoded and not prefilled:
+            self._decode_ms.append(elapsed_ms)
+        self._snapshot = self._take_snapshot()
+
+    def _take_snapshot(self) -> EngineStatistics:
+        return EngineStatistics(
+            blocks_total=self.allocator.num_blocks,
+            blocks_free=self.allocator.num_free,
+            blocks_reserved=self.allocator.num_reserved,
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            paused=self.scheduler.num_paused,
+            releases=self.allocator.num_releases,
+            steps=self._num_steps,
+            last_step_ms=self._last_step_ms,
+            median_decode_step_ms=stats.median(self._decode_ms) if self._decode_ms else None,
+        )

@@ -1,0 +1,50 @@
+"""The engine's exceptions: one type per kind of bad input, raised before admission.
+
+    EngineError
+    ├── InvalidRequest            the request can never be served as given
+    │   ├── EmptyPrompt           the prompt has no tokens
+    │   ├── InvalidMaxNewTokens   max_new_tokens < 1
+    │   ├── PromptTooLong         prompt + max_new_tokens exceed the cache or the model's context
+    │   ├── InvalidSampling       temperature, top_p, top_k or seed out of range
+    │   └── DuplicateRequestId    the id is already in the engine
+    ├── DoubleRelease             a sequence's blocks were released twice (a bug, never input)
+    └── StepReentered             step() was called while another step ran (a bug)
+"""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base of everything the engine raises on purpose."""
+
+
+class InvalidRequest(EngineError, ValueError):
+    """The request can never be served as given; nothing was admitted."""
+
+
+class EmptyPrompt(InvalidRequest):
+    pass
+
+
+class InvalidMaxNewTokens(InvalidRequest):
+    pass
+
+
+class PromptTooLong(InvalidRequest):
+    pass
+
+
+class InvalidSampling(InvalidRequest):
+    pass
+
+
+class DuplicateRequestId(InvalidRequest):
+    pass
+
+
+class DoubleRelease(EngineError, RuntimeError):
+    """Blocks of one sequence were released a second time."""
+
+
+class StepReentered(EngineError, RuntimeError):
+    """Two threads called step() at once; the engine has one caller."""

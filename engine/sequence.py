@@ -1,0 +1,57 @@
+"""One request's life inside the engine.
+
+A ``Sequence`` is created when the step applies a submit, and lives in the
+scheduler until it finishes. Only the thread running ``step()`` touches it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from .kv_cache import BlockTable
+from .text import IncrementalDetokenizer, StopMatcher
+from .types import GenerationRequest
+
+
+class SequenceState(enum.Enum):
+    WAITING = "waiting"  # submitted, not admitted: holds no blocks
+    RUNNING = "running"  # admitted: holds its block table and a batch slot
+    FINISHED = "finished"  # left the engine: its blocks went back exactly once
+
+
+@dataclass(eq=False)
+class Sequence:
+    request: GenerationRequest
+    prompt_ids: list[int]
+    detokenizer: IncrementalDetokenizer
+    stop_matcher: StopMatcher
+    generator: torch.Generator | None
+    state: SequenceState = SequenceState.WAITING
+    generated_ids: list[int] = field(default_factory=list)
+    block_table: BlockTable | None = None
+    is_paused: bool = False
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def max_tokens(self) -> int:
+        """Positions this sequence can ever occupy: what admission reserves."""
+        return len(self.prompt_ids) + self.request.max_new_tokens
+
+    @property
+    def num_cached(self) -> int:
+        """Positions whose keys/values are in the cache (all but the newest token)."""
+        return len(self.prompt_ids) + len(self.generated_ids) - 1
+
+    @property
+    def last_token_id(self) -> int:
+        return self.generated_ids[-1]

@@ -1,0 +1,83 @@
+"""Turning token ids into text deltas, and ending on stop strings.
+
+``IncrementalDetokenizer`` follows the prefix/read-offset scheme of TGI and
+vLLM: it decodes a short window of recent tokens twice (with and without the
+newest) and emits the difference, holding it back while the window ends in an
+incomplete UTF-8 character (decoded as U+FFFD). Decoding a window rather than
+single tokens keeps the tokenizer's joining rules (spaces, byte fallback).
+
+``StopMatcher`` finds stop strings in the text across token boundaries. It
+holds back the longest tail that could still grow into a stop string, so a
+stop string split over two tokens is never partly emitted.
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase
+
+REPLACEMENT_CHAR = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Text deltas for one sequence's generated tokens."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]) -> None:
+        self._tokenizer = tokenizer
+        # A few prompt tokens of context so the first generated token joins correctly.
+        self._ids = list(prompt_ids[-4:])
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add(self, token_id: int) -> str:
+        """Append one token; return the text it completes (may be empty)."""
+        self._ids.append(token_id)
+        prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        text = self._decode(self._ids[self._prefix_offset :])
+        if len(text) <= len(prefix) or text.endswith(REPLACEMENT_CHAR):
+            return ""  # an incomplete character: wait for its remaining bytes
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        return text[len(prefix) :]
+
+    def flush(self) -> str:
+        """The held-back text at the end of the sequence (may hold U+FFFD)."""
+        prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        text = self._decode(self._ids[self._prefix_offset :])
+        self._prefix_offset = self._read_offset = len(self._ids)
+        return text[len(prefix) :]
+
+
+class StopMatcher:
+    """Finds the first stop string in a stream of text deltas."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._held = ""
+
+    def feed(self, delta: str) -> tuple[str, bool]:
+        """Return (text safe to emit, stopped). After a stop, the rest is dropped."""
+        if not self._stops:
+            return delta, False
+        text = self._held + delta
+        found = [i for i in (text.find(s) for s in self._stops) if i >= 0]
+        if found:
+            self._held = ""
+            return text[: min(found)], True
+        keep = max(self._partial_len(text, s) for s in self._stops)
+        self._held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep], False
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return held
+
+    @staticmethod
+    def _partial_len(text: str, stop: str) -> int:
+        """Length of the longest tail of ``text`` that is a proper prefix of ``stop``."""
+        for n in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:n]):
+                return n
+        return 0

@@ -1,0 +1,94 @@
+"""Plain frozen data that crosses the engine's boundary.
+
+Everything the rest of the program learns from the engine, and everything it
+asks of it, is one of these types: request ids, token ids, text deltas, finish
+reasons and counters. No tensors leave ``engine/``; no Trio object enters it.
+This module imports neither torch nor transformers, so ``streams/`` may use it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason(enum.Enum):
+    """Why a sequence left the engine."""
+
+    EOS = "eos"  # the model produced an end-of-sequence token
+    LENGTH = "length"  # max_new_tokens were generated
+    STOP = "stop"  # a stop string appeared in the text (it is not emitted)
+    CANCELLED = "cancelled"  # cancel() was applied at a step boundary
+    ERROR = "error"  # the forward pass or sampling failed for this sequence
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How one request picks its next token.
+
+    ``temperature == 0`` is greedy. With a ``seed`` a sampled request draws
+    from its own generator, so its tokens do not depend on its batch mates.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k cut
+    seed: int | None = None
+    ignore_eos: bool = False  # for fixed-length benchmarks
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """One request as submitted to the engine."""
+
+    request_id: str
+    prompt: str
+    max_new_tokens: int = 16
+    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """One generated token and the text it adds.
+
+    ``text`` may be empty while bytes of an incomplete character or a possible
+    stop-string prefix are held back; the last token of a sequence that ends by
+    ``eos`` or ``length`` carries whatever was held back. An end-of-sequence
+    token is reported as a token (its own text is empty) and counted in usage.
+    """
+
+    request_id: str
+    index: int  # 0 for the first generated token
+    token_id: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class FinishEvent:
+    """A sequence left the engine; its blocks are already released."""
+
+    request_id: str
+    reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None = None  # a message when reason is ERROR
+
+
+EngineEvent = TokenEvent | FinishEvent
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStatistics:
+    """A snapshot of the engine's state, taken under its lock."""
+
+    blocks_total: int
+    blocks_free: int
+    blocks_reserved: int
+    running: int
+    waiting: int
+    paused: int
+    releases: int  # sequences whose blocks went back to the pool
+    steps: int
+    last_step_ms: float | None
+    median_decode_step_ms: float | None  # over recent steps that decoded a batch
