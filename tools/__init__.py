@@ -1,0 +1,1 @@
+"""Benchmarks, experiments and the load generator: commands, not tests."""

@@ -1,0 +1,115 @@
+"""Median time of one decode step: the engine against plain transformers.
+
+``python -m tools.stepbench [--json FILE]`` loads the embedded model once and,
+for each batch size, times decode steps (no prefill in them) of
+
+* the engine: B sequences admitted together, then ``step()`` decoding all B
+  over the paged cache;
+* plain transformers: the same B prompts, same context, one batched forward
+  with the library's own KV cache (``DynamicCache``, sdpa attention).
+
+Both sides run in the same process, alternating per batch size, so the ratio
+is fair on a noisy shared machine. Prompts are cut to the same token length
+so that neither side needs padding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers import DynamicCache
+
+from engine import GenerationRequest, SamplingParams
+from engine.attention import ATTENTION_NAME
+from engine.engine import Engine
+from engine.model import LoadedModel, load_model
+from tools.prompts import load_prompts
+
+BATCHES = (1, 2, 4, 8, 16, 32)
+
+
+def prompt_ids(loaded: LoadedModel, batch: int, length: int) -> list[list[int]]:
+    prompts = load_prompts()
+    return [loaded.tokenizer.encode(prompts[i % len(prompts)])[:length] for i in range(batch)]
+
+
+def engine_step_ms(loaded: LoadedModel, ids: list[list[int]], steps: int, warmup: int) -> float:
+    loaded.model.set_attn_implementation(ATTENTION_NAME)
+    engine = Engine(loaded, max_batch=len(ids), num_blocks=len(ids) * 8 + 8, block_size=16)
+    for i, row in enumerate(ids):
+        text = loaded.tokenizer.decode(row)
+        request = GenerationRequest(f"b{i}", text, warmup + steps + 2,
+                                    sampling=SamplingParams(ignore_eos=True))
+        engine.submit(request)
+    engine.step()  # admission and every prefill
+    times = []
+    for _ in range(warmup + steps):
+        started = time.perf_counter()
+        engine.step()
+        times.append((time.perf_counter() - started) * 1000)
+    while engine.has_work():
+        for row in range(len(ids)):
+            engine.cancel(f"b{row}")
+        engine.step()
+    return statistics.median(times[warmup:])
+
+
+@torch.inference_mode()
+def transformers_step_ms(loaded: LoadedModel, ids: list[list[int]], steps: int, warmup: int) -> float:
+    model = loaded.model
+    model.set_attn_implementation("sdpa")
+    width = min(len(r) for r in ids)
+    input_ids = torch.tensor([r[:width] for r in ids], device=loaded.device)
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    next_ids = out.logits[:, -1].argmax(-1, keepdim=True)
+    times = []
+    for _ in range(warmup + steps):
+        started = time.perf_counter()
+        out = model(input_ids=next_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        next_ids = out.logits[:, -1].argmax(-1, keepdim=True)
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times[warmup:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.stepbench", description=__doc__)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    parser.add_argument("--steps", type=int, default=16, help="timed decode steps per run")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--json", type=Path, default=None, help="write the rows here")
+    args = parser.parse_args(argv)
+
+    loaded = load_model(args.model, args.device)
+    rows = []
+    for batch in tqdm(args.batches, desc="batch sizes"):
+        ids = prompt_ids(loaded, batch, args.prompt_tokens)
+        engine_ms = engine_step_ms(loaded, ids, args.steps, args.warmup)
+        plain_ms = transformers_step_ms(loaded, ids, args.steps, args.warmup)
+        rows.append({"batch": batch, "engine_ms": round(engine_ms, 2),
+                     "transformers_ms": round(plain_ms, 2),
+                     "ratio": round(engine_ms / plain_ms, 3)})
+    base = rows[0]["engine_ms"]
+    print(f"{'batch':>5} {'engine ms':>10} {'transformers ms':>16} {'ratio':>6} {'x batch 1':>9}")
+    for row in rows:
+        print(f"{row['batch']:>5} {row['engine_ms']:>10.2f} {row['transformers_ms']:>16.2f} "
+              f"{row['ratio']:>6.3f} {row['engine_ms'] / base:>9.2f}")
+    if args.json:
+        summary = {"model": args.model, "device": str(loaded.device),
+                   "prompt_tokens": args.prompt_tokens, "timed_steps": args.steps}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
