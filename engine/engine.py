@@ -85,6 +85,8 @@ class Engine:
         block_size: int = 16,
         eos_token_ids: frozenset[int] | None = None,
     ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -185,13 +187,17 @@ class Engine:
             started = time.perf_counter()
             events = self._apply_inbox()
             deliver = on_prefill if on_prefill is not None else events.extend
-            admitted = self.scheduler.admit()
-            for seq in admitted:
+            self.scheduler.admit()
+            # Prefill whatever was admitted and not yet run (normally: just now). A
+            # sequence paused before its prefill waits; one whose prefill was skipped
+            # because on_prefill raised in an earlier step gets it now.
+            fresh = self.scheduler.prefillable()
+            for seq in fresh:
                 deliver(self._prefill(seq))
-            batch = [s for s in self.scheduler.decodable() if s not in admitted]
+            batch = [s for s in self.scheduler.decodable() if s not in fresh]
             if batch:
                 events.extend(self._decode(batch))
-            self._record_step(started, decoded=bool(batch), prefilled=bool(admitted))
+            self._record_step(started, decoded=bool(batch), prefilled=bool(fresh))
             return events
         finally:
             self._step_lock.release()
@@ -206,7 +212,7 @@ class Engine:
             len(self.scheduler.running) < self.scheduler.max_batch
             and self.allocator.can_reserve(waiting[0].max_tokens)
         )
-        return can_admit or bool(self.scheduler.decodable())
+        return can_admit or bool(self.scheduler.prefillable() or self.scheduler.decodable())
 
     def statistics(self) -> EngineStatistics:
         """The state at the last step boundary."""

@@ -46,6 +46,10 @@ class Scheduler:
             admitted.append(head)
         return admitted
 
+    def prefillable(self) -> list[Sequence]:
+        """Admitted, unpaused sequences whose prompt has not been run yet."""
+        return [s for s in self.running.values() if not s.is_paused and not s.generated_ids]
+
     def decodable(self) -> list[Sequence]:
         """Running, unpaused sequences that already have a token to feed back."""
         return [s for s in self.running.values() if not s.is_paused and s.generated_ids]

@@ -1,0 +1,75 @@
+"""Shared fixtures for the test suite, one section per layer under test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+    from engine.model import LoadedModel
+
+
+# -- engine: tiny random models and engines that must end whole ----------------------------
+
+# Enough steps to finish anything a test leaves in flight; more means the engine is stuck.
+MAX_TEARDOWN_STEPS = 2_000
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Callable[[str], LoadedModel]:
+    """``tiny_model(name)``: one shared LoadedModel per tiny model, for Engines only.
+
+    Using it sets torch to one thread for the rest of the session.
+
+    An Engine switches its model to paged attention, so a reference run through the
+    library's own attention must load a fresh model (``load_model``) instead.
+    """
+    import torch
+
+    from engine.model import load_model
+
+    # Tiny matrices: one intra-op thread is fastest, and on a busy small machine a
+    # second one makes every step many times slower (threads waiting on each other).
+    torch.set_num_threads(1)
+    loaded: dict[str, LoadedModel] = {}
+
+    def get(name: str) -> LoadedModel:
+        if name not in loaded:
+            loaded[name] = load_model(name, "cpu")
+        return loaded[name]
+
+    return get
+
+
+@pytest.fixture
+def make_tiny_engine(tiny_model: Callable[[str], LoadedModel]) -> Iterator[Callable[..., Engine]]:
+    """``make_tiny_engine(model="tiny-gpt2", **options)``: an Engine checked at teardown.
+
+    At teardown each engine is stepped until it has no work, and then its cache must be
+    whole: every block free, nothing running or waiting. A test that leaves a sequence
+    paused fails here, as it should: a paused sequence still holds its blocks.
+    """
+    from engine.engine import Engine
+
+    engines: list[Engine] = []
+
+    def make(model: str = "tiny-gpt2", **options: Any) -> Engine:
+        engine = Engine(tiny_model(model), **options)
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        for _ in range(MAX_TEARDOWN_STEPS):
+            if not engine.has_work():
+                break
+            engine.step()
+        engine.step()  # refresh the statistics snapshot
+        stats = engine.statistics()
+        assert (stats.blocks_free, stats.running, stats.waiting) == (stats.blocks_total, 0, 0)
+        assert engine.allocator.num_free == engine.allocator.num_blocks
+        assert not engine.scheduler.running
+        assert not engine.scheduler.waiting
