@@ -14,24 +14,24 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 
-from typing import TYPE_CHECKING  # noqa: E402
+from typing import TYPE_CHECKING
 
-from .errors import DoubleRelease as DoubleRelease  # noqa: E402
-from .errors import DuplicateRequestId as DuplicateRequestId  # noqa: E402
-from .errors import EmptyPrompt as EmptyPrompt  # noqa: E402
-from .errors import EngineError as EngineError  # noqa: E402
-from .errors import InvalidMaxNewTokens as InvalidMaxNewTokens  # noqa: E402
-from .errors import InvalidRequest as InvalidRequest  # noqa: E402
-from .errors import InvalidSampling as InvalidSampling  # noqa: E402
-from .errors import PromptTooLong as PromptTooLong  # noqa: E402
-from .errors import StepReentered as StepReentered  # noqa: E402
-from .types import EngineEvent as EngineEvent  # noqa: E402
-from .types import EngineStatistics as EngineStatistics  # noqa: E402
-from .types import FinishEvent as FinishEvent  # noqa: E402
-from .types import FinishReason as FinishReason  # noqa: E402
-from .types import GenerationRequest as GenerationRequest  # noqa: E402
-from .types import SamplingParams as SamplingParams  # noqa: E402
-from .types import TokenEvent as TokenEvent  # noqa: E402
+from .errors import DoubleRelease as DoubleRelease
+from .errors import DuplicateRequestId as DuplicateRequestId
+from .errors import EmptyPrompt as EmptyPrompt
+from .errors import EngineError as EngineError
+from .errors import InvalidMaxNewTokens as InvalidMaxNewTokens
+from .errors import InvalidRequest as InvalidRequest
+from .errors import InvalidSampling as InvalidSampling
+from .errors import PromptTooLong as PromptTooLong
+from .errors import StepReentered as StepReentered
+from .types import EngineEvent as EngineEvent
+from .types import EngineStatistics as EngineStatistics
+from .types import FinishEvent as FinishEvent
+from .types import FinishReason as FinishReason
+from .types import GenerationRequest as GenerationRequest
+from .types import SamplingParams as SamplingParams
+from .types import TokenEvent as TokenEvent
 
 if TYPE_CHECKING:
     from .engine import Engine

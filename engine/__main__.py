@@ -16,7 +16,9 @@ from . import GenerationRequest, SamplingParams, TokenEvent, load_engine
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
     parser.add_argument("prompt")
-    parser.add_argument("--model", default="smollm2", help="smollm2, tiny-gpt2, tiny-llama or a folder")
+    parser.add_argument(
+        "--model", default="smollm2", help="smollm2, tiny-gpt2, tiny-llama or a folder"
+    )
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=0.0)

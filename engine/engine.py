@@ -246,7 +246,9 @@ class Engine:
             n = seq.num_prompt_tokens
             positions = torch.arange(n, device=self.device).unsqueeze(0)
             tables = torch.tensor([seq.block_table.block_ids], device=self.device)
-            batch = PagedBatch(self.cache, self.cache.slots(tables, positions).flatten(), None, None)
+            batch = PagedBatch(
+                self.cache, self.cache.slots(tables, positions).flatten(), None, None
+            )
             input_ids = torch.tensor([seq.prompt_ids], device=self.device)
             logits = self._forward(input_ids, positions, batch)
             token_id = sampling.sample(logits, [seq.request.sampling], [seq.generator])[0]
@@ -259,7 +261,9 @@ class Engine:
         try:
             token_ids = self._decode_forward(seqs)
         except Exception as exc:  # a failed batch ends every sequence in it
-            return [self._finish(s, FinishReason.ERROR, error=f"decode failed: {exc}") for s in seqs]
+            return [
+                self._finish(s, FinishReason.ERROR, error=f"decode failed: {exc}") for s in seqs
+            ]
         events: list[EngineEvent] = []
         for seq, token_id in zip(seqs, token_ids, strict=True):
             events.extend(self._append_token(seq, token_id))
@@ -290,8 +294,11 @@ class Engine:
     ) -> torch.Tensor:
         """Logits of the last position of each row, (batch, vocab)."""
         out = self.model(
-            input_ids=input_ids, position_ids=positions, paged=batch,
-            use_cache=False, logits_to_keep=1,
+            input_ids=input_ids,
+            position_ids=positions,
+            paged=batch,
+            use_cache=False,
+            logits_to_keep=1,
         )
         return out.logits[:, -1, :]
 
@@ -306,8 +313,10 @@ class Engine:
         if reason is None and (is_eos or index + 1 == seq.request.max_new_tokens):
             tail, stopped = seq.stop_matcher.feed(seq.detokenizer.flush())
             text += tail if stopped else tail + seq.stop_matcher.flush()
-            reason = FinishReason.STOP if stopped else (
-                FinishReason.EOS if is_eos else FinishReason.LENGTH
+            reason = (
+                FinishReason.STOP
+                if stopped
+                else (FinishReason.EOS if is_eos else FinishReason.LENGTH)
             )
         events: list[EngineEvent] = [TokenEvent(seq.request_id, index, token_id, text)]
         if reason is not None:

@@ -1,14 +1,14 @@
 """The engine's exceptions: one type per kind of bad input, raised before admission.
 
-    EngineError
-    ├── InvalidRequest            the request can never be served as given
-    │   ├── EmptyPrompt           the prompt has no tokens
-    │   ├── InvalidMaxNewTokens   max_new_tokens < 1
-    │   ├── PromptTooLong         prompt + max_new_tokens exceed the cache or the model's context
-    │   ├── InvalidSampling       temperature, top_p, top_k or seed out of range
-    │   └── DuplicateRequestId    the id is already in the engine
-    ├── DoubleRelease             a sequence's blocks were released twice (a bug, never input)
-    └── StepReentered             step() was called while another step ran (a bug)
+EngineError
+├── InvalidRequest            the request can never be served as given
+│   ├── EmptyPrompt           the prompt has no tokens
+│   ├── InvalidMaxNewTokens   max_new_tokens < 1
+│   ├── PromptTooLong         prompt + max_new_tokens exceed the cache or the model's context
+│   ├── InvalidSampling       temperature, top_p, top_k or seed out of range
+│   └── DuplicateRequestId    the id is already in the engine
+├── DoubleRelease             a sequence's blocks were released twice (a bug, never input)
+└── StepReentered             step() was called while another step ran (a bug)
 """
 
 from __future__ import annotations

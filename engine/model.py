@@ -132,9 +132,14 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 def tiny_gpt2() -> GPT2LMHeadModel:
     config = GPT2Config(
-        vocab_size=384, n_positions=512, n_embd=64, n_layer=2, n_head=4,
+        vocab_size=384,
+        n_positions=512,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
         initializer_range=0.2,  # wide logits: greedy ties are vanishingly rare
-        eos_token_id=0, bos_token_id=0,
+        eos_token_id=0,
+        bos_token_id=0,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(TINY_SEED)
@@ -143,9 +148,17 @@ def tiny_gpt2() -> GPT2LMHeadModel:
 
 def tiny_llama() -> LlamaForCausalLM:
     config = LlamaConfig(
-        vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        initializer_range=0.2, eos_token_id=0, bos_token_id=0, pad_token_id=0,
+        vocab_size=384,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.2,
+        eos_token_id=0,
+        bos_token_id=0,
+        pad_token_id=0,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(TINY_SEED)

@@ -25,8 +25,9 @@ def validate(params: SamplingParams) -> None:
         raise InvalidSampling(f"top_p must be in (0, 1], got {p!r}")
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise InvalidSampling(f"top_k must be an integer >= 0, got {k!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
-                             or not 0 <= seed < 2**63):
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63
+    ):
         raise InvalidSampling(f"seed must be an integer in [0, 2**63), got {seed!r}")
 
 

@@ -44,8 +44,9 @@ def engine_step_ms(loaded: LoadedModel, ids: list[list[int]], steps: int, warmup
     engine = Engine(loaded, max_batch=len(ids), num_blocks=len(ids) * 8 + 8, block_size=16)
     for i, row in enumerate(ids):
         text = loaded.tokenizer.decode(row)
-        request = GenerationRequest(f"b{i}", text, warmup + steps + 2,
-                                    sampling=SamplingParams(ignore_eos=True))
+        request = GenerationRequest(
+            f"b{i}", text, warmup + steps + 2, sampling=SamplingParams(ignore_eos=True)
+        )
         engine.submit(request)
     engine.step()  # admission and every prefill
     times = []
@@ -61,7 +62,9 @@ def engine_step_ms(loaded: LoadedModel, ids: list[list[int]], steps: int, warmup
 
 
 @torch.inference_mode()
-def transformers_step_ms(loaded: LoadedModel, ids: list[list[int]], steps: int, warmup: int) -> float:
+def transformers_step_ms(
+    loaded: LoadedModel, ids: list[list[int]], steps: int, warmup: int
+) -> float:
     model = loaded.model
     model.set_attn_implementation("sdpa")
     width = min(len(r) for r in ids)
@@ -95,17 +98,28 @@ def main(argv: list[str] | None = None) -> int:
         ids = prompt_ids(loaded, batch, args.prompt_tokens)
         engine_ms = engine_step_ms(loaded, ids, args.steps, args.warmup)
         plain_ms = transformers_step_ms(loaded, ids, args.steps, args.warmup)
-        rows.append({"batch": batch, "engine_ms": round(engine_ms, 2),
-                     "transformers_ms": round(plain_ms, 2),
-                     "ratio": round(engine_ms / plain_ms, 3)})
+        rows.append(
+            {
+                "batch": batch,
+                "engine_ms": round(engine_ms, 2),
+                "transformers_ms": round(plain_ms, 2),
+                "ratio": round(engine_ms / plain_ms, 3),
+            }
+        )
     base = rows[0]["engine_ms"]
     print(f"{'batch':>5} {'engine ms':>10} {'transformers ms':>16} {'ratio':>6} {'x batch 1':>9}")
     for row in rows:
-        print(f"{row['batch']:>5} {row['engine_ms']:>10.2f} {row['transformers_ms']:>16.2f} "
-              f"{row['ratio']:>6.3f} {row['engine_ms'] / base:>9.2f}")
+        print(
+            f"{row['batch']:>5} {row['engine_ms']:>10.2f} {row['transformers_ms']:>16.2f} "
+            f"{row['ratio']:>6.3f} {row['engine_ms'] / base:>9.2f}"
+        )
     if args.json:
-        summary = {"model": args.model, "device": str(loaded.device),
-                   "prompt_tokens": args.prompt_tokens, "timed_steps": args.steps}
+        summary = {
+            "model": args.model,
+            "device": str(loaded.device),
+            "prompt_tokens": args.prompt_tokens,
+            "timed_steps": args.steps,
+        }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2))
     return 0
