@@ -1,0 +1,38 @@
+"""The hub's refusals: raised by ``Hub.open_stream`` before anything opens.
+
+    HubError
+    ├── NotAccepting            the hub is not running (not started, shutting down,
+    │                           stopped, or failed); nothing was submitted
+    └── WaitingLimitReached     ``max_waiting`` streams already wait for their first
+                                token; nothing was submitted; ``retry_after_s`` is a hint
+
+``open_stream`` also lets the engine's own ``engine.InvalidRequest`` (and its
+subclasses) through unchanged: the request can never be served as given.
+
+What goes wrong after a stream has opened is not an exception: the reader gets a
+``StreamError`` item (``slow_client``, ``engine_error``, ``shutdown``) from
+``TokenStream.receive``; see ``stream.py``.
+"""
+
+from __future__ import annotations
+
+
+class HubError(Exception):
+    """Base of the hub's refusals."""
+
+
+class NotAccepting(HubError):
+    """The hub does not accept streams now; ``state`` says why (a ``HubState`` value)."""
+
+    def __init__(self, state: str) -> None:
+        super().__init__(f"the hub is not accepting streams (state: {state})")
+        self.state = state
+
+
+class WaitingLimitReached(HubError):
+    """Too many streams wait for their first token; try again after ``retry_after_s``."""
+
+    def __init__(self, max_waiting: int, retry_after_s: float) -> None:
+        super().__init__(f"{max_waiting} streams are already waiting for their first token")
+        self.max_waiting = max_waiting
+        self.retry_after_s = retry_after_s

@@ -1,0 +1,398 @@
+"""The hub: the one task that steps the engine and fans its events out to streams.
+
+The hub owns the engine's step loop, the registry of open streams and the stall
+watchdog. It knows the engine only as ``StepEngine`` (a Protocol; plain data in and
+out) and knows nothing of HTTP, SSE or torch.
+
+Theory of operation
+-------------------
+One Trio task (``run``, started with ``nursery.start``) steps the engine through
+``run_step`` (default ``trio.to_thread.run_sync``, never abandoned: a step is an
+uncancellable critical section that mutates the cache). Each step's events go to
+their streams through each stream's policy, synchronously: the loop never waits for
+a reader (except under ``naive``, kept to be measured). Events a prefill produces are
+delivered as soon as that prefill is done, through ``on_prefill``; in production it
+runs in the worker thread and hops into Trio with ``trio.from_thread.run_sync``.
+
+    NEW ──run()──> RUNNING ──shutdown()──> DRAINING ──engine holds nothing──> STOPPED
+                      └──────── a step raised ─────────> FAILED
+
+The loop sleeps on ``_wake`` while ``engine.has_work()`` is False; after a step that
+produced no event (waiting requests that cannot be admitted while paused sequences
+hold the batch) it sleeps too, for at most ``EMPTY_STEP_BACKOFF_S``. Whatever can
+give it work (open_stream, close, resume, a drop, shutdown) wakes it.
+
+Invariants:
+- ``engine.submit``, ``cancel``, ``pause`` and ``resume`` are only wishes; the engine
+  applies them at its next step. Besides them the hub calls only ``has_work()``, and
+  only between steps.
+- ``_in_engine`` is every request id submitted here whose FinishEvent has not yet
+  arrived: while it is not empty the engine's cache is not whole. The engine sends
+  exactly one FinishEvent per request (finished, failed or cancelled).
+- Events for an unregistered (closed) or ended stream are dropped and counted.
+
+Cancellation: cancelling ``run`` lets the step in flight finish (the default
+``run_step`` is never abandoned) and its events be routed, then ends every open
+stream with StreamError ``shutdown``; nobody steps the engine after that, so those
+cancels stay unapplied. ``shutdown()`` is the orderly way, and leaves the cache whole.
+
+Failure: if ``run_step`` raises, every open stream gets StreamError ``engine_error``,
+the hub refuses new streams (FAILED, ``last_error``) and ``run`` re-raises it.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+
+from engine import DuplicateRequestId, EngineEvent, EngineStatistics, FinishEvent, GenerationRequest
+
+from .errors import NotAccepting, WaitingLimitReached
+from .policy import Policy, PolicyName
+from .stream import ErrorType, StreamEnd, StreamError, StreamState, TokenStream
+
+# After a step with no event while has_work() is True (e.g. waiting requests that paused
+# sequences keep out), step again when woken or after this long: about one decode step on
+# the reference chapter's machine, so at most about one wasted step per step time.
+EMPTY_STEP_BACKOFF_S = 0.01
+
+OnPrefill = Callable[[list[EngineEvent]], None]
+RunStep = Callable[[Callable[[], list[EngineEvent]]], Awaitable[list[EngineEvent]]]
+
+
+class StepEngine(Protocol):
+    """The engine as the hub uses it; ``engine.Engine`` and the test fake satisfy it.
+
+    Beyond the signatures: submit/cancel/pause/resume are thread-safe wishes applied at
+    the next step, and the last three ignore unknown or finished ids; each submitted
+    request yields exactly one FinishEvent; ``on_prefill`` runs in the stepping thread
+    with no engine lock held (the hub may call cancel or pause while handling it).
+    """
+
+    def submit(self, request: GenerationRequest) -> int: ...
+    def cancel(self, request_id: str) -> None: ...
+    def pause(self, request_id: str) -> None: ...
+    def resume(self, request_id: str) -> None: ...
+    def step(self, on_prefill: OnPrefill | None = None) -> list[EngineEvent]: ...
+    def has_work(self) -> bool: ...
+    def statistics(self) -> EngineStatistics: ...
+
+
+class HubState(enum.Enum):
+    """Where the hub is in its life; ``open_stream`` accepts only while RUNNING."""
+
+    NEW = "new"  # made; run() not started; open_stream refuses
+    RUNNING = "running"  # the step loop runs; open_stream accepts
+    DRAINING = "draining"  # shutdown(): refusing; open streams finish or meet the grace deadline
+    STOPPED = "stopped"  # run() is over; after shutdown() the engine holds none of our requests
+    FAILED = "failed"  # a step raised; every stream got engine_error; refusing
+
+
+@dataclass(frozen=True, slots=True)
+class HubSettings:
+    """The hub's policy and limits; ``Hub()`` raises ValueError for one out of range."""
+
+    policy: PolicyName = PolicyName.PAUSE_DROP
+    queue_limit: int = 32  # items queued before a reader counts as behind
+    stall_timeout_s: float = 10.0  # behind this long and a dropping policy drops the reader
+    max_waiting: int = 256  # streams without their first token yet; more are refused
+    waiting_retry_after_s: float = 1.0  # the hint given with WaitingLimitReached
+    shutdown_grace_s: float = 5.0  # how long shutdown() lets open streams finish
+
+    def __post_init__(self) -> None:
+        if self.max_waiting < 1 or self.shutdown_grace_s < 0 or self.waiting_retry_after_s < 0:
+            raise ValueError(f"settings out of range: {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class HubStatistics:
+    """A snapshot of the hub, for /stats and tests; counters count since construction."""
+
+    state: HubState
+    streams_open: int  # registered: opened and not yet closed
+    waiting: int  # open streams without their first token
+    paused_streams: int  # open streams the engine was asked to leave out of decode
+    engine_requests: int  # submitted here, FinishEvent not yet seen: cache not whole if > 0
+    opened: int
+    closes: int  # close() calls that did work (one per stream)
+    refused_waiting: int  # open_stream refusals by max_waiting
+    steps: int
+    step_errors: int  # steps that raised (the hub stops at the first)
+    last_error: str | None  # repr of the exception a step raised
+    events_routed: int  # engine events queued to a stream
+    events_dropped: int  # engine events for a closed or ended stream
+    slow_client_drops: int
+
+
+class Hub:
+    """Runs the engine for many streams. See the module docstring.
+
+    Args:
+        engine: the engine; the hub is its only caller.
+        settings: policy and limits.
+        run_step: how to run one blocking step; tests pass one costing virtual time.
+    """
+
+    def __init__(
+        self,
+        engine: StepEngine,
+        settings: HubSettings = HubSettings(),  # frozen, so one default is safe to share
+        *,
+        run_step: RunStep = trio.to_thread.run_sync,
+    ) -> None:
+        self.settings = settings
+        self._engine = engine
+        self._run_step = run_step
+        self._default_policy = self._policy(settings.policy)  # validates the policy's limits
+        self._owner = _Owner(self)
+        self._state = HubState.NEW
+        self._streams: dict[str, TokenStream] = {}
+        self._in_engine: set[str] = set()
+        self._wake = trio.Event()
+        self._stopped = trio.Event()
+        self._watch_scope: trio.CancelScope | None = None
+        self._trio_token: trio.lowlevel.TrioToken | None = None
+        self._last_error: str | None = None
+        self._step_events = 0  # events routed during the step in flight, prefills included
+        self._opened = self._closes = self._refused_waiting = 0
+        self._steps = self._step_errors = self._slow_client_drops = 0
+        self._events_routed = self._events_dropped = 0
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Step the engine and watch for stalled readers, until shut down.
+
+        Returns:
+            After ``shutdown()``, once the engine holds none of the hub's requests.
+
+        Raises:
+            RuntimeError: the hub already ran.
+            Exception: whatever ``run_step`` raised, re-raised as is after every open
+                stream got StreamError ``engine_error`` (state FAILED).
+
+        Cancellation:
+            The step in flight finishes (the default ``run_step`` is never abandoned)
+            and its events are routed; every open stream then gets StreamError
+            ``shutdown``, and the engine is stepped no more.
+        """
+        if self._state is not HubState.NEW:
+            raise RuntimeError(f"a hub runs once (state: {self._state.value})")
+        self._trio_token = trio.lowlevel.current_trio_token()
+        failure: Exception | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_stalls)
+                self._state = HubState.RUNNING
+                task_status.started()
+                failure = await self._step_loop()
+                nursery.cancel_scope.cancel(reason="the hub's step loop ended")
+        finally:
+            if self._state is not HubState.FAILED:
+                self._state = HubState.STOPPED
+            self._end_all(ErrorType.SHUTDOWN, "the hub stopped", StreamEnd.SHUTDOWN)
+            self._stopped.set()
+        if failure is not None:
+            raise failure
+
+    async def shutdown(self) -> None:
+        """Refuse new streams, let open ones finish for ``shutdown_grace_s``, then end
+        the rest with StreamError ``shutdown`` and wait until the engine applied the
+        cancels (``run()`` returns then), so the engine's cache is whole.
+
+        Cancellation:
+            During the grace period: the remaining streams are ended at once before
+            Cancelled propagates; the loop still applies their cancels. Afterwards:
+            the loop goes on; this call just stops waiting for it.
+        """
+        if self._state is HubState.NEW:
+            self._state = HubState.STOPPED
+            self._stopped.set()
+        elif self._state is HubState.RUNNING:
+            self._state = HubState.DRAINING
+            self._wake.set()
+        try:
+            with trio.move_on_after(self.settings.shutdown_grace_s):
+                await self._stopped.wait()
+        finally:
+            self._end_all(ErrorType.SHUTDOWN, "the server is shutting down", StreamEnd.SHUTDOWN)
+        await self._stopped.wait()
+
+    # -- streams -------------------------------------------------------------------
+
+    def open_stream(
+        self, request: GenerationRequest, *, policy: PolicyName | None = None
+    ) -> TokenStream:
+        """Submit ``request`` and open its stream; the engine admits it at a later step.
+
+        Returns:
+            The stream, registered under ``request.request_id``, using ``policy`` (by
+            default the settings'). Its owner must close() it.
+
+        Raises:
+            NotAccepting: the hub is not RUNNING.
+            WaitingLimitReached: ``max_waiting`` streams wait for their first token.
+            engine.InvalidRequest: the engine refused the request (including
+                ``DuplicateRequestId``, also for an id still registered here).
+            In every case nothing was submitted or registered.
+        """
+        if self._state is not HubState.RUNNING:
+            raise NotAccepting(self._state.value)
+        if self._num_waiting() >= self.settings.max_waiting:
+            self._refused_waiting += 1
+            raise WaitingLimitReached(
+                self.settings.max_waiting, self.settings.waiting_retry_after_s
+            )
+        request_id = request.request_id
+        if request_id in self._streams or request_id in self._in_engine:
+            raise DuplicateRequestId(f"request id {request_id!r} is in use")
+        prompt_tokens = self._engine.submit(request)
+        chosen = self._default_policy if policy is None else self._policy(policy)
+        stream = TokenStream(request_id, prompt_tokens, chosen, self._owner)
+        self._streams[request_id] = stream
+        self._in_engine.add(request_id)
+        self._opened += 1
+        self._wake.set()
+        return stream
+
+    def statistics(self) -> HubStatistics:
+        streams = [s.statistics() for s in self._streams.values()]
+        return HubStatistics(
+            state=self._state,
+            streams_open=len(streams),
+            waiting=sum(s.state is StreamState.WAITING for s in streams),
+            paused_streams=sum(s.is_paused for s in streams),
+            engine_requests=len(self._in_engine),
+            opened=self._opened,
+            closes=self._closes,
+            refused_waiting=self._refused_waiting,
+            steps=self._steps,
+            step_errors=self._step_errors,
+            last_error=self._last_error,
+            events_routed=self._events_routed,
+            events_dropped=self._events_dropped,
+            slow_client_drops=self._slow_client_drops,
+        )
+
+    # -- the step loop -------------------------------------------------------------
+
+    async def _step_loop(self) -> Exception | None:
+        """Step while there is work; return a step's exception, or None after shutdown.
+
+        Cancellation: raised at the wake-up wait or after the step in flight.
+        """
+        idle = False  # the last step produced no event
+        while self._state is HubState.RUNNING or self._in_engine:
+            has_work = self._engine.has_work()
+            if idle or not has_work:
+                with trio.move_on_after(EMPTY_STEP_BACKOFF_S if has_work else math.inf):
+                    await self._wake.wait()
+                if self._wake.is_set():
+                    self._wake = trio.Event()
+                idle = False
+                continue
+            self._step_events = 0
+            try:
+                events = await self._run_step(self._step)
+            except Exception as exc:  # Cancelled is a BaseException: it passes
+                self._record_failure(exc)
+                return exc
+            self._steps += 1
+            self._route(events)
+            idle = self._step_events == 0
+            for stream in list(self._streams.values()):
+                if stream.policy.waits_for_reader:
+                    await stream._wait_settled()
+        return None
+
+    def _step(self) -> list[EngineEvent]:
+        return self._engine.step(on_prefill=self._on_prefill)
+
+    def _on_prefill(self, events: list[EngineEvent]) -> None:
+        # In production this runs in the worker thread running step(); in tests whose
+        # run_step calls fn inline it runs in the Trio thread, where from_thread would
+        # deadlock. Either way the routing itself happens in the Trio thread.
+        if trio.lowlevel.in_trio_run():
+            self._route(events)
+        else:
+            trio.from_thread.run_sync(self._route, events, trio_token=self._trio_token)
+
+    def _route(self, events: list[EngineEvent]) -> None:
+        self._step_events += len(events)
+        for event in events:
+            if isinstance(event, FinishEvent):
+                self._in_engine.discard(event.request_id)
+            stream = self._streams.get(event.request_id)
+            if stream is not None and stream._deliver(event):
+                self._events_routed += 1
+            else:
+                self._events_dropped += 1
+
+    async def _watch_stalls(self) -> None:
+        """Drop readers still behind at their stall deadline. Never returns.
+
+        Runs apart from the step loop because that loop sleeps when every sequence is
+        paused. Cancellation: stops at once; a drop is synchronous, never half done.
+        """
+        while True:
+            with trio.CancelScope(deadline=self._earliest_stall()) as self._watch_scope:
+                await trio.sleep_forever()
+            now = trio.current_time()
+            for stream in list(self._streams.values()):
+                if stream._drop_if_overdue(now):
+                    self._slow_client_drops += 1
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _policy(self, name: PolicyName) -> Policy:
+        s = self.settings
+        return Policy(name, queue_limit=s.queue_limit, stall_timeout_s=s.stall_timeout_s)
+
+    def _num_waiting(self) -> int:
+        return sum(s.state is StreamState.WAITING for s in self._streams.values())
+
+    def _earliest_stall(self) -> float:
+        deadlines = (s.statistics().stall_deadline for s in self._streams.values())
+        return min((d for d in deadlines if d is not None), default=math.inf)
+
+    def _record_failure(self, exc: Exception) -> None:
+        self._state = HubState.FAILED
+        self._step_errors += 1
+        self._last_error = repr(exc)
+        self._end_all(ErrorType.ENGINE_ERROR, f"the engine failed: {exc!r}", StreamEnd.ERROR)
+
+    def _end_all(self, error_type: ErrorType, message: str, end: StreamEnd) -> None:
+        for stream in list(self._streams.values()):
+            stream._fail(StreamError(error_type, message), end)
+
+
+class _Owner:
+    """The hub as its streams see it (``StreamOwner``): engine wishes and wake-ups."""
+
+    def __init__(self, hub: Hub) -> None:
+        self._hub = hub
+
+    def pause(self, request_id: str) -> None:
+        self._hub._engine.pause(request_id)
+
+    def resume(self, request_id: str) -> None:
+        self._hub._engine.resume(request_id)
+        self._hub._wake.set()
+
+    def cancel(self, request_id: str) -> None:
+        self._hub._engine.cancel(request_id)
+        self._hub._wake.set()
+
+    def watch(self, deadline: float) -> None:
+        scope = self._hub._watch_scope
+        if scope is not None and deadline < scope.deadline:
+            scope.deadline = deadline
+
+    def unregister(self, stream: TokenStream) -> None:
+        del self._hub._streams[stream.request_id]
+        self._hub._closes += 1
