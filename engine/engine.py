@@ -328,7 +328,12 @@ class Engine:
         with self._inbox_lock:
             self._live_ids.discard(seq.request_id)
         return FinishEvent(
-            seq.request_id, reason, seq.num_prompt_tokens, len(seq.generated_ids), error
+            seq.request_id,
+            reason,
+            seq.num_prompt_tokens,
+            len(seq.generated_ids),
+            error,
+            finished_at=time.time(),
         )
 
     def _record_step(self, started: float, *, decoded: bool, prefilled: bool) -> None:
@@ -347,6 +352,7 @@ class Engine:
             running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting),
             paused=self.scheduler.num_paused,
+            admitted=self.scheduler.num_admitted,
             releases=self.allocator.num_releases,
             steps=self._num_steps,
             last_step_ms=self._last_step_ms,

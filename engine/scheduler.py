@@ -23,6 +23,7 @@ class Scheduler:
         self.max_batch = max_batch
         self.waiting: deque[Sequence] = deque()
         self.running: dict[str, Sequence] = {}  # insertion order = admission order
+        self.num_admitted = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -43,6 +44,7 @@ class Scheduler:
             head.block_table = self.allocator.reserve(head.request_id, head.max_tokens)
             head.state = SequenceState.RUNNING
             self.running[head.request_id] = head
+            self.num_admitted += 1
             admitted.append(head)
         return admitted
 

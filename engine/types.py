@@ -73,6 +73,9 @@ class FinishEvent:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None  # a message when reason is ERROR
+    # Wall-clock time (time.time()) at which the engine let the sequence go and its
+    # blocks were released; for measurements, so not part of equality.
+    finished_at: float = field(default=0.0, compare=False)
 
 
 EngineEvent = TokenEvent | FinishEvent
@@ -88,7 +91,8 @@ class EngineStatistics:
     running: int
     waiting: int
     paused: int
-    releases: int  # sequences whose blocks went back to the pool
+    admitted: int  # sequences ever given blocks and a slot
+    releases: int  # sequences whose blocks went back to the pool: == admitted when idle
     steps: int
     last_step_ms: float | None
     median_decode_step_ms: float | None  # over recent steps that decoded a batch

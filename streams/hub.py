@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -60,6 +61,10 @@ from .stream import ErrorType, StreamEnd, StreamError, StreamState, TokenStream
 # sequences keep out), step again when woken or after this long: about one decode step on
 # the reference chapter's machine, so at most about one wasted step per step time.
 EMPTY_STEP_BACKOFF_S = 0.01
+
+# How many engine finishes ``finished()`` remembers: enough for the reference
+# chapter's 300-stream leak test and for looking up a request a client just ran.
+RECENT_FINISHES = 4096
 
 OnPrefill = Callable[[list[EngineEvent]], None]
 RunStep = Callable[[Callable[[], list[EngineEvent]]], Awaitable[list[EngineEvent]]]
@@ -162,6 +167,7 @@ class Hub:
         self._opened = self._closes = self._refused_waiting = 0
         self._steps = self._step_errors = self._slow_client_drops = 0
         self._events_routed = self._events_dropped = 0
+        self._recent_finishes: OrderedDict[str, FinishEvent] = OrderedDict()
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -260,6 +266,14 @@ class Hub:
         self._wake.set()
         return stream
 
+    def finished(self, request_id: str) -> FinishEvent | None:
+        """How the engine let ``request_id`` go, if it did so recently (else None).
+
+        The FinishEvent says why (including ``cancelled`` for a client that left),
+        how many tokens were made, and when the blocks were released.
+        """
+        return self._recent_finishes.get(request_id)
+
     def statistics(self) -> HubStatistics:
         streams = [s.statistics() for s in self._streams.values()]
         return HubStatistics(
@@ -327,6 +341,7 @@ class Hub:
         for event in events:
             if isinstance(event, FinishEvent):
                 self._in_engine.discard(event.request_id)
+                self._remember(event)
             stream = self._streams.get(event.request_id)
             if stream is not None and stream._deliver(event):
                 self._events_routed += 1
@@ -348,6 +363,11 @@ class Hub:
                     self._slow_client_drops += 1
 
     # -- helpers -------------------------------------------------------------------
+
+    def _remember(self, event: FinishEvent) -> None:
+        self._recent_finishes[event.request_id] = event
+        if len(self._recent_finishes) > RECENT_FINISHES:
+            self._recent_finishes.popitem(last=False)
 
     def _policy(self, name: PolicyName) -> Policy:
         s = self.settings

@@ -152,6 +152,7 @@ class ScriptedEngine:
             running=len(self._running),
             waiting=len(self._waiting),
             paused=sum(seq.is_paused for seq in self._running.values()),
+            admitted=len(self.admitted),
             releases=sum(self.releases.values()),
             steps=self.steps,
             last_step_ms=None,
