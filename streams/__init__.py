@@ -11,10 +11,10 @@ from .errors import HubError as HubError
 from .errors import NotAccepting as NotAccepting
 from .errors import WaitingLimitReached as WaitingLimitReached
 from .hub import Hub as Hub
-from .hub import HubSettings as HubSettings
-from .hub import HubState as HubState
-from .hub import HubStatistics as HubStatistics
-from .hub import StepEngine as StepEngine
+from .hub_types import HubSettings as HubSettings
+from .hub_types import HubState as HubState
+from .hub_types import HubStatistics as HubStatistics
+from .hub_types import StepEngine as StepEngine
 from .policy import PolicyName as PolicyName
 from .sse import ServerSentEvent as ServerSentEvent
 from .sse import SSEParser as SSEParser

@@ -42,18 +42,15 @@ the hub refuses new streams (FAILED, ``last_error``) and ``run`` re-raises it.
 
 from __future__ import annotations
 
-import enum
 import math
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Protocol
 
 import trio
 
-from engine import DuplicateRequestId, EngineEvent, EngineStatistics, FinishEvent, GenerationRequest
+from engine import DuplicateRequestId, EngineEvent, FinishEvent, GenerationRequest
 
 from .errors import NotAccepting, WaitingLimitReached
+from .hub_types import HubSettings, HubState, HubStatistics, RunStep, StepEngine
 from .policy import Policy, PolicyName
 from .stream import ErrorType, StreamEnd, StreamError, StreamState, TokenStream
 
@@ -65,73 +62,6 @@ EMPTY_STEP_BACKOFF_S = 0.01
 # How many engine finishes ``finished()`` remembers: enough for the reference
 # chapter's 300-stream leak test and for looking up a request a client just ran.
 RECENT_FINISHES = 4096
-
-OnPrefill = Callable[[list[EngineEvent]], None]
-RunStep = Callable[[Callable[[], list[EngineEvent]]], Awaitable[list[EngineEvent]]]
-
-
-class StepEngine(Protocol):
-    """The engine as the hub uses it; ``engine.Engine`` and the test fake satisfy it.
-
-    Beyond the signatures: submit/cancel/pause/resume are thread-safe wishes applied at
-    the next step, and the last three ignore unknown or finished ids; each submitted
-    request yields exactly one FinishEvent; ``on_prefill`` runs in the stepping thread
-    with no engine lock held (the hub may call cancel or pause while handling it).
-    """
-
-    def submit(self, request: GenerationRequest) -> int: ...
-    def cancel(self, request_id: str) -> None: ...
-    def pause(self, request_id: str) -> None: ...
-    def resume(self, request_id: str) -> None: ...
-    def step(self, on_prefill: OnPrefill | None = None) -> list[EngineEvent]: ...
-    def has_work(self) -> bool: ...
-    def statistics(self) -> EngineStatistics: ...
-
-
-class HubState(enum.Enum):
-    """Where the hub is in its life; ``open_stream`` accepts only while RUNNING."""
-
-    NEW = "new"  # made; run() not started; open_stream refuses
-    RUNNING = "running"  # the step loop runs; open_stream accepts
-    DRAINING = "draining"  # shutdown(): refusing; open streams finish or meet the grace deadline
-    STOPPED = "stopped"  # run() is over; after shutdown() the engine holds none of our requests
-    FAILED = "failed"  # a step raised; every stream got engine_error; refusing
-
-
-@dataclass(frozen=True, slots=True)
-class HubSettings:
-    """The hub's policy and limits; ``Hub()`` raises ValueError for one out of range."""
-
-    policy: PolicyName = PolicyName.PAUSE_DROP
-    queue_limit: int = 32  # items queued before a reader counts as behind
-    stall_timeout_s: float = 10.0  # behind this long and a dropping policy drops the reader
-    max_waiting: int = 256  # streams without their first token yet; more are refused
-    waiting_retry_after_s: float = 1.0  # the hint given with WaitingLimitReached
-    shutdown_grace_s: float = 5.0  # how long shutdown() lets open streams finish
-
-    def __post_init__(self) -> None:
-        if self.max_waiting < 1 or self.shutdown_grace_s < 0 or self.waiting_retry_after_s < 0:
-            raise ValueError(f"settings out of range: {self}")
-
-
-@dataclass(frozen=True, slots=True)
-class HubStatistics:
-    """A snapshot of the hub, for /stats and tests; counters count since construction."""
-
-    state: HubState
-    streams_open: int  # registered: opened and not yet closed
-    waiting: int  # open streams without their first token
-    paused_streams: int  # open streams the engine was asked to leave out of decode
-    engine_requests: int  # submitted here, FinishEvent not yet seen: cache not whole if > 0
-    opened: int
-    closes: int  # close() calls that did work (one per stream)
-    refused_waiting: int  # open_stream refusals by max_waiting
-    steps: int
-    step_errors: int  # steps that raised (the hub stops at the first)
-    last_error: str | None  # repr of the exception a step raised
-    events_routed: int  # engine events queued to a stream
-    events_dropped: int  # engine events for a closed or ended stream
-    slow_client_drops: int
 
 
 class Hub:
@@ -146,7 +76,7 @@ class Hub:
     def __init__(
         self,
         engine: StepEngine,
-        settings: HubSettings = HubSettings(),  # frozen, so one default is safe to share
+        settings: HubSettings = HubSettings(),  # noqa: B008 - frozen, safe to share
         *,
         run_step: RunStep = trio.to_thread.run_sync,
     ) -> None:
