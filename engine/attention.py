@@ -13,7 +13,7 @@ A call is one of two shapes:
   into the cache and attention is causal over the new positions themselves.
 * decode: a batch of sequences, one new position each. The new keys and values
   are written first, then every sequence's positions are gathered through its
-  block table into a padded tensor and masked to its own length.
+  block table into a padded tensor, and padding is masked out with -inf.
 
 Because transformers finds no mask builder for this name, it builds no mask:
 the ``PagedBatch`` carries what each call needs.
@@ -34,12 +34,36 @@ ATTENTION_NAME = "streamscope_paged"
 
 @dataclass(frozen=True, slots=True)
 class PagedBatch:
-    """Where one forward pass writes and reads in the cache."""
+    """Where one forward pass writes and reads in the cache (shared by every layer)."""
 
     cache: PagedKVCache
     write_slots: torch.Tensor  # (batch * new_positions,) slots for the new keys/values
-    read_slots: torch.Tensor | None  # decode: (batch, max_len) slots to gather; prefill: None
-    read_mask: torch.Tensor | None  # decode: (batch, 1, 1, max_len) True where a position is real
+    read_slots: torch.Tensor | None  # decode: (batch * max_len,) slots to gather; prefill: None
+    read_bias: torch.Tensor | None  # decode: (batch, 1, 1, max_len) 0 where real, -inf padding
+
+
+def prefill_batch(cache: PagedKVCache, tables: torch.Tensor, positions: torch.Tensor) -> PagedBatch:
+    """A prefill of one sequence: ``tables`` (1, blocks), ``positions`` (1, n)."""
+    return PagedBatch(cache, cache.slots(tables, positions).flatten(), None, None)
+
+
+def decode_batch(
+    cache: PagedKVCache, tables: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
+) -> PagedBatch:
+    """A decode of ``positions`` (batch, 1), the newest position of each row.
+
+    ``tables`` (batch, blocks) is padded with any valid block id: padded reads
+    are masked out, and no row reads past its own length.
+    """
+    lengths = positions + 1
+    span = torch.arange(int(lengths.max()), device=positions.device).expand(len(positions), -1)
+    bias = torch.zeros(span.shape, dtype=dtype, device=positions.device)
+    return PagedBatch(
+        cache,
+        write_slots=cache.slots(tables, positions).flatten(),
+        read_slots=cache.slots(tables, span).flatten(),
+        read_bias=bias.masked_fill_(span >= lengths, float("-inf"))[:, None, None, :],
+    )
 
 
 def paged_attention(
@@ -62,21 +86,31 @@ def paged_attention(
         raise RuntimeError("paged_attention needs the `paged` keyword argument")
     layer = module.layer_idx
     k_cache, v_cache = paged.cache.keys[layer], paged.cache.values[layer]
-    num_kv_heads, head_dim = key.shape[1], key.shape[3]
-    k_cache[paged.write_slots] = key.transpose(1, 2).reshape(-1, num_kv_heads, head_dim)
-    v_cache[paged.write_slots] = value.transpose(1, 2).reshape(-1, num_kv_heads, head_dim)
-    gqa = query.shape[1] != num_kv_heads
-    if paged.read_slots is None:
+    batch, num_heads, _, head_dim = query.shape
+    num_kv_heads = key.shape[1]
+    k_cache.index_copy_(
+        0, paged.write_slots, key.transpose(1, 2).reshape(-1, num_kv_heads, head_dim)
+    )
+    v_cache.index_copy_(
+        0, paged.write_slots, value.transpose(1, 2).reshape(-1, num_kv_heads, head_dim)
+    )
+    if paged.read_slots is None or paged.read_bias is None:
         out = F.scaled_dot_product_attention(
-            query, key, value, is_causal=True, scale=scaling, enable_gqa=gqa
+            query, key, value, is_causal=True, scale=scaling, enable_gqa=num_heads != num_kv_heads
         )
-    else:
-        keys = k_cache[paged.read_slots].transpose(1, 2)  # (batch, kv_heads, max_len, head_dim)
-        values = v_cache[paged.read_slots].transpose(1, 2)
-        out = F.scaled_dot_product_attention(
-            query, keys, values, attn_mask=paged.read_mask, scale=scaling, enable_gqa=gqa
-        )
-    return out.transpose(1, 2).contiguous(), None
+        return out.transpose(1, 2).contiguous(), None
+    # Decode: one new position per row. The query heads that share a kv head are
+    # laid out as that kv head's "positions" (as transformers' pack_gqa does), so
+    # grouped-query attention needs no copy of the keys per query head.
+    max_len = paged.read_bias.shape[-1]
+    shape = (batch, max_len, num_kv_heads, head_dim)
+    keys = k_cache.index_select(0, paged.read_slots).view(shape).transpose(1, 2)
+    values = v_cache.index_select(0, paged.read_slots).view(shape).transpose(1, 2)
+    grouped = query.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(
+        grouped, keys, values, attn_mask=paged.read_bias, scale=scaling
+    )
+    return out.reshape(batch, 1, num_heads, head_dim), None
 
 
 AttentionInterface.register(ATTENTION_NAME, paged_attention)

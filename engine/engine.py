@@ -33,7 +33,7 @@ from collections.abc import Callable
 import torch
 
 from . import sampling
-from .attention import ATTENTION_NAME, PagedBatch
+from .attention import ATTENTION_NAME, PagedBatch, prefill_batch
 from .errors import (
     DuplicateRequestId,
     EmptyPrompt,
@@ -246,9 +246,7 @@ class Engine:
             n = seq.num_prompt_tokens
             positions = torch.arange(n, device=self.device).unsqueeze(0)
             tables = torch.tensor([seq.block_table.block_ids], device=self.device)
-            batch = PagedBatch(
-                self.cache, self.cache.slots(tables, positions).flatten(), None, None
-            )
+            batch = prefill_batch(self.cache, tables, positions)
             input_ids = torch.tensor([seq.prompt_ids], device=self.device)
             logits = self._forward(input_ids, positions, batch)
             token_id = sampling.sample(logits, [seq.request.sampling], [seq.generator])[0]
@@ -277,11 +275,12 @@ class Engine:
         positions = torch.tensor([[s.num_cached] for s in seqs], device=device)
         lengths = positions + 1
         span = torch.arange(int(lengths.max()), device=device).expand(len(seqs), -1)
+        bias = torch.zeros(span.shape, dtype=self.model.dtype, device=device)
         batch = PagedBatch(
             self.cache,
             write_slots=self.cache.slots(tables, positions).flatten(),
-            read_slots=self.cache.slots(tables, span),
-            read_mask=(span < lengths)[:, None, None, :],
+            read_slots=self.cache.slots(tables, span).flatten(),
+            read_bias=bias.masked_fill_(span >= lengths, float("-inf"))[:, None, None, :],
         )
         input_ids = torch.tensor([[s.last_token_id] for s in seqs], device=device)
         logits = self._forward(input_ids, positions, batch)

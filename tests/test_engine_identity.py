@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import EngineEvent, FinishEvent, FinishReason, GenerationRequest, SamplingParams
-from engine.attention import PagedBatch, paged_attention
+from engine.attention import PagedBatch, decode_batch, paged_attention
 from engine.engine import Engine
 from engine.kv_cache import PagedKVCache
 from engine.model import LoadedModel, load_model
@@ -240,16 +240,10 @@ def test_paged_decode_batch_of_different_lengths_matches_sdpa(num_kv_heads: int)
         slots = _slots(cache, table, range(n - 1))  # what earlier steps cached
         cache.keys[0][slots] = k[0, :, : n - 1].transpose(0, 1)
         cache.values[0][slots] = v[0, :, : n - 1].transpose(0, 1)
-    width, max_len = max(map(len, TABLES)), max(LENGTHS)
+    width = max(map(len, TABLES))
     tables = torch.tensor([t + [0] * (width - len(t)) for t in TABLES])
     lengths = torch.tensor(LENGTHS)[:, None]
-    span = torch.arange(max_len).expand(len(LENGTHS), -1)
-    batch = PagedBatch(
-        cache,
-        write_slots=cache.slots(tables, lengths - 1).flatten(),
-        read_slots=cache.slots(tables, span),
-        read_mask=(span < lengths)[:, None, None, :],
-    )
+    batch = decode_batch(cache, tables, lengths - 1, torch.float32)
     q = torch.randn(len(LENGTHS), NUM_HEADS, 1, HEAD_DIM, generator=generator)
     new_k = torch.cat([k[:, :, -1:] for k in full_k])
     new_v = torch.cat([v[:, :, -1:] for v in full_v])
