@@ -1,32 +1,35 @@
 """Median time of one decode step: the engine against plain transformers.
 
 ``python -m tools.stepbench [--json FILE]`` loads the embedded model once and,
-for each batch size, times decode steps (no prefill in them) of
+for each batch size B, times decode steps (no prefill in them) of
 
 * the engine: B sequences admitted together, then ``step()`` decoding all B
-  over the paged cache;
-* plain transformers: the same B prompts, same context, one batched forward
-  with the library's own KV cache (``DynamicCache``, sdpa attention).
+  over the paged cache (sampling and detokenizing included);
+* plain transformers: the same B prompts at the same context, one batched
+  forward with the library's own KV cache (``DynamicCache``, sdpa attention)
+  and a greedy argmax.
 
-Both sides run in the same process, alternating per batch size, so the ratio
-is fair on a noisy shared machine. Prompts are cut to the same token length
-so that neither side needs padding.
+The two sides alternate step by step (engine, plain, engine, plain, ...) on two
+copies of the same weights, so both see the same noise on a shared machine and
+their ratio is fair. Prompts are cut to the same token length so that neither
+side needs padding.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedModel
 
 from engine import GenerationRequest, SamplingParams
-from engine.attention import ATTENTION_NAME
 from engine.engine import Engine
 from engine.model import LoadedModel, load_model
 from tools.prompts import load_prompts
@@ -39,46 +42,49 @@ def prompt_ids(loaded: LoadedModel, batch: int, length: int) -> list[list[int]]:
     return [loaded.tokenizer.encode(prompts[i % len(prompts)])[:length] for i in range(batch)]
 
 
-def engine_step_ms(loaded: LoadedModel, ids: list[list[int]], steps: int, warmup: int) -> float:
-    loaded.model.set_attn_implementation(ATTENTION_NAME)
+def engine_stepper(loaded: LoadedModel, ids: list[list[int]], steps: int) -> Engine:
+    """An engine with every row admitted and prefilled, ready to decode ``steps`` times."""
     engine = Engine(loaded, max_batch=len(ids), num_blocks=len(ids) * 8 + 8, block_size=16)
     for i, row in enumerate(ids):
         text = loaded.tokenizer.decode(row)
-        request = GenerationRequest(
-            f"b{i}", text, warmup + steps + 2, sampling=SamplingParams(ignore_eos=True)
-        )
-        engine.submit(request)
+        params = SamplingParams(ignore_eos=True)
+        engine.submit(GenerationRequest(f"b{i}", text, steps + 2, sampling=params))
     engine.step()  # admission and every prefill
-    times = []
-    for _ in range(warmup + steps):
-        started = time.perf_counter()
-        engine.step()
-        times.append((time.perf_counter() - started) * 1000)
-    while engine.has_work():
-        for row in range(len(ids)):
-            engine.cancel(f"b{row}")
-        engine.step()
-    return statistics.median(times[warmup:])
+    return engine
 
 
-@torch.inference_mode()
-def transformers_step_ms(
-    loaded: LoadedModel, ids: list[list[int]], steps: int, warmup: int
-) -> float:
-    model = loaded.model
-    model.set_attn_implementation("sdpa")
+def plain_stepper(model: PreTrainedModel, ids: list[list[int]]) -> Callable[[], None]:
+    """A closure doing one decode step of plain transformers, after a batched prefill."""
     width = min(len(r) for r in ids)
-    input_ids = torch.tensor([r[:width] for r in ids], device=loaded.device)
+    input_ids = torch.tensor([r[:width] for r in ids], device=model.device)
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
-    next_ids = out.logits[:, -1].argmax(-1, keepdim=True)
-    times = []
+    with torch.inference_mode():
+        out = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
+    state = {"next": out.logits[:, -1].argmax(-1, keepdim=True)}
+
+    @torch.inference_mode()
+    def step() -> None:
+        out = model(input_ids=state["next"], cache=cache, use_cache=True, logits_to_keep=1)
+        state["next"] = out.logits[:, -1].argmax(-1, keepdim=True)
+
+    return step
+
+
+def measure(
+    loaded: LoadedModel, plain: PreTrainedModel, ids: list[list[int]], steps: int, warmup: int
+) -> tuple[float, float]:
+    """Median ms of an engine step and of a plain step, timed alternately."""
+    engine = engine_stepper(loaded, ids, warmup + steps)
+    plain_step = plain_stepper(plain, ids)
+    engine_ms, plain_ms = [], []
     for _ in range(warmup + steps):
         started = time.perf_counter()
-        out = model(input_ids=next_ids, cache=cache, use_cache=True, logits_to_keep=1)
-        next_ids = out.logits[:, -1].argmax(-1, keepdim=True)
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times[warmup:])
+        engine.step()
+        engine_ms.append((time.perf_counter() - started) * 1000)
+        started = time.perf_counter()
+        plain_step()
+        plain_ms.append((time.perf_counter() - started) * 1000)
+    return statistics.median(engine_ms[warmup:]), statistics.median(plain_ms[warmup:])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,16 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     loaded = load_model(args.model, args.device)
+    plain = copy.deepcopy(loaded.model)  # before the engine switches its attention
+    plain.set_attn_implementation("sdpa")
     # One untimed round first: the first forward passes pay one-off costs
     # (allocator growth, kernel selection) that belong to neither side.
-    warm_ids = prompt_ids(loaded, 2, args.prompt_tokens)
-    engine_step_ms(loaded, warm_ids, 2, 0)
-    transformers_step_ms(loaded, warm_ids, 2, 0)
+    measure(loaded, plain, prompt_ids(loaded, 2, args.prompt_tokens), 2, 0)
     rows = []
     for batch in tqdm(args.batches, desc="batch sizes"):
         ids = prompt_ids(loaded, batch, args.prompt_tokens)
-        engine_ms = engine_step_ms(loaded, ids, args.steps, args.warmup)
-        plain_ms = transformers_step_ms(loaded, ids, args.steps, args.warmup)
+        engine_ms, plain_ms = measure(loaded, plain, ids, args.steps, args.warmup)
         rows.append(
             {
                 "batch": batch,
@@ -124,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             "device": str(loaded.device),
             "prompt_tokens": args.prompt_tokens,
             "timed_steps": args.steps,
+            "ratio_at_largest_batch": rows[-1]["ratio"],
+            "largest_over_smallest_batch": round(rows[-1]["engine_ms"] / base, 3),
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2))
