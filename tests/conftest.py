@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -73,3 +73,30 @@ def make_tiny_engine(tiny_model: Callable[[str], LoadedModel]) -> Iterator[Calla
         assert engine.allocator.num_free == engine.allocator.num_blocks
         assert not engine.scheduler.running
         assert not engine.scheduler.waiting
+
+
+# == app: the real server over real HTTP (owned by the app's tests; see http_server.py) ==
+
+if TYPE_CHECKING:
+    from tests.http_server import RunningServer, StartServer
+
+
+@pytest.fixture
+async def start_server(
+    tiny_model: Callable[[str], LoadedModel],
+) -> AsyncIterator[StartServer]:
+    """``await start_server(**settings)``: serve a new app on a loopback port.
+
+    At teardown, before each server stops: no stream open, the engine holds nothing, its
+    cache is whole and releases == admitted; after it stopped: the cache is whole.
+    """
+    from tests.http_server import open_servers
+
+    async with open_servers(tiny_model("tiny-gpt2")) as start:
+        yield start
+
+
+@pytest.fixture
+async def server(start_server: StartServer) -> RunningServer:
+    """One app with the test settings (``http_server.TEST_SETTINGS``), ready."""
+    return await start_server()

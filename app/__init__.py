@@ -1,0 +1,9 @@
+"""The HTTP layer: ``hypercorn -k trio app:app`` serves this ``app``.
+
+Settings come from ``STREAMSCOPE_*`` environment variables (``app/settings.py``); the
+model loads when the server starts, not at import.
+"""
+
+from .factory import create_app
+
+app = create_app()

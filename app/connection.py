@@ -1,0 +1,125 @@
+"""One HTTP request's ASGI connection: quart-trio's, with the ownership rules made explicit.
+
+quart-trio (``quart_trio/asgi.py``, ``TrioASGIHTTPConnection``) runs each request as two
+sibling tasks in one nursery: a receive loop and the handler (which also sends the
+response body). ``StreamingConnection`` keeps that shape and adds four things:
+
+1. Named cancel reasons: the receive loop cancels the nursery with
+   ``"client disconnected"`` when ``http.disconnect`` arrives; the handler with
+   ``"response sent"`` when it is done.
+2. ``DETECT_DISCONNECT=false`` (a measurement only): the receive loop notes the
+   disconnect and does not cancel, so the stream never learns its client left; hypercorn
+   drops the bytes written after that without an error.
+3. A farewell: a stream cut off by a cancel that is NOT its client's disconnect is the
+   server stopping (hypercorn cancels every connection when its ``graceful_timeout``
+   runs out). In a shielded, bounded scope the body's last ``error`` event, type
+   ``shutdown``, is written before Cancelled goes on.
+4. A backstop for ownership: every stream a view opened is recorded in the ASGI scope
+   (``own_stream``) and closed when the connection ends, however it ends, including a
+   cancel that lands after the view returned but before Quart entered the body (the
+   body's ``__aexit__`` would never run then). ``close()`` is idempotent, so the usual
+   path (the body's ``__aexit__``) and this one do not conflict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+import trio
+from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
+from quart.asgi import ASGIHTTPConnection
+from quart.wrappers import Request, Response
+from quart_trio.asgi import TrioASGIHTTPConnection
+
+from .errors import ErrorType
+from .sse_body import EventStreamBody
+
+if TYPE_CHECKING:
+    from streams import TokenStream
+
+    from .factory import StreamscopeApp
+
+# The farewell is one small write to a socket that was fine a moment ago; if it cannot
+# go out in this long the reader is not reading, and shutdown must not wait for it.
+FAREWELL_TIMEOUT_S = 1.0
+_OWNED_STREAMS = "streamscope.streams"  # ASGI scope key: streams opened for this request
+CLIENT_DISCONNECTED = "client disconnected"
+
+
+def own_stream(scope: Mapping[str, Any], stream: TokenStream) -> None:
+    """Record that this request's connection owns ``stream``: it is closed at the end."""
+    _owned(scope).append(stream)
+
+
+def _owned(scope: Mapping[str, Any]) -> list[TokenStream]:
+    # The ASGI scope is a plain dict per request, shared by the connection and Quart's
+    # request object: the natural place for what the request owns.
+    owned: list[TokenStream] = cast(dict[str, Any], scope).setdefault(_OWNED_STREAMS, [])
+    return owned
+
+
+class StreamingConnection(TrioASGIHTTPConnection):
+    """quart-trio's HTTP connection plus the four rules of the module docstring."""
+
+    app: StreamscopeApp
+    client_gone = False  # http.disconnect arrived
+
+    async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        """Serve one request; close every stream it opened on the way out.
+
+        Cancellation: propagates (hypercorn cancels connections at shutdown); the
+        streams are closed first, synchronously.
+        """
+        try:
+            await super().__call__(receive, send)
+        finally:
+            for stream in _owned(self.scope):
+                stream.close()
+
+    async def handle_messages(  # type: ignore[override]
+        self, nursery: trio.Nursery, request: Request, receive: ASGIReceiveCallable
+    ) -> None:
+        """Feed the request body to Quart; on ``http.disconnect`` cancel the handler.
+
+        Cancellation: ends the loop (the handler finished, or the server stops).
+        """
+        await ASGIHTTPConnection.handle_messages(self, request, receive)
+        self.client_gone = True
+        if self.app.runtime.settings.detect_disconnect:
+            nursery.cancel_scope.cancel(reason=CLIENT_DISCONNECTED)
+
+    async def handle_request(  # type: ignore[override]
+        self, nursery: trio.Nursery, request: Request, send: ASGISendCallable
+    ) -> None:
+        """Run the view, send its response (within its timeout), then end the request.
+
+        Cancellation: at any await; a streaming body is closed by its ``__aexit__``,
+        or by ``__call__`` if Quart never entered it.
+        """
+        response = await self.app.handle_request(request)
+        timeout = self.app.config["RESPONSE_TIMEOUT"]
+        if isinstance(response, Response) and response.timeout is not Ellipsis:
+            timeout = cast(float | None, response.timeout)
+        with trio.move_on_after(math.inf if timeout is None else timeout):
+            await self._send_response(send, response)
+        nursery.cancel_scope.cancel(reason="response sent")
+
+    async def _send_response(self, send: ASGISendCallable, response: Any) -> None:
+        """Quart's send, plus the farewell of rule 3 when the server cuts a stream.
+
+        Cancellation: re-raised after the farewell (shielded, at most
+        ``FAREWELL_TIMEOUT_S``); the body has closed its stream already.
+        """
+        try:
+            await super()._send_response(send, response)
+        except trio.Cancelled:
+            body = getattr(response, "response", None)
+            if isinstance(body, EventStreamBody) and not self.client_gone:
+                last = body.farewell(ErrorType.SHUTDOWN, "the server is stopping")
+                if last is not None:
+                    with trio.move_on_after(FAREWELL_TIMEOUT_S, shield=True):
+                        await send({"type": "http.response.body", "body": last, "more_body": True})
+                        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            raise

@@ -1,0 +1,198 @@
+"""The error envelope, and the one table that chooses each error's HTTP status.
+
+Every refusal is answered before a stream opens, as ``application/json``::
+
+    {"error": {"type": "<ErrorType value>", "message": "<for a person>"}}
+
+After a stream has opened, the same inner object is the data of an SSE ``error`` event
+(``sse_body.py``). No other module chooses a status code: routes raise ``ApiError`` or
+let an exception through, and ``api_error_for`` turns any exception into one.
+
+    Exception                      ->  ErrorType            status
+    ├── ApiError                   ->  its own type
+    ├── pydantic.ValidationError   ->  invalid_json          422  (body is not JSON)
+    │                                  invalid_request       422  (wrong, unknown, out-of-range)
+    ├── engine.InvalidRequest
+    │   ├── PromptTooLong          ->  prompt_too_long       422
+    │   └── (the others)           ->  invalid_request       422
+    ├── streams.HubError
+    │   ├── WaitingLimitReached    ->  too_many_waiting      429  + Retry-After
+    │   └── NotAccepting           ->  not_ready | shutdown | unavailable   503
+    ├── werkzeug HTTPException     ->  not_found 404, method_not_allowed 405 (+ Allow),
+    │                                  request_timeout 408, body_too_large 413, else bad_request
+    └── anything else              ->  internal_error        500  (logged with its traceback)
+
+``trio.Cancelled`` is a BaseException: no handler here ever sees it.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import math
+
+import pydantic
+from quart import Quart, Response
+from werkzeug.exceptions import HTTPException, InternalServerError, MethodNotAllowed
+
+import engine
+import streams
+
+log = logging.getLogger("streamscope.app")
+
+# A validation message names at most this many problems: enough to fix a request,
+# short enough that an adversarial body cannot make the answer large.
+MAX_PROBLEMS_SHOWN = 5
+_INTERNAL_MESSAGE = "the server failed to answer this request"
+
+
+class ErrorType(enum.StrEnum):
+    """What went wrong, as the envelope's ``type``; ``STATUS`` gives each its code."""
+
+    INVALID_JSON = "invalid_json"  # the body is not a JSON document
+    INVALID_REQUEST = "invalid_request"  # a field is missing, unknown, mistyped or out of range
+    PROMPT_TOO_LONG = "prompt_too_long"  # prompt + max_new_tokens exceed the token budget
+    BODY_TOO_LARGE = "body_too_large"  # over MAX_BODY_BYTES, by Content-Length or as read
+    NOT_FOUND = "not_found"  # no such route
+    METHOD_NOT_ALLOWED = "method_not_allowed"  # the route exists; the method does not
+    REQUEST_TIMEOUT = "request_timeout"  # the body did not arrive in time
+    BAD_REQUEST = "bad_request"  # any other malformed HTTP request
+    TOO_MANY_WAITING = "too_many_waiting"  # MAX_WAITING streams wait for a first token
+    NOT_READY = "not_ready"  # the model is still loading
+    SHUTDOWN = "shutdown"  # the server is stopping (also the SSE error of a cut stream)
+    UNAVAILABLE = "unavailable"  # the engine failed; the server cannot serve
+    SLOW_CLIENT = "slow_client"  # the reader stayed behind too long (SSE error)
+    ENGINE_ERROR = "engine_error"  # the engine failed this request (SSE error)
+    INTERNAL_ERROR = "internal_error"  # a bug: logged with its traceback
+
+
+STATUS: dict[ErrorType, int] = {
+    ErrorType.INVALID_JSON: 422,
+    ErrorType.INVALID_REQUEST: 422,
+    ErrorType.PROMPT_TOO_LONG: 422,
+    ErrorType.BODY_TOO_LARGE: 413,
+    ErrorType.NOT_FOUND: 404,
+    ErrorType.METHOD_NOT_ALLOWED: 405,
+    ErrorType.REQUEST_TIMEOUT: 408,
+    ErrorType.BAD_REQUEST: 400,
+    ErrorType.TOO_MANY_WAITING: 429,
+    ErrorType.NOT_READY: 503,
+    ErrorType.SHUTDOWN: 503,
+    ErrorType.UNAVAILABLE: 503,
+    ErrorType.SLOW_CLIENT: 503,
+    ErrorType.ENGINE_ERROR: 500,
+    ErrorType.INTERNAL_ERROR: 500,
+}
+
+_HTTP_TYPES = {
+    404: ErrorType.NOT_FOUND,
+    405: ErrorType.METHOD_NOT_ALLOWED,
+    408: ErrorType.REQUEST_TIMEOUT,
+    413: ErrorType.BODY_TOO_LARGE,
+}
+
+_NOT_ACCEPTING_TYPES = {
+    streams.HubState.NEW.value: ErrorType.NOT_READY,
+    streams.HubState.DRAINING.value: ErrorType.SHUTDOWN,
+    streams.HubState.STOPPED.value: ErrorType.SHUTDOWN,
+    streams.HubState.FAILED.value: ErrorType.UNAVAILABLE,
+}
+
+
+class ApiError(Exception):
+    """One error answer: its type (which fixes the status), message and extra headers.
+
+    Args:
+        type: what went wrong; ``STATUS[type]`` is the status code.
+        message: for a person.
+        retry_after_s: sent as ``Retry-After`` (whole seconds, rounded up).
+        allow: the methods a 405 sends in ``Allow``.
+    """
+
+    def __init__(
+        self,
+        type: ErrorType,
+        message: str,
+        *,
+        retry_after_s: float | None = None,
+        allow: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(f"{type}: {message}")
+        self.type = type
+        self.message = message
+        self.retry_after_s = retry_after_s
+        self.allow = allow
+
+    @property
+    def status(self) -> int:
+        return STATUS[self.type]
+
+    def envelope(self) -> dict[str, dict[str, str]]:
+        return {"error": {"type": self.type.value, "message": self.message}}
+
+    def to_response(self) -> Response:
+        response = Response(
+            json.dumps(self.envelope()), status=self.status, content_type="application/json"
+        )
+        if self.retry_after_s is not None:
+            response.headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
+        if self.allow:
+            response.headers["Allow"] = ", ".join(self.allow)
+        return response
+
+
+def api_error_for(exc: BaseException) -> ApiError:
+    """The ApiError that answers ``exc`` (see the module docstring's table)."""
+    match exc:
+        case ApiError():
+            return exc
+        case pydantic.ValidationError():
+            return _validation_error(exc)
+        case engine.PromptTooLong():
+            return ApiError(ErrorType.PROMPT_TOO_LONG, str(exc))
+        case engine.InvalidRequest():
+            return ApiError(ErrorType.INVALID_REQUEST, str(exc))
+        case streams.WaitingLimitReached():
+            return ApiError(ErrorType.TOO_MANY_WAITING, str(exc), retry_after_s=exc.retry_after_s)
+        case streams.NotAccepting():
+            kind = _NOT_ACCEPTING_TYPES.get(exc.state, ErrorType.UNAVAILABLE)
+            return ApiError(kind, str(exc))
+        case InternalServerError():  # Quart wraps an unhandled exception; it logged it
+            return ApiError(ErrorType.INTERNAL_ERROR, _INTERNAL_MESSAGE)
+        case HTTPException() if exc.code is not None and exc.code < 500:
+            kind = _HTTP_TYPES.get(exc.code, ErrorType.BAD_REQUEST)
+            allow = tuple(exc.valid_methods or ()) if isinstance(exc, MethodNotAllowed) else ()
+            return ApiError(kind, exc.description or kind.value, allow=allow)
+        case _:
+            log.error("internal error", exc_info=(type(exc), exc, exc.__traceback__))
+            return ApiError(ErrorType.INTERNAL_ERROR, _INTERNAL_MESSAGE)
+
+
+def register_error_handlers(app: Quart) -> None:
+    """Answer every Exception (HTTPExceptions included) with the envelope.
+
+    Quart looks handlers up along the exception's MRO, so the one for ``Exception`` also
+    gets 404, 405 and 413 and the InternalServerError wrapping an unhandled exception.
+    ``trio.Cancelled`` is not an Exception and passes by untouched.
+    """
+
+    async def handle(exc: Exception) -> Response:
+        """Cancellation: no checkpoint."""
+        return api_error_for(exc).to_response()
+
+    app.register_error_handler(Exception, handle)
+
+
+def _validation_error(exc: pydantic.ValidationError) -> ApiError:
+    problems = exc.errors(include_url=False, include_input=False)
+    if any(p["type"] == "json_invalid" for p in problems):
+        detail = problems[0]["msg"].removeprefix("Invalid JSON: ")
+        return ApiError(ErrorType.INVALID_JSON, f"the body is not valid JSON: {detail}")
+    parts = []
+    for problem in problems[:MAX_PROBLEMS_SHOWN]:
+        where = ".".join(str(part) for part in problem["loc"]) or "body"
+        parts.append(f"{where}: {problem['msg']}")
+    if len(problems) > MAX_PROBLEMS_SHOWN:
+        parts.append(f"and {len(problems) - MAX_PROBLEMS_SHOWN} more")
+    return ApiError(ErrorType.INVALID_REQUEST, "; ".join(parts))

@@ -1,0 +1,59 @@
+"""The composition root: ``create_app`` wires settings, runtime, routes and errors.
+
+The one place where the app is assembled; ``app/__init__.py`` calls it once with the
+settings from the environment, and tests call it with their own settings and engine.
+"""
+
+from __future__ import annotations
+
+from quart_trio import QuartTrio
+
+from .connection import StreamingConnection
+from .errors import register_error_handlers
+from .lifespan import MakeEngine, Runtime, load_engine_from_settings, stop_deadline_s
+from .routes import make_blueprint
+from .settings import Settings
+
+
+class StreamscopeApp(QuartTrio):
+    """A QuartTrio app whose HTTP connections follow ``connection.py``'s rules."""
+
+    asgi_http_class = StreamingConnection
+    runtime: Runtime
+
+
+def create_app(
+    settings: Settings | None = None, *, make_engine: MakeEngine | None = None
+) -> StreamscopeApp:
+    """Build the app. Nothing is loaded until the server starts it (``before_serving``).
+
+    Args:
+        settings: default ``Settings.from_env()``.
+        make_engine: builds the engine from the settings, in a worker thread; default
+            loads ``settings.model`` (which imports torch).
+
+    Raises:
+        SettingsError: a ``STREAMSCOPE_`` variable is invalid (when ``settings`` is None).
+    """
+    settings = Settings.from_env() if settings is None else settings
+    app = StreamscopeApp("app")
+    app.config.update(
+        MAX_CONTENT_LENGTH=settings.max_body_bytes,  # checked on Content-Length and as read
+        BACKGROUND_TASK_SHUTDOWN_TIMEOUT=stop_deadline_s(settings),
+    )
+    runtime = Runtime(settings, make_engine or load_engine_from_settings)
+    app.runtime = runtime
+    register_error_handlers(app)
+    app.register_blueprint(make_blueprint(runtime))
+
+    @app.before_serving
+    async def start_runtime() -> None:
+        """Start loading in the app's nursery and return at once. Cancellation: none."""
+        runtime.start(app.nursery)
+
+    @app.after_serving
+    async def stop_runtime() -> None:
+        """Drain and stop the hub. Cancellation: see ``Runtime.stop``."""
+        await runtime.stop()
+
+    return app

@@ -1,0 +1,268 @@
+"""The server's life: load the model without blocking, run the hub, stop in order.
+
+``Runtime`` owns the engine and the hub for one app and says whether streams may open.
+It is the one place the engine is constructed (through ``make_engine``, which tests
+replace); it knows the engine only as ``ServingEngine`` (the hub's ``StepEngine`` plus
+``statistics()``) and imports nothing below the engine package root.
+
+Theory of operation
+-------------------
+::
+
+    NEW ──before_serving──> LOADING ──engine built, hub started──> READY
+                               │                                     │
+                               └── load failed ──> FAILED <── a step raised
+    (any) ──after_serving──> STOPPING ──hub stopped──> STOPPED
+
+``before_serving`` only starts a task in the app's nursery (quart-trio's
+``app.nursery``, which lives as long as the ASGI lifespan) and returns, so hypercorn
+serves at once: ``/health`` answers while the model loads. The task builds the engine in
+a worker thread (``trio.to_thread.run_sync``; the event loop never blocks on loading),
+then makes the hub and starts ``hub.run`` in the same nursery with ``nursery.start``.
+
+Stopping. hypercorn stops in this order: stop accepting; let open connections finish
+for its ``graceful_timeout``; cancel the rest (each cut stream gets a last ``error``
+event ``shutdown``: see ``connection.py``, and its ``close()`` asks the engine to
+cancel); then the ASGI lifespan shutdown runs ``after_serving``, which calls
+``hub.shutdown()``: refuse new streams, give the open ones (normally none are left)
+``SHUTDOWN_GRACE_S``, end the rest with ``error: shutdown``, and wait until the engine
+applied every cancel, so its cache is whole. quart-trio puts a deadline of
+``BACKGROUND_TASK_SHUTDOWN_TIMEOUT`` on the app's nursery before ``after_serving`` runs;
+the factory sets it above the grace period (see ``stop_deadline_s``).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Protocol
+
+import trio
+
+import engine
+import streams
+
+from .errors import ApiError, ErrorType
+from .settings import Settings
+
+log = logging.getLogger("streamscope.app")
+
+# After the grace period, shutdown still waits for the engine to apply the cancels: one
+# or two steps. This bounds that wait generously (a step of a small model on a CPU is
+# tens of milliseconds) without letting a wedged engine hold the process forever.
+STOP_MARGIN_S = 10.0
+
+
+class ServingEngine(streams.StepEngine, Protocol):
+    """The engine as the app uses it; ``engine.Engine`` satisfies it."""
+
+    def statistics(self) -> engine.EngineStatistics: ...
+
+
+MakeEngine = Callable[[Settings], ServingEngine]
+
+
+def load_engine_from_settings(settings: Settings) -> ServingEngine:
+    """The production ``make_engine``: load the model (imports torch, blocks for seconds)."""
+    return engine.load_engine(
+        settings.model,
+        settings.device,
+        max_batch=settings.max_batch,
+        num_blocks=settings.cache_blocks,
+        block_size=settings.block_size,
+    )
+
+
+def stop_deadline_s(settings: Settings) -> float:
+    """How long ``after_serving`` may take: the grace period and then a few steps."""
+    return settings.shutdown_grace_s + STOP_MARGIN_S
+
+
+class Phase(enum.Enum):
+    """Where the server is in its life (see the module docstring)."""
+
+    NEW = "new"  # made; before_serving has not run; refusing
+    LOADING = "loading"  # the model loads in a worker thread; refusing with not_ready
+    READY = "ready"  # the engine is loaded and the hub runs; streams open
+    FAILED = "failed"  # the load or a step raised; refusing with unavailable
+    STOPPING = "stopping"  # after_serving began; refusing with shutdown
+    STOPPED = "stopped"  # the hub stopped; the engine holds none of our requests
+
+
+_REFUSALS = {
+    Phase.NEW: (ErrorType.NOT_READY, "the server has not started"),
+    Phase.LOADING: (ErrorType.NOT_READY, "the model is still loading"),
+    Phase.FAILED: (ErrorType.UNAVAILABLE, "the engine failed"),
+    Phase.STOPPING: (ErrorType.SHUTDOWN, "the server is stopping"),
+    Phase.STOPPED: (ErrorType.SHUTDOWN, "the server has stopped"),
+}
+
+
+class Runtime:
+    """The engine and hub of one app, and the phase that says whether streams may open.
+
+    Args:
+        settings: the server's settings.
+        make_engine: builds the engine from settings; runs in a worker thread.
+    """
+
+    def __init__(self, settings: Settings, make_engine: MakeEngine) -> None:
+        self.settings = settings
+        self._make_engine = make_engine
+        self.phase = Phase.NEW
+        self.engine: ServingEngine | None = None
+        self.hub: streams.Hub | None = None
+        self.failure: str | None = None  # why the phase is FAILED
+        self._load_scope = trio.CancelScope()
+        self._settled = trio.Event()  # set when the phase leaves NEW and LOADING
+
+    # -- lifespan hooks --------------------------------------------------------------
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """``before_serving``: start loading in ``nursery`` (the app's) and return."""
+        if self.phase is not Phase.NEW:
+            raise RuntimeError(f"the runtime starts once (phase: {self.phase.value})")
+        self.phase = Phase.LOADING
+        nursery.start_soon(self._load_and_run, nursery)
+
+    async def stop(self) -> None:
+        """``after_serving``: stop a load in progress, or shut the hub down.
+
+        Cancellation: during ``hub.shutdown()``, the remaining streams are ended at once
+        and Cancelled propagates; the hub's own task is cancelled with the app's nursery.
+        """
+        was_loading = self.phase is Phase.LOADING
+        self.phase = Phase.STOPPING
+        self._load_scope.cancel(reason="the server stopped before the model was loaded")
+        try:
+            if self.hub is not None and not was_loading:
+                await self.hub.shutdown()
+        finally:
+            self.phase = Phase.STOPPED
+            self._settled.set()
+
+    async def wait_settled(self) -> Phase:
+        """Wait until loading is over (READY, FAILED or later); return the phase then.
+
+        Cancellation: nothing changes; the caller just stops waiting.
+        """
+        await self._settled.wait()
+        return self.phase
+
+    # -- for the routes --------------------------------------------------------------
+
+    def open_stream(
+        self, request: engine.GenerationRequest, policy: streams.PolicyName | None
+    ) -> streams.TokenStream:
+        """Submit ``request`` to the hub and open its stream, or refuse.
+
+        Raises:
+            ApiError: not ready, stopping or failed (503).
+            streams.WaitingLimitReached, streams.NotAccepting, engine.InvalidRequest:
+                from ``Hub.open_stream``; nothing was submitted.
+        """
+        refusal = self.refusal()
+        if refusal is not None or self.hub is None:
+            raise refusal or ApiError(ErrorType.UNAVAILABLE, "the hub is missing")
+        return self.hub.open_stream(request, policy=policy)
+
+    def refusal(self) -> ApiError | None:
+        """Why streams cannot open now (not ready, failed, stopping), or None."""
+        if self.phase is Phase.READY:
+            return None
+        error_type, message = _REFUSALS[self.phase]
+        if self.phase is Phase.FAILED:
+            message = f"{message}: {self.failure}"
+        return ApiError(error_type, message)
+
+    def statistics(self) -> dict[str, Any]:
+        """``/stats``: the engine's and the hub's counters, flat; None where unknown."""
+        result: dict[str, Any] = {
+            "phase": self.phase.value,
+            "model": self.settings.model,
+            "device": self.settings.device or "auto",
+            "policy": self.settings.policy.value,
+        }
+        result.update(_engine_fields(self.engine))
+        result.update(_hub_fields(self.hub))
+        return result
+
+    # -- the background task ---------------------------------------------------------
+
+    async def _load_and_run(self, nursery: trio.Nursery) -> None:
+        """Build the engine in a worker thread, then start the hub in ``nursery``.
+
+        Cancellation: at the load (``stop()`` or the app's nursery), the worker thread is
+        abandoned (a load touches no shared state; it finishes or dies with the process);
+        nothing was made. At ``nursery.start``: the hub never ran.
+        """
+        try:
+            with self._load_scope:
+                built = await trio.to_thread.run_sync(
+                    partial(self._make_engine, self.settings), abandon_on_cancel=True
+                )
+            if self._load_scope.cancelled_caught or self.phase is not Phase.LOADING:
+                return
+            self.engine = built
+            self.hub = streams.Hub(built, self.settings.hub_settings())
+            await nursery.start(self._run_hub, self.hub)
+        except Exception as exc:
+            self._fail(f"loading the model failed: {exc!r}", exc)
+            return
+        if self.phase is Phase.LOADING:
+            self.phase = Phase.READY
+            log.info("ready: model %s, policy %s", self.settings.model, self.settings.policy.value)
+        self._settled.set()
+
+    async def _run_hub(
+        self, hub: streams.Hub, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run the hub; a failed step makes the server FAILED instead of ending the lifespan.
+
+        Cancellation: the hub ends every open stream with ``shutdown`` and returns.
+        """
+        try:
+            await hub.run(task_status=task_status)
+        except Exception as exc:
+            self._fail(f"the engine failed: {exc!r}", exc)
+
+    def _fail(self, message: str, exc: BaseException) -> None:
+        log.error("%s", message, exc_info=(type(exc), exc, exc.__traceback__))
+        self.failure = message
+        if self.phase in (Phase.LOADING, Phase.READY):
+            self.phase = Phase.FAILED
+        self._settled.set()
+
+
+def _engine_fields(eng: ServingEngine | None) -> dict[str, Any]:
+    names = ("blocks_total", "blocks_free", "blocks_reserved", "running", "waiting", "paused",
+             "releases", "steps", "last_step_ms", "median_decode_step_ms")
+    stats = eng.statistics() if eng is not None else None
+    return {name: getattr(stats, name) if stats is not None else None for name in names}
+
+
+def _hub_fields(hub: streams.Hub | None) -> dict[str, Any]:
+    stats = hub.statistics() if hub is not None else None
+    if stats is None:
+        return {"hub_state": None, "streams_open": 0, "streams_waiting": 0,
+                "paused_streams": 0, "engine_requests": 0, "opened": 0, "closes": 0,
+                "refused_waiting": 0, "hub_steps": 0, "step_errors": 0, "last_error": None,
+                "events_routed": 0, "events_dropped": 0, "slow_client_drops": 0}
+    return {
+        "hub_state": stats.state.value,
+        "streams_open": stats.streams_open,
+        "streams_waiting": stats.waiting,
+        "paused_streams": stats.paused_streams,
+        "engine_requests": stats.engine_requests,
+        "opened": stats.opened,
+        "closes": stats.closes,
+        "refused_waiting": stats.refused_waiting,
+        "hub_steps": stats.steps,
+        "step_errors": stats.step_errors,
+        "last_error": stats.last_error,
+        "events_routed": stats.events_routed,
+        "events_dropped": stats.events_dropped,
+        "slow_client_drops": stats.slow_client_drops,
+    }

@@ -1,0 +1,245 @@
+"""Settings: every environment variable the server reads, read here and nowhere else.
+
+``Settings.from_env()`` reads the ``STREAMSCOPE_*`` variables once, at ``create_app()``,
+so that ``hypercorn -k trio app:app`` needs no arguments. A bad value, an inconsistent
+pair, or an unknown ``STREAMSCOPE_`` name (a typo would otherwise be ignored silently)
+fails at startup with one ``SettingsError`` that names every problem. An empty value
+counts as unset. This module knows no Quart and no engine internals; it hands the hub
+its part as a ``streams.HubSettings``.
+
+The README's settings table is ``settings_table()``: each field's metadata says its
+meaning, so the table and the code cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from streams import HubSettings, PolicyName
+
+ENV_PREFIX = "STREAMSCOPE_"
+BUILTIN_MODELS = ("smollm2", "tiny-gpt2", "tiny-llama")
+
+
+class SettingsError(ValueError):
+    """One or more ``STREAMSCOPE_`` variables are invalid; the message names each one."""
+
+
+def _doc(text: str) -> dict[str, str]:
+    return {"doc": text}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The server's configuration. Field ``name`` is read from ``STREAMSCOPE_NAME``.
+
+    Raises:
+        SettingsError: from the constructor, if a value is out of range.
+    """
+
+    model: str = field(default="smollm2", metadata=_doc(
+        "smollm2 (embedded SmolLM2-135M), tiny-gpt2, tiny-llama (random, for tests) "
+        "or a local transformers folder"))
+    device: str | None = field(default=None, metadata=_doc(
+        "cpu or cuda (cuda:N); unset: cuda if available, else cpu"))
+    policy: PolicyName = field(default=PolicyName.PAUSE_DROP, metadata=_doc(
+        "slow-reader policy: naive, unbounded, pause, drop or pause-drop"))
+    max_batch: int = field(default=32, metadata=_doc(
+        "most sequences running at once (batch slots)"))
+    cache_blocks: int = field(default=512, metadata=_doc(
+        "KV-cache blocks, allocated once at startup"))
+    block_size: int = field(default=16, metadata=_doc("token positions per cache block"))
+    max_waiting: int = field(default=256, metadata=_doc(
+        "open streams still waiting for their first token; more are refused with 429"))
+    queue_limit: int = field(default=32, metadata=_doc(
+        "events queued for one reader before it counts as behind"))
+    stall_timeout_s: float = field(default=10.0, metadata=_doc(
+        "seconds a reader may stay behind before a dropping policy ends it (slow_client)"))
+    keepalive_s: float = field(default=15.0, metadata=_doc(
+        "an SSE comment goes out on a stream that has sent nothing for this long"))
+    max_new_tokens_limit: int = field(default=1024, metadata=_doc(
+        "the largest max_new_tokens a request may ask for (422 above)"))
+    default_max_new_tokens: int = field(default=64, metadata=_doc(
+        "max_new_tokens for a request that gives none"))
+    max_body_bytes: int = field(default=64 * 1024, metadata=_doc(
+        "largest request body, by Content-Length and as read (413 above)"))
+    max_prompt_chars: int = field(default=32_768, metadata=_doc(
+        "longest prompt in characters (422 above); the token budget is checked too"))
+    shutdown_grace_s: float = field(default=5.0, metadata=_doc(
+        "at shutdown, how long open streams may finish before they get error shutdown"))
+    detect_disconnect: bool = field(default=True, metadata=_doc(
+        "false only to measure: a stream never learns that its client left"))
+
+    def __post_init__(self) -> None:
+        problems = [p for p in _range_problems(self) if p]
+        if problems:
+            raise SettingsError("invalid settings:\n  " + "\n  ".join(problems))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read every ``STREAMSCOPE_*`` variable of ``environ`` (default ``os.environ``).
+
+        Raises:
+            SettingsError: naming every unknown variable and every bad value.
+        """
+        env = os.environ if environ is None else environ
+        known = {_env_name(f.name): f for f in fields(cls)}
+        problems = [
+            f"{name} is not a setting (known: {', '.join(sorted(known))})"
+            for name in sorted(env)
+            if name.startswith(ENV_PREFIX) and name not in known
+        ]
+        values: dict[str, Any] = {}
+        for name, f in known.items():
+            raw = env.get(name, "").strip()
+            if not raw:
+                continue
+            try:
+                values[f.name] = _PARSERS[f.name](raw)
+            except ValueError as exc:
+                problems.append(f"{name}={raw!r}: {exc}")
+        if problems:
+            raise SettingsError("invalid settings:\n  " + "\n  ".join(problems))
+        return cls(**values)
+
+    def hub_settings(self) -> HubSettings:
+        return HubSettings(
+            policy=self.policy,
+            queue_limit=self.queue_limit,
+            stall_timeout_s=self.stall_timeout_s,
+            max_waiting=self.max_waiting,
+            shutdown_grace_s=self.shutdown_grace_s,
+        )
+
+
+def settings_table() -> list[tuple[str, str, str]]:
+    """(variable, default, meaning) for every setting, in declaration order."""
+    defaults = Settings()
+    rows = []
+    for f in fields(Settings):
+        rows.append((_env_name(f.name), _show(getattr(defaults, f.name)), f.metadata["doc"]))
+    return rows
+
+
+# -- parsing and checking --------------------------------------------------------------
+
+
+def _env_name(field_name: str) -> str:
+    return ENV_PREFIX + field_name.upper()
+
+
+def _show(value: object) -> str:
+    if value is None:
+        return "(auto)"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(getattr(value, "value", value))
+
+
+def _positive_int(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError("expected a whole number") from None
+    if value < 1:
+        raise ValueError("expected a whole number >= 1")
+    return value
+
+
+def _positive_seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("expected a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError("expected a finite number of seconds > 0")
+    return value
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _boolean(raw: str) -> bool:
+    lowered = raw.lower()
+    if lowered in _TRUE | _FALSE:
+        return lowered in _TRUE
+    raise ValueError("expected true or false")
+
+
+def _policy(raw: str) -> PolicyName:
+    try:
+        return PolicyName(raw.lower())
+    except ValueError:
+        names = ", ".join(p.value for p in PolicyName)
+        raise ValueError(f"expected one of {names}") from None
+
+
+def _device(raw: str) -> str:
+    lowered = raw.lower()
+    if lowered == "cpu" or lowered == "cuda" or (
+        lowered.startswith("cuda:") and lowered[5:].isdigit()
+    ):
+        return lowered
+    raise ValueError("expected cpu, cuda or cuda:N")
+
+
+def _model(raw: str) -> str:
+    if raw in BUILTIN_MODELS or Path(raw).is_dir():
+        return raw
+    raise ValueError(f"expected {', '.join(BUILTIN_MODELS)} or an existing folder")
+
+
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "model": _model,
+    "device": _device,
+    "policy": _policy,
+    "stall_timeout_s": _positive_seconds,
+    "keepalive_s": _positive_seconds,
+    "shutdown_grace_s": _positive_seconds,
+    "detect_disconnect": _boolean,
+    **{
+        name: _positive_int
+        for name in (
+            "max_batch", "cache_blocks", "block_size", "max_waiting", "queue_limit",
+            "max_new_tokens_limit", "default_max_new_tokens", "max_body_bytes",
+            "max_prompt_chars",
+        )
+    },
+}
+
+
+def _range_problems(s: Settings) -> list[str]:
+    """Checks of the constructed value, also for Settings made in code (tests)."""
+    ints = [name for name, parse in _PARSERS.items() if parse is _positive_int]
+    seconds = [name for name, parse in _PARSERS.items() if parse is _positive_seconds]
+    problems = [f"{_env_name(n)} must be a whole number >= 1, not {getattr(s, n)!r}"
+                for n in ints if not _is_positive_int(getattr(s, n))]
+    problems += [f"{_env_name(n)} must be finite and > 0, not {getattr(s, n)!r}"
+                 for n in seconds if not _is_positive_seconds(getattr(s, n))]
+    if not isinstance(s.policy, PolicyName):
+        problems.append(f"{_env_name('policy')} must be a PolicyName, not {s.policy!r}")
+    if not problems and s.default_max_new_tokens > s.max_new_tokens_limit:
+        problems.append(
+            f"{_env_name('default_max_new_tokens')} ({s.default_max_new_tokens}) must not "
+            f"exceed {_env_name('max_new_tokens_limit')} ({s.max_new_tokens_limit})"
+        )
+    return problems
+
+
+def _is_positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _is_positive_seconds(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )

@@ -1,0 +1,169 @@
+"""The body of one ``text/event-stream`` response: a token stream turned into SSE bytes.
+
+Owns the wire events of ``/v1/stream`` (their names, JSON data and ids), the keep-alive
+comment, and the stream's ``close()`` on every way out of the body. Knows the stream only
+as ``ItemSource`` (``streams.TokenStream`` satisfies it); knows no routes and no engine.
+
+Events, with SSE ids counting events from 1 (keep-alive comments carry no id)::
+
+    start  {"id": request id, "prompt_tokens": n}                      always first, id 1
+    token  {"index": i, "id": token id, "text": delta}                 one per token
+    done   {"finish_reason": "eos"|"length"|"stop",
+            "usage": {"prompt_tokens": n, "completion_tokens": m}}     last, or
+    error  {"error": {"type": "slow_client"|"engine_error"|"shutdown", "message": ...}}
+
+Theory of operation
+-------------------
+Quart sends a response body as (``quart/asgi.py``, ``ASGIHTTPConnection._send_response``)::
+
+    async with response.response as body:      # EventStreamBody.__aenter__
+        async for chunk in body:                 # EventStreamBody.__anext__, once per event
+            await send(chunk)                    # hypercorn writes it to the socket now
+                                                 # EventStreamBody.__aexit__: stream.close()
+
+``__aexit__`` runs on every way out of that block: the terminal event was sent, a send
+raised, or ``trio.Cancelled`` (client gone, server stopping) arrived at an await inside
+it. It is an object, not an async generator, on purpose: a generator's ``finally`` runs
+only when the generator is finalised (later, and already cancelled), and Trio forbids a
+``yield`` inside a cancel scope, which the keep-alive needs.
+
+Keep-alive: ``__anext__`` waits for the next item under ``trio.move_on_after(keepalive_s)``;
+``TokenStream.receive`` is cancel-safe (an item leaves the queue only when returned), so a
+timeout loses nothing and yields a comment instead.
+
+Cancellation: ``__anext__`` is cancelled only at ``receive()``; the stream is unchanged
+and ``__aexit__`` closes it.
+"""
+
+from __future__ import annotations
+
+import json
+from types import TracebackType
+from typing import Any, Protocol
+
+import trio
+from quart.wrappers.response import ResponseBody
+
+from engine import FinishEvent, TokenEvent
+from streams import StreamError, StreamItem, encode_comment, encode_event
+
+from .errors import ErrorType
+
+KEEPALIVE_COMMENT = encode_comment("keep-alive")
+
+
+class ItemSource(Protocol):
+    """What the body needs of a stream; ``streams.TokenStream`` satisfies it."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    async def receive(self) -> StreamItem:
+        """The next item. Cancellation: must lose nothing (the keep-alive relies on it)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def encode_json_event(event: str, event_id: int, data: dict[str, Any]) -> bytes:
+    """One SSE event whose data is compact JSON.
+
+    ``ensure_ascii`` escapes everything outside ASCII: clients whose line splitter is
+    ``str.splitlines()`` (httpx's own ``LineDecoder``) would break a line at U+2028.
+    """
+    payload = json.dumps(data, ensure_ascii=True, separators=(",", ":"))
+    return encode_event(payload, event=event, id=str(event_id))
+
+
+class EventStreamBody(ResponseBody):
+    """One stream's SSE body; give it to ``quart.Response`` with ``timeout = None``.
+
+    Args:
+        stream: the open stream; this body owns it from now on and closes it.
+        keepalive_s: send a comment after this long without an event.
+    """
+
+    def __init__(self, stream: ItemSource, *, keepalive_s: float) -> None:
+        self.stream = stream
+        self.keepalive_s = keepalive_s
+        self.is_entered = False  # quart entered the body: the status line has gone out
+        self.is_finished = False  # the terminal event (done or error) was produced
+        self._next_id = 1
+        self._sent_start = False
+
+    async def __aenter__(self) -> EventStreamBody:
+        """Cancellation: no checkpoint; the body is entered or not."""
+        self.is_entered = True
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close the stream, on every way out. Cancellation: no checkpoint."""
+        self.stream.close()
+
+    def __aiter__(self) -> EventStreamBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        """The next event's bytes, or a keep-alive comment after ``keepalive_s`` of quiet.
+
+        Raises:
+            StopAsyncIteration: after the terminal event, or if the stream was closed.
+
+        Cancellation: raised at ``stream.receive()`` with nothing taken from the stream.
+        """
+        if self.is_finished:
+            raise StopAsyncIteration
+        if not self._sent_start:
+            self._sent_start = True
+            return self._event("start", {
+                "id": self.stream.request_id, "prompt_tokens": self.stream.prompt_tokens,
+            })
+        with trio.move_on_after(self.keepalive_s):
+            try:
+                item = await self.stream.receive()
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                self.is_finished = True
+                raise StopAsyncIteration from None
+            return self._encode(item)
+        return KEEPALIVE_COMMENT
+
+    def farewell(self, error_type: ErrorType, message: str) -> bytes | None:
+        """A last ``error`` event for a body cut off from outside (the server stops while
+        the stream runs), or None if the body was never entered or already ended."""
+        if not self.is_entered or self.is_finished:
+            return None
+        self.is_finished = True
+        return self._error(error_type.value, message)
+
+    def _encode(self, item: StreamItem) -> bytes:
+        match item:
+            case TokenEvent():
+                return self._event(
+                    "token", {"index": item.index, "id": item.token_id, "text": item.text}
+                )
+            case FinishEvent():
+                self.is_finished = True
+                return self._event("done", {
+                    "finish_reason": item.reason.value,
+                    "usage": {
+                        "prompt_tokens": item.prompt_tokens,
+                        "completion_tokens": item.completion_tokens,
+                    },
+                })
+            case StreamError():
+                self.is_finished = True
+                return self._error(item.type, item.message)
+        raise TypeError(f"not a stream item: {item!r}")
+
+    def _error(self, error_type: str, message: str) -> bytes:
+        return self._event("error", {"error": {"type": error_type, "message": message}})
+
+    def _event(self, name: str, data: dict[str, Any]) -> bytes:
+        event_id, self._next_id = self._next_id, self._next_id + 1
+        return encode_json_event(name, event_id, data)

@@ -1,0 +1,329 @@
+"""Serving the app for real in a test: hypercorn on a loopback port, a tiny engine, checks.
+
+``open_servers(loaded_model)`` yields ``start(**settings)``, which builds the app around a
+``RecordingEngine`` (the real engine on a tiny model, recording every event it emits),
+serves it with ``hypercorn.trio.serve`` on ``127.0.0.1:0`` (hypercorn reports the bound
+address through ``task_status``), and waits until the model is "loaded". At the end,
+for every server, BEFORE shutting it down (shutdown would tidy up a leak and hide it):
+no stream is registered, the engine holds no request and its cache is whole, and it
+released exactly the sequences it admitted. Then the server stops and the cache must
+still be whole.
+
+The clients the tests use against it are in ``http_clients.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import httpx
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+from app.factory import StreamscopeApp, create_app
+from app.lifespan import Phase, ServingEngine
+from app.settings import Settings
+from engine import (
+    EngineEvent,
+    EngineStatistics,
+    FinishEvent,
+    FinishReason,
+    GenerationRequest,
+    TokenEvent,
+)
+from streams import Hub
+from tests.http_clients import RawClient
+
+# Small enough to be quick, large enough for every test here: 64 blocks of 16 positions
+# hold any request the tiny models' 512-position context allows.
+TEST_SETTINGS = Settings(
+    model="tiny-gpt2",
+    device="cpu",
+    max_batch=4,
+    cache_blocks=64,
+    block_size=16,
+    max_new_tokens_limit=500,
+    default_max_new_tokens=8,
+    max_body_bytes=4096,
+    max_prompt_chars=3000,
+)
+# Safety nets only: every wait is for a condition; these fire only if it never comes.
+SETTLE_TIMEOUT_S = 10.0
+POLL_S = 0.005  # between looks at a condition that has no event to wait on
+# hypercorn lets open connections finish for this long at shutdown, then cuts them.
+GRACEFUL_TIMEOUT_S = 2.0
+
+
+class RecordingEngine:
+    """The engine, recording each event it emits, with a gate that can hold its steps.
+
+    Thread-safe like the engine: ``step`` runs in the hub's worker thread, the rest in
+    the Trio thread. ``hold()`` makes the next step wait (in its worker thread) until
+    ``release()``; cancels posted meanwhile are applied at that step's start.
+    """
+
+    def __init__(self, engine: ServingEngine) -> None:
+        self._engine = engine
+        self._lock = threading.Lock()
+        self._gate = threading.Event()
+        self._gate.set()
+        self.events: list[EngineEvent] = []
+        self.cancel_marks: dict[str, int] = {}  # id -> its tokens emitted at first cancel()
+        self.submitted: list[str] = []  # ids the engine accepted, in order
+        self._failing: set[str] = set()  # ids whose cancel the engine reports as ERROR
+
+    # -- the engine's interface -------------------------------------------------------
+
+    def submit(self, request: GenerationRequest) -> int:
+        prompt_tokens = self._engine.submit(request)
+        self.submitted.append(request.request_id)
+        return prompt_tokens
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            self.cancel_marks.setdefault(request_id, self._num_tokens(request_id))
+        self._engine.cancel(request_id)
+
+    def pause(self, request_id: str) -> None:
+        self._engine.pause(request_id)
+
+    def resume(self, request_id: str) -> None:
+        self._engine.resume(request_id)
+
+    def has_work(self) -> bool:
+        return self._engine.has_work()
+
+    def statistics(self) -> EngineStatistics:
+        return self._engine.statistics()
+
+    def step(self, on_prefill: Callable[[list[EngineEvent]], None] | None = None) -> list[Any]:
+        self._gate.wait()
+
+        def record_prefill(events: list[EngineEvent]) -> None:
+            self._record(events)
+            assert on_prefill is not None
+            on_prefill(events)
+
+        events = self._engine.step(on_prefill=record_prefill if on_prefill else None)
+        events = [self._as_failure(e) for e in events]
+        self._record(events)
+        return events
+
+    # -- for tests --------------------------------------------------------------------
+
+    def fail(self, request_id: str) -> None:
+        """Make the engine fail this request at its next step, as a failed forward pass
+        would: the sequence is released and its FinishEvent says ERROR."""
+        with self._lock:
+            self._failing.add(request_id)
+        self._engine.cancel(request_id)
+
+    def hold(self) -> None:
+        self._gate.clear()
+
+    def release(self) -> None:
+        self._gate.set()
+
+    def finish_of(self, request_id: str) -> FinishEvent | None:
+        with self._lock:
+            return next((e for e in self.events if isinstance(e, FinishEvent)
+                         and e.request_id == request_id), None)
+
+    def token_ids_of(self, request_id: str) -> list[int]:
+        with self._lock:
+            return [e.token_id for e in self.events
+                    if isinstance(e, TokenEvent) and e.request_id == request_id]
+
+    def admitted(self) -> set[str]:
+        """Ids the engine admitted: a prefill always yields a token, or fails (ERROR)."""
+        with self._lock:
+            return {e.request_id for e in self.events if isinstance(e, TokenEvent)
+                    or (isinstance(e, FinishEvent) and e.reason is FinishReason.ERROR)}
+
+    def _as_failure(self, event: EngineEvent) -> EngineEvent:
+        with self._lock:
+            failing = event.request_id in self._failing
+        if failing and isinstance(event, FinishEvent) and event.reason is FinishReason.CANCELLED:
+            return replace(event, reason=FinishReason.ERROR, error="scripted failure")
+        return event
+
+    def _record(self, events: list[EngineEvent]) -> None:
+        with self._lock:
+            self.events.extend(events)
+
+    def _num_tokens(self, request_id: str) -> int:
+        return sum(isinstance(e, TokenEvent) and e.request_id == request_id for e in self.events)
+
+
+@dataclass
+class RunningServer:
+    """One app served on a loopback port, with handles on its engine and hub."""
+
+    app: StreamscopeApp
+    base_url: str
+    host: str
+    port: int
+    _stop: trio.Event = field(default_factory=trio.Event)
+    _stopped: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def hub(self) -> Hub:
+        hub = self.app.runtime.hub
+        assert hub is not None, "the hub is not running"
+        return hub
+
+    @property
+    def engine(self) -> RecordingEngine | None:
+        """The engine, once built (None before, or if a test built another kind)."""
+        engine = self.app.runtime.engine
+        return engine if isinstance(engine, RecordingEngine) else None
+
+    @property
+    def recorder(self) -> RecordingEngine:
+        assert self.engine is not None, "the engine was not built"
+        return self.engine
+
+    def client(self, **kwargs: Any) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.base_url, timeout=SETTLE_TIMEOUT_S, **kwargs)
+
+    def raw_client(self) -> RawClient:
+        return RawClient(self.host, self.port)
+
+    def stop(self) -> None:
+        """Trigger hypercorn's graceful shutdown (returns at once)."""
+        self._stop.set()
+
+    async def wait_stopped(self) -> None:
+        with trio.fail_after(SETTLE_TIMEOUT_S + GRACEFUL_TIMEOUT_S):
+            await self._stopped.wait()
+
+    async def wait_for(self, condition: Callable[[], bool], what: str) -> None:
+        """Poll ``condition`` until true; fail with ``what`` after SETTLE_TIMEOUT_S."""
+        try:
+            with trio.fail_after(SETTLE_TIMEOUT_S):
+                # The engine's and hub's counters come with no event to wait on.
+                while not condition():  # noqa: ASYNC110
+                    await trio.sleep(POLL_S)
+        except trio.TooSlowError:
+            raise AssertionError(f"timed out waiting for {what}") from None
+
+    async def wait_finished(self, request_id: str) -> FinishEvent:
+        await self.wait_for(lambda: self.recorder.finish_of(request_id) is not None,
+                            f"the engine to finish {request_id}")
+        finish = self.recorder.finish_of(request_id)
+        assert finish is not None
+        return finish
+
+    async def assert_settled(self) -> None:
+        """No stream registered, nothing in the engine, cache whole, releases == admitted."""
+        if self.engine is None or self.app.runtime.hub is None:
+            return
+        self.engine.release()
+        engine = self.engine
+
+        def settled() -> bool:
+            hub, stats = self.hub.statistics(), engine.statistics()
+            return (hub.streams_open, hub.engine_requests, stats.running, stats.waiting,
+                    stats.blocks_free) == (0, 0, 0, 0, stats.blocks_total)
+
+        try:
+            await self.wait_for(settled, "streams closed and the cache whole")
+        except AssertionError:
+            raise AssertionError(f"not settled: {self.hub.statistics()} "
+                                 f"{engine.statistics()}") from None
+        assert engine.statistics().releases == len(engine.admitted())
+
+
+async def _serve_one(
+    app: StreamscopeApp, config: Config, stop: trio.Event, stopped: trio.Event,
+    *, task_status: trio.TaskStatus[list[str]],
+) -> None:
+    try:
+        await serve(app, config, shutdown_trigger=stop.wait, task_status=task_status)
+    finally:
+        stopped.set()
+
+
+StartServer = Callable[..., Awaitable[RunningServer]]
+
+
+@asynccontextmanager
+async def open_servers(loaded_model: Any) -> AsyncIterator[StartServer]:
+    """Yield ``start(**options, **settings)``, which serves a new app and returns it.
+
+    Options: ``make_engine`` (default: a RecordingEngine on ``loaded_model``, the tiny
+    model's shared ``LoadedModel``), ``load_gate`` (a threading.Event the load waits
+    for), ``graceful_timeout_s`` (hypercorn's), ``wait_ready`` (default True).
+    """
+    from engine.engine import Engine  # tests may use engine internals; app may not
+
+    servers: list[RunningServer] = []
+    failures: list[BaseException] = []
+
+    def default_engine(settings: Settings) -> RecordingEngine:
+        return RecordingEngine(Engine(loaded_model, max_batch=settings.max_batch,
+                                      num_blocks=settings.cache_blocks,
+                                      block_size=settings.block_size))
+
+    async with trio.open_nursery() as nursery:
+
+        async def start(
+            *,
+            make_engine: Callable[[Settings], ServingEngine] | None = None,
+            load_gate: threading.Event | None = None,
+            graceful_timeout_s: float = GRACEFUL_TIMEOUT_S,
+            wait_ready: bool = True,
+            **overrides: Any,
+        ) -> RunningServer:
+            settings = replace(TEST_SETTINGS, **overrides)
+
+            def build(s: Settings) -> ServingEngine:
+                if load_gate is not None:
+                    load_gate.wait()
+                return (make_engine or default_engine)(s)
+
+            app = create_app(settings, make_engine=build)
+            config = Config()
+            config.bind = ["127.0.0.1:0"]
+            config.graceful_timeout = graceful_timeout_s
+            stop, stopped = trio.Event(), trio.Event()
+            binds = await nursery.start(_serve_one, app, config, stop, stopped)
+            base_url = binds[0]
+            host, port = base_url.removeprefix("http://").rsplit(":", 1)
+            server = RunningServer(app, base_url, host, int(port), stop, stopped)
+            servers.append(server)
+            if wait_ready:
+                with trio.fail_after(SETTLE_TIMEOUT_S):
+                    phase = await app.runtime.wait_settled()
+                assert phase is Phase.READY, app.runtime.failure
+            return server
+
+        yield start
+
+        for server in servers:
+            if server.engine is not None:
+                server.engine.release()  # a test that failed may have left it held
+        for server in servers:
+            try:
+                if not server._stop.is_set():
+                    await server.assert_settled()
+            except Exception as exc:  # reported after every server stopped
+                failures.append(exc)
+            server.stop()
+            try:
+                await server.wait_stopped()
+            except trio.TooSlowError:
+                failures.append(AssertionError("the server did not stop"))
+                nursery.cancel_scope.cancel(reason="a server did not stop")
+                break
+            if server.engine is not None:
+                stats = server.engine.statistics()
+                if stats.blocks_free != stats.blocks_total:
+                    failures.append(AssertionError(f"cache not whole after shutdown: {stats}"))
+    if failures:
+        raise failures[0]

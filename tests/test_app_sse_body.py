@@ -1,0 +1,150 @@
+"""The SSE body object in-process, against a scripted stream, on Trio's virtual clock.
+
+What Quart does with a body (``async with body: async for chunk in body: send``) is
+reproduced by ``send_body``; the stream is a fake that yields what a test queues.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+import trio.testing
+
+from app.errors import ErrorType
+from app.sse_body import KEEPALIVE_COMMENT, EventStreamBody
+from engine import FinishEvent, FinishReason, TokenEvent
+from streams import SSEParser, StreamError, StreamItem
+
+KEEPALIVE_S = 15.0
+
+
+class ScriptedStream:
+    """An ItemSource whose items a test sends; records close() calls."""
+
+    request_id = "req-1"
+    prompt_tokens = 4
+
+    def __init__(self) -> None:
+        self.send, self._receive = trio.open_memory_channel[StreamItem](100)
+        self.closes = 0
+
+    async def receive(self) -> StreamItem:
+        return await self._receive.receive()
+
+    def close(self) -> None:
+        self.closes += 1
+
+
+def token(index: int) -> TokenEvent:
+    return TokenEvent("req-1", index, 100 + index, f"t{index}")
+
+
+FINISH = FinishEvent("req-1", FinishReason.LENGTH, 4, 2)
+
+
+async def send_body(body: EventStreamBody, sent: list[tuple[float, bytes]]) -> None:
+    """What quart's ``_send_response`` does with a ResponseBody, with a timestamp."""
+    async with body as chunks:
+        async for chunk in chunks:
+            sent.append((trio.current_time(), chunk))
+
+
+async def test_events_are_numbered_from_one_and_end_after_done() -> None:
+    stream = ScriptedStream()
+    for item in (token(0), token(1), FINISH):
+        stream.send.send_nowait(item)
+    sent: list[tuple[float, bytes]] = []
+
+    await send_body(EventStreamBody(stream, keepalive_s=KEEPALIVE_S), sent)
+
+    events = SSEParser().feed(b"".join(chunk for _, chunk in sent))
+    assert [(e.event, e.id) for e in events] == [
+        ("start", "1"), ("token", "2"), ("token", "3"), ("done", "4")
+    ]
+    assert json.loads(events[0].data) == {"id": "req-1", "prompt_tokens": 4}
+    assert json.loads(events[1].data) == {"index": 0, "id": 100, "text": "t0"}
+    assert stream.closes == 1
+
+
+async def test_keepalive_goes_out_after_exactly_keepalive_s_of_quiet(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    stream = ScriptedStream()
+    sent: list[tuple[float, bytes]] = []
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send_body, EventStreamBody(stream, keepalive_s=KEEPALIVE_S), sent)
+        await trio.sleep(40.0)
+        stream.send.send_nowait(token(0))
+        await trio.sleep(1.0)
+        stream.send.send_nowait(FINISH)
+
+    assert [(t, chunk == KEEPALIVE_COMMENT) for t, chunk in sent] == [
+        (0.0, False), (15.0, True), (30.0, True), (40.0, False), (41.0, False)
+    ]
+
+
+async def test_stream_error_is_an_error_event_and_the_last_one() -> None:
+    stream = ScriptedStream()
+    stream.send.send_nowait(StreamError("slow_client", "too slow"))
+    stream.send.send_nowait(token(5))  # never read: the error ended the body
+    sent: list[tuple[float, bytes]] = []
+
+    await send_body(EventStreamBody(stream, keepalive_s=KEEPALIVE_S), sent)
+
+    events = SSEParser().feed(b"".join(chunk for _, chunk in sent))
+    assert [e.event for e in events] == ["start", "error"]
+    assert json.loads(events[1].data) == {"error": {"type": "slow_client", "message": "too slow"}}
+
+
+async def test_cancelled_body_closes_its_stream_without_a_checkpoint(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    stream = ScriptedStream()
+    sent: list[tuple[float, bytes]] = []
+
+    with trio.move_on_after(5.0) as scope:  # stands in for the client's disconnect
+        await send_body(EventStreamBody(stream, keepalive_s=KEEPALIVE_S), sent)
+
+    assert scope.cancelled_caught
+    assert stream.closes == 1
+    assert len(sent) == 1  # the start event only
+
+
+async def test_body_closes_its_stream_when_a_send_raises() -> None:
+    stream = ScriptedStream()
+    body = EventStreamBody(stream, keepalive_s=KEEPALIVE_S)
+
+    with pytest.raises(OSError, match="socket gone"):
+        async with body as chunks:
+            async for _ in chunks:
+                raise OSError("socket gone")
+
+    assert stream.closes == 1
+
+
+async def test_exit_makes_no_checkpoint() -> None:
+    body = EventStreamBody(ScriptedStream(), keepalive_s=KEEPALIVE_S)
+    await body.__aenter__()
+
+    with trio.testing.assert_no_checkpoints():
+        await body.__aexit__(None, None, None)
+
+
+async def test_farewell_only_for_an_entered_unfinished_body() -> None:
+    stream = ScriptedStream()
+    body = EventStreamBody(stream, keepalive_s=KEEPALIVE_S)
+    assert body.farewell(ErrorType.SHUTDOWN, "bye") is None  # never entered: no status yet
+
+    await body.__aenter__()
+    await body.__anext__()  # start, id 1
+    last = body.farewell(ErrorType.SHUTDOWN, "bye")
+
+    assert last is not None
+    (event,) = SSEParser().feed(last)
+    assert (event.event, event.id) == ("error", "2")
+    assert body.farewell(ErrorType.SHUTDOWN, "bye") is None  # only once
+    with pytest.raises(StopAsyncIteration):
+        await body.__anext__()
