@@ -50,6 +50,7 @@ from streams import StreamError, TokenStream
 from .connection import own_stream
 from .errors import ApiError, ErrorType
 from .lifespan import Phase, Runtime
+from .openai_compat import CompletionChunksBody, completion_object, parse_completions_body
 from .schemas import GenerateBody, RequestLimits, parse_generate_body
 from .sse_body import EventStreamBody
 
@@ -107,8 +108,45 @@ def make_blueprint(runtime: Runtime) -> Blueprint:
         body = await read_body()
         with runtime.open_stream(body.to_generation_request(), body.policy) as stream:
             own_stream(request.scope, stream)
-            answer = await _collect(stream)
+            text, token_ids, finish = await _collect(stream)
+        answer = {
+            "id": stream.request_id,
+            "text": text,
+            "tokens": token_ids,
+            "finish_reason": finish.reason.value,
+            "usage": {
+                "prompt_tokens": finish.prompt_tokens,
+                "completion_tokens": finish.completion_tokens,
+            },
+        }
         return _json(answer, headers={"X-Request-ID": stream.request_id})
+
+    @bp.post("/v1/completions")
+    async def completions() -> Response:
+        """The OpenAI-compatible protocol (see ``openai_compat.py``) on the same hub.
+
+        Cancellation: as ``/v1/stream`` (streaming) or ``/v1/generate`` (whole answer).
+        """
+        raw = await request.get_data(cache=False, as_text=False, parse_form_data=False)
+        body = parse_completions_body(raw, limits)
+        model = body.model or settings.model
+        stream = runtime.open_stream(body.to_generation_request(limits), None)
+        own_stream(request.scope, stream)
+        if body.stream:
+            response = Response(
+                CompletionChunksBody(stream, keepalive_s=settings.keepalive_s, model=model),
+                status=200,
+                content_type="text/event-stream; charset=utf-8",
+                headers={**SSE_HEADERS, "X-Request-ID": stream.request_id},
+            )
+            response.timeout = None  # as for /v1/stream
+            return response
+        with stream:
+            text, _, finish = await _collect(stream)
+        return _json(
+            completion_object(stream.request_id, model, text, finish),
+            headers={"X-Request-ID": stream.request_id},
+        )
 
     @bp.get("/health")
     async def health() -> Response:
@@ -140,8 +178,8 @@ def make_blueprint(runtime: Runtime) -> Blueprint:
     return bp
 
 
-async def _collect(stream: TokenStream) -> dict[str, Any]:
-    """Read a stream to its end: the whole answer, or ApiError for a StreamError.
+async def _collect(stream: TokenStream) -> tuple[str, list[int], FinishEvent]:
+    """Read a stream to its end: (text, token ids, finish), or ApiError for a StreamError.
 
     Cancellation: at ``stream.receive()``; the stream is unchanged.
     """
@@ -153,21 +191,11 @@ async def _collect(stream: TokenStream) -> dict[str, Any]:
                 text.append(item.text)
                 token_ids.append(item.token_id)
             case FinishEvent():
-                return {
-                    "id": stream.request_id,
-                    "text": "".join(text),
-                    "tokens": token_ids,
-                    "finish_reason": item.reason.value,
-                    "usage": {
-                        "prompt_tokens": item.prompt_tokens,
-                        "completion_tokens": item.completion_tokens,
-                    },
-                }
+                return "".join(text), token_ids, item
             case StreamError():
                 raise ApiError(ErrorType(item.type), item.message)
     raise ApiError(ErrorType.INTERNAL_ERROR, "the stream ended without a result")
 
 
 def _json(data: dict[str, Any], *, headers: dict[str, str] | None = None) -> Response:
-    return Response(json.dumps(data), status=200, content_type="application/json",
-                    headers=headers)
+    return Response(json.dumps(data), status=200, content_type="application/json", headers=headers)

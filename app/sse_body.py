@@ -121,9 +121,9 @@ class EventStreamBody(ResponseBody):
             raise StopAsyncIteration
         if not self._sent_start:
             self._sent_start = True
-            return self._event("start", {
-                "id": self.stream.request_id, "prompt_tokens": self.stream.prompt_tokens,
-            })
+            opening = self._opening()
+            if opening:
+                return opening
         with trio.move_on_after(self.keepalive_s):
             try:
                 item = await self.stream.receive()
@@ -132,6 +132,12 @@ class EventStreamBody(ResponseBody):
                 raise StopAsyncIteration from None
             return self._encode(item)
         return KEEPALIVE_COMMENT
+
+    def _opening(self) -> bytes:
+        """The first event, before any item: ``start`` (empty for none)."""
+        return self._event(
+            "start", {"id": self.stream.request_id, "prompt_tokens": self.stream.prompt_tokens}
+        )
 
     def farewell(self, error_type: ErrorType, message: str) -> bytes | None:
         """A last ``error`` event for a body cut off from outside (the server stops while
