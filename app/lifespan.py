@@ -70,6 +70,7 @@ def load_engine_from_settings(settings: Settings) -> ServingEngine:
         settings.model,
         settings.device,
         max_batch=settings.max_batch,
+        max_prefill_tokens=settings.max_prefill_tokens,
         num_blocks=settings.cache_blocks,
         block_size=settings.block_size,
     )
@@ -177,6 +178,11 @@ class Runtime:
             message = f"{message}: {self.failure}"
         return ApiError(error_type, message)
 
+    def finished(self, request_id: str) -> engine.FinishEvent | None:
+        """How the engine let ``request_id`` go (``Hub.finished``), or None: unknown, not
+        finished yet, forgotten (the hub keeps the most recent finishes), or no hub."""
+        return None if self.hub is None else self.hub.finished(request_id)
+
     def statistics(self) -> dict[str, Any]:
         """``/stats``: the engine's and the hub's counters, flat; None where unknown."""
         result: dict[str, Any] = {
@@ -238,7 +244,7 @@ class Runtime:
 
 def _engine_fields(eng: ServingEngine | None) -> dict[str, Any]:
     names = ("blocks_total", "blocks_free", "blocks_reserved", "running", "waiting", "paused",
-             "releases", "steps", "last_step_ms", "median_decode_step_ms")
+             "admitted", "releases", "steps", "last_step_ms", "median_decode_step_ms")
     stats = eng.statistics() if eng is not None else None
     return {name: getattr(stats, name) if stats is not None else None for name in names}
 

@@ -54,6 +54,9 @@ class Settings:
     cache_blocks: int = field(default=512, metadata=_doc(
         "KV-cache blocks, allocated once at startup"))
     block_size: int = field(default=16, metadata=_doc("token positions per cache block"))
+    max_prefill_tokens: int = field(default=256, metadata=_doc(
+        "prompt tokens prefilled per engine step (at least one prompt); the rest wait a "
+        "step, so a burst of arrivals does not stall the running streams"))
     max_waiting: int = field(default=256, metadata=_doc(
         "open streams still waiting for their first token; more are refused with 429"))
     queue_limit: int = field(default=32, metadata=_doc(
@@ -74,6 +77,12 @@ class Settings:
         "at shutdown, how long open streams may finish before they get error shutdown"))
     detect_disconnect: bool = field(default=True, metadata=_doc(
         "false only to measure: a stream never learns that its client left"))
+    lab_pad_bytes: int = field(default=0, metadata=_doc(
+        "a laboratory device, 0 (off) in service: each token event of /v1/stream is "
+        "followed by an SSE comment line of this many bytes (at least 2), built as it is "
+        "written, so that a slow reader meets real backpressure (the slowclient experiment)"))
+    lab_routes: bool = field(default=False, metadata=_doc(
+        "laboratory probes under /v1/lab/ (the buffers experiment's flood); off in service"))
 
     def __post_init__(self) -> None:
         problems = [p for p in _range_problems(self) if p]
@@ -151,6 +160,27 @@ def _positive_int(raw: str) -> int:
     return value
 
 
+# Padding above this would make one token event larger than a whole ordinary answer
+# many times over; the slowclient experiment uses 64 KiB.
+MAX_LAB_PAD_BYTES = 1 << 20
+
+
+def _pad_bytes(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError("expected a whole number") from None
+    if not _is_pad_bytes(value):
+        raise ValueError(f"expected 0 (off) or a whole number from 2 to {MAX_LAB_PAD_BYTES}")
+    return value
+
+
+def _is_pad_bytes(value: object) -> bool:
+    # A comment line is at least ":" and a line feed.
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and (value == 0 or 2 <= value <= MAX_LAB_PAD_BYTES))
+
+
 def _positive_seconds(raw: str) -> float:
     try:
         value = float(raw)
@@ -203,10 +233,13 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "keepalive_s": _positive_seconds,
     "shutdown_grace_s": _positive_seconds,
     "detect_disconnect": _boolean,
+    "lab_routes": _boolean,
+    "lab_pad_bytes": _pad_bytes,
     **{
         name: _positive_int
         for name in (
-            "max_batch", "cache_blocks", "block_size", "max_waiting", "queue_limit",
+            "max_batch", "cache_blocks", "block_size", "max_prefill_tokens", "max_waiting",
+            "queue_limit",
             "max_new_tokens_limit", "default_max_new_tokens", "max_body_bytes",
             "max_prompt_chars",
         )
@@ -222,6 +255,9 @@ def _range_problems(s: Settings) -> list[str]:
                 for n in ints if not _is_positive_int(getattr(s, n))]
     problems += [f"{_env_name(n)} must be finite and > 0, not {getattr(s, n)!r}"
                  for n in seconds if not _is_positive_seconds(getattr(s, n))]
+    if not _is_pad_bytes(s.lab_pad_bytes):
+        problems.append(f"{_env_name('lab_pad_bytes')} must be 0 or from 2 to "
+                        f"{MAX_LAB_PAD_BYTES}, not {s.lab_pad_bytes!r}")
     if not isinstance(s.policy, PolicyName):
         problems.append(f"{_env_name('policy')} must be a PolicyName, not {s.policy!r}")
     if not problems and s.default_max_new_tokens > s.max_new_tokens_limit:

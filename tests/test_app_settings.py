@@ -62,7 +62,7 @@ def test_default_max_new_tokens_over_the_limit_is_refused() -> None:
 def test_settings_table_lists_every_variable_with_its_default() -> None:
     table = {name: default for name, default, _ in settings_table()}
 
-    assert len(table) == 16
+    assert len(table) == 19
     assert table["STREAMSCOPE_POLICY"] == "pause-drop"
     assert table["STREAMSCOPE_DEVICE"] == "(auto)"
     assert table["STREAMSCOPE_MAX_BODY_BYTES"] == "65536"
