@@ -10,6 +10,7 @@ from quart_trio import QuartTrio
 
 from .connection import StreamingConnection
 from .errors import register_error_handlers
+from .lab import register_lab
 from .lifespan import MakeEngine, Runtime, load_engine_from_settings, stop_deadline_s
 from .routes import make_blueprint
 from .settings import Settings
@@ -45,6 +46,7 @@ def create_app(
     app.runtime = runtime
     register_error_handlers(app)
     app.register_blueprint(make_blueprint(runtime))
+    register_lab(app, settings)  # laboratory probes, only with STREAMSCOPE_LAB_ROUTES
 
     @app.before_serving
     async def start_runtime() -> None:

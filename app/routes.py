@@ -1,5 +1,14 @@
 """HTTP routes: streaming and whole-answer generation, health, readiness and statistics.
 
+``GET /v1/requests/<id>`` says how the engine let a request go, for as long as the hub
+remembers it (the most recent ``streams.hub.RECENT_FINISHES`` finishes): the finish
+reason (``eos``, ``length``, ``stop``, ``cancelled`` for a client that left, ``error``),
+the prompt and completion token counts, and ``finished_at``, the server's wall-clock
+time (``time.time()``) at which the sequence's cache blocks were released. It answers
+"what happened to request X" (the id is the stream's ``X-Request-ID``), and the lab uses
+it to time the release of a client that left. 404 ``not_found`` while the request is
+still running, or if the id is unknown or forgotten.
+
 Each route reads and validates its request, and refuses whatever it can (an envelope
 from ``errors.py``) BEFORE a stream opens; after the first byte of a stream a failure is
 an SSE ``error`` event and the stream ends. Views know the engine and hub only through
@@ -90,7 +99,9 @@ def make_blueprint(runtime: Runtime) -> Blueprint:
         stream = runtime.open_stream(body.to_generation_request(), body.policy)
         own_stream(request.scope, stream)
         response = Response(
-            EventStreamBody(stream, keepalive_s=settings.keepalive_s),
+            EventStreamBody(
+                stream, keepalive_s=settings.keepalive_s, pad_bytes=settings.lab_pad_bytes
+            ),
             status=200,
             content_type="text/event-stream; charset=utf-8",
             headers={**SSE_HEADERS, "X-Request-ID": stream.request_id},
@@ -147,6 +158,26 @@ def make_blueprint(runtime: Runtime) -> Blueprint:
             completion_object(stream.request_id, model, text, finish),
             headers={"X-Request-ID": stream.request_id},
         )
+
+    @bp.get("/v1/requests/<request_id>")
+    async def finished_request(request_id: str) -> Response:
+        """How the engine let a request go (see the module docstring), or 404.
+
+        Cancellation: no checkpoint."""
+        finish = runtime.finished(request_id)
+        if finish is None:
+            raise ApiError(
+                ErrorType.NOT_FOUND,
+                f"no finished request {request_id[:64]!r}: unknown, still running, or forgotten",
+            )
+        return _json({
+            "id": finish.request_id,
+            "finish_reason": finish.reason.value,
+            "prompt_tokens": finish.prompt_tokens,
+            "completion_tokens": finish.completion_tokens,
+            "finished_at": finish.finished_at,
+            "error": finish.error,
+        })
 
     @bp.get("/health")
     async def health() -> Response:

@@ -1,0 +1,123 @@
+"""The buffers, slowclient, disconnect and leak experiments work, in their quick forms.
+
+Each runs as ``python -m tools.lab NAME --quick`` in its own subprocess, which starts its
+own server (tiny GPT-2 on the CPU, one torch thread) with the experiment's settings; the
+four run at the same time, since most of each is a server starting. Each must write its
+JSON with the summary first and sane figures: the mechanics, not the timings (two cores
+shared by four servers and their clients say nothing about a step).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streams import PolicyName
+from tools.server import REPO_ROOT
+
+EXPERIMENTS = ("buffers", "slowclient", "disconnect", "leak")
+COMMAND_TIMEOUT_S = 240  # a safety net; together they take about a minute
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """Run the four quick experiments at once; yield each one's output folder."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMSCOPE_")}
+    folders = {name: tmp_path_factory.mktemp(name) for name in EXPERIMENTS}
+    processes = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "tools.lab", name, "--quick", "--no-progress",
+             "--out", str(folder)],
+            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for name, folder in folders.items()
+    }
+    deadline = time.monotonic() + COMMAND_TIMEOUT_S
+    outputs = {}
+    try:
+        for name, process in processes.items():
+            outputs[name], _ = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    failed = {n: outputs.get(n, "")[-3000:] for n, p in processes.items() if p.returncode != 0}
+    assert not failed, failed
+    yield folders
+
+
+def summary_of(results: dict[str, Path], name: str, *, plot: bool = True) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads((results[name] / f"{name}.json").read_text())
+    assert next(iter(document)) == "summary"
+    assert document["meta"]["quick"] is True
+    if plot:
+        assert (results[name] / f"{name}.png").stat().st_size > 0
+    summary: dict[str, Any] = document["summary"]
+    return summary
+
+
+def test_buffers_quick_finds_where_a_non_reader_blocks_the_server(
+    results: dict[str, Path],
+) -> None:
+    summary = summary_of(results, "buffers")
+
+    sizes = (133, 1024, 16384, 65536)
+    assert summary["floods"] == summary["floods_blocked"] == summary["floods_released"] == 4
+    for size in sizes:
+        accepted = summary[f"bytes_accepted_{size}"]
+        assert 0 < accepted < 64 * 2**20  # blocked long before the flood's own bound
+        assert accepted % size == 0  # whole events only
+    assert 30 < summary["bytes_per_token"] < 300
+    assert summary["ratio_to_256_token_stream"] > 0
+
+
+def test_slowclient_quick_measures_every_policy(results: dict[str, Path]) -> None:
+    summary = summary_of(results, "slowclient")
+
+    policies = {p.value for p in PolicyName}
+    assert set(summary["healthy_slowdown"]) == policies
+    assert all(v > 0 for v in summary["healthy_slowdown"].values())
+    assert set(summary["slow_released_s"]) == policies
+    assert all(v > 0 for v in summary["slow_released_s"].values())
+    for received in summary["slow_received"].values():
+        assert sum(received.values()) == 1  # one slow reader (k=1) per policy
+        assert set(received) <= {"done", "error:slow_client"}
+    assert summary["errors"] == 0
+    assert summary["bytes_per_token"] > 65536  # the padding is on
+
+
+def test_disconnect_quick_releases_and_the_undetected_run_on(results: dict[str, Path]) -> None:
+    summary = summary_of(results, "disconnect")
+
+    assert summary["probes"] == 6
+    assert summary["release_ms_p99"] > 0
+    assert summary["step_ms_median"] > 0
+    assert isinstance(summary["release_within_one_step"], bool)
+    assert summary["waiting_admitted"] == 0
+    assert summary["waiting_probes_seen_waiting"] == 2
+    assert summary["undetected_probes"] == summary["undetected_ran_to_max"] == 6
+    assert summary["undetected_tokens_generated"] == summary["probe_max_new_tokens"]
+
+
+def test_leak_quick_leaves_nothing_behind(results: dict[str, Path]) -> None:
+    summary = summary_of(results, "leak")
+
+    assert summary["blocks_leaked"] == 0
+    assert summary["double_releases"] == 0
+    assert summary["sequences_unreleased"] == 0
+    assert summary["streams_registered_after"] == 0
+    assert summary["engine_requests_after"] == 0
+    assert summary["admitted"] == summary["releases"] > 0
+    assert summary["streams"] == summary["finish_records"] == 40
+    assert summary["left_early"] > 0
+    assert summary["client_errors"] == 0
+    assert 0 < summary["tokens_generated_per_token_read"] < 5
