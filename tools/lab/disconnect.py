@@ -68,6 +68,7 @@ MAX_BATCH = 2
 # 2-core machine. Ten ms is about a third of a SmolLM2 step on this CPU.
 MARGIN_MS = 10.0
 WAITING_TIMEOUT_S = 10.0
+FIRST_LOOK_S = 1.0  # after the close, before asking for the finish record
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
@@ -202,6 +203,9 @@ async def _one_probe(
             waiting_before = await _engine_waiting(lab, url) if moment == "waiting" else None
             await probe.close(way)
             async with lab.client(url) as http:
+                # Asking at once would load the server (and this client) during the very
+                # step being measured; a release comes within about a step.
+                await trio.sleep(FIRST_LOOK_S)
                 record = await finish_record(http, probe.request_id or "", timeout_s=180.0)
             nursery.cancel_scope.cancel(reason="the probe is measured")
     finally:
@@ -222,7 +226,7 @@ async def _one_probe(
         "client_gap_ms_median": _r(
             None if not probe.gaps_s() else 1000 * (median(probe.gaps_s()) or 0.0)
         ),
-        "step_in_flight_ms": _r(_step_in_flight_s(probe, holders)),
+        "step_in_flight_ms": _r(_ms(_step_in_flight_s(probe, holders))),
     }
 
 
@@ -285,6 +289,10 @@ def _conditions(
                     (pct([p["release_ms"] for p in off], 50) or 0) / 1000, 3)
             table[f"{moment}_{way}"] = row
     return table
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000 * seconds
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
