@@ -59,8 +59,7 @@ KEEPALIVE_COMMENT = encode_comment("keep-alive")
 
 def lab_padding(size: int) -> bytes:
     """Exactly ``size`` bytes (0, or at least 2) that SSE parsers ignore: one comment line
-    ``:ppp...``. No blank line follows it: httpx-sse (0.4.3) dispatches an empty
-    ``message`` event at a blank line once an id has been seen, which the spec does not.
+    ``:ppp...``, with no blank line after it, for the reason given in ``encode_comment``.
     """
     if size == 0:
         return b""

@@ -119,22 +119,23 @@ def encode_event(
 
 
 def encode_comment(text: str = "") -> bytes:
-    """Encode a comment, such as a keep-alive, as UTF-8 bytes.
+    """Encode a comment, such as a keep-alive, as UTF-8 bytes: one ``:`` line per line.
 
-    Each line of ``text`` becomes its own ``:`` line, and a blank line follows. The
-    blank line dispatches nothing (the data buffer is empty between whole events), but
-    it keeps the invariant that every piece the writer emits ends at an event boundary,
-    so pieces may be concatenated in any order and a client that frames on blank lines
-    sees the comment as a block of its own.
+    No blank line follows. By the spec a blank line after a comment dispatches nothing
+    (the data buffer is empty between whole events), but httpx-sse 0.4.3 dispatches an
+    empty ``message`` event at any blank line once an id has been seen, so a keep-alive
+    with a blank line would reach its users as a spurious event. Comment lines alone still
+    end at a line boundary, and whole events end with a blank line, so the writer's pieces
+    may be concatenated in any order.
 
     Args:
-        text: The comment; "" gives the shortest keep-alive, ``b":\\n\\n"``.
+        text: The comment; "" gives the shortest keep-alive, ``b":\\n"``.
 
     Returns:
         The encoded comment.
     """
     lines = [f": {line}" if line else ":" for line in _split_text(text)]
-    return ("\n".join(lines) + "\n\n").encode("utf-8")
+    return "".join(line + "\n" for line in lines).encode("utf-8")
 
 
 def _check_single_line(field: str, value: str) -> None:

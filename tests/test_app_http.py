@@ -106,14 +106,18 @@ async def test_idle_stream_gets_a_keepalive_comment(start_server: StartServer) -
         raw, chunks = b"", response.aiter_raw()
         async for chunk in chunks:
             raw += chunk
-            if b": keep-alive\n\n" in raw:
+            if b": keep-alive\n" in raw:
                 break
         server.recorder.release()
         async for chunk in chunks:
             raw += chunk
 
-    assert [e.event for e in parse_sse(raw)] == ["start", "token", "token", "done"]
-    assert raw.index(b": keep-alive\n\n") < raw.index(b"event: token")
+    events = parse_sse(raw)
+    assert [e.event for e in events] == ["start", "token", "token", "done"]
+    assert raw.index(b": keep-alive\n") < raw.index(b"event: token")
+    replay = httpx.Response(200, headers=response.headers, content=raw)
+    theirs = await parse_sse_with_httpx_sse(replay)  # no spurious event at the keep-alive
+    assert [(e.event, e.id, e.data) for e in theirs] == [(e.event, e.id, e.data) for e in events]
 
 
 async def test_health_ready_and_stats_when_ready(server: RunningServer) -> None:
@@ -207,7 +211,7 @@ async def test_quarts_response_timeout_does_not_cut_a_stream(start_server: Start
         raw, chunks = b"", response.aiter_raw()
         async for chunk in chunks:
             raw += chunk
-            if b": keep-alive\n\n" in raw:  # so more than 0.05 s have passed
+            if b": keep-alive\n" in raw:  # so more than 0.05 s have passed
                 break
         server.recorder.release()
         async for chunk in chunks:

@@ -328,13 +328,13 @@ def test_encode_event_rejects_bool_retry() -> None:
         encode_event("x", retry=True)
 
 
-def test_encode_comment_writes_comment_and_blank_line() -> None:
-    assert encode_comment("keep-alive") == b": keep-alive\n\n"
-    assert encode_comment() == b":\n\n"
+def test_encode_comment_writes_comment_lines_without_a_blank_line() -> None:
+    assert encode_comment("keep-alive") == b": keep-alive\n"
+    assert encode_comment() == b":\n"
 
 
 def test_encode_comment_writes_each_line_as_its_own_comment() -> None:
-    assert encode_comment("a\r\nb\n") == b": a\n: b\n:\n\n"
+    assert encode_comment("a\r\nb\n") == b": a\n: b\n:\n"
 
 
 def test_comment_between_events_dispatches_nothing(parse: Parse) -> None:
@@ -426,8 +426,10 @@ def _parse_with_httpx_sse(stream: bytes) -> list[tuple[str, str, str, int | None
         encode_event("x", id="7") + encode_event("y") + encode_event("z", id=""),
         encode_event("é\u2028€ 😀", event="ünïcode") + encode_comment("ping") + encode_event(""),
         encode_event(" leading space", event="e") + encode_event("trailing\n", event="e"),
+        encode_event("1", id="1") + encode_comment("keep-alive") + encode_event("2", id="2"),
     ],
-    ids=["plain", "all_fields", "id_persists", "unicode_and_comment", "spaces_and_newline"],
+    ids=["plain", "all_fields", "id_persists", "unicode_and_comment", "spaces_and_newline",
+         "keepalive_after_id"],
 )
 def test_parser_agrees_with_httpx_sse(stream: bytes) -> None:
     ours = [(e.event, e.data, e.id, e.retry) for e in SSEParser().feed(stream)]

@@ -152,13 +152,21 @@ class Lab:
         """An httpx client for the server (or ``url``), loopback only."""
         return httpx.AsyncClient(base_url=url or self.url, timeout=timeout, trust_env=False)
 
-    async def stats(self, url: str | None = None) -> dict[str, Any]:
-        """``GET /stats``. Cancellation: nothing to undo."""
-        async with self.client(url) as client:
-            response = await client.get("/stats")
-            response.raise_for_status()
-            result: dict[str, Any] = response.json()
-            return result
+    async def stats(
+        self, url: str | None = None, *, client: httpx.AsyncClient | None = None
+    ) -> dict[str, Any]:
+        """``GET /stats``, on ``client`` if given (pollers pass one, so that each poll
+        does not build a client and its TLS context on the cores being measured).
+
+        Cancellation: nothing to undo.
+        """
+        if client is None:
+            async with self.client(url) as own:
+                return await self.stats(client=own)
+        response = await client.get("/stats")
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
 
     async def wait_idle(self, url: str | None = None) -> dict[str, Any]:
         """Wait until the server runs, waits for and streams nothing; return its /stats.
@@ -170,12 +178,13 @@ class Lab:
         """
         keys = ("running", "waiting", "streams_open")
         stats: dict[str, Any] = {}
-        with trio.move_on_after(IDLE_TIMEOUT_S):
-            while True:
-                stats = await self.stats(url)
-                if all(not stats.get(k) for k in keys):
-                    return stats
-                await trio.sleep(IDLE_POLL_S)
+        async with self.client(url) as client:
+            with trio.move_on_after(IDLE_TIMEOUT_S):
+                while True:
+                    stats = await self.stats(client=client)
+                    if all(not stats.get(k) for k in keys):
+                        return stats
+                    await trio.sleep(IDLE_POLL_S)
         raise LabError(
             f"the server was not idle after {IDLE_TIMEOUT_S:.0f} s: "
             f"{ {k: stats.get(k) for k in keys} }"

@@ -256,11 +256,12 @@ async def _engine_waiting(lab: Lab, url: str) -> int:
     probe shows up one step after it was submitted; leaving before that would also test
     a cancel that overtakes the submission in the engine's inbox, another moment."""
     waiting = 0
-    with trio.move_on_after(WAITING_TIMEOUT_S):
-        while not waiting:
-            waiting = (await lab.stats(url))["waiting"] or 0
-            if not waiting:
-                await trio.sleep(0.01)
+    async with lab.client(url) as client:
+        with trio.move_on_after(WAITING_TIMEOUT_S):
+            while not waiting:
+                waiting = (await lab.stats(client=client))["waiting"] or 0
+                if not waiting:
+                    await trio.sleep(0.01)
     return waiting
 
 

@@ -183,11 +183,12 @@ async def _one_stream(url: str, plan: Plan, pause_s: float) -> RawStream:
 
 async def _sample(lab: Lab, samples: list[dict[str, Any]], started: float) -> None:
     """Sample /stats until cancelled."""
-    while True:
-        stats = await lab.stats()
-        samples.append({"t_s": round(time.perf_counter() - started, 3),
-                        **{k: stats.get(k) for k in SAMPLED}})
-        await trio.sleep(SAMPLE_S)
+    async with lab.client() as client:
+        while True:
+            stats = await lab.stats(client=client)
+            samples.append({"t_s": round(time.perf_counter() - started, 3),
+                            **{k: stats.get(k) for k in SAMPLED}})
+            await trio.sleep(SAMPLE_S)
 
 
 def _row(plan: Plan, stream: RawStream | None, records: dict[str, dict[str, Any]]) -> dict[
