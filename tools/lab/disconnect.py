@@ -17,8 +17,9 @@ leaves at one of three moments:
   batch slots first; the probe reads its start event (the stream is open), the lab waits
   until the engine's ``/stats`` counts it waiting for a slot (its snapshot is taken at
   each step), and the probe leaves.
-* ``first_token``: right after its first token event, alone on the engine.
-* ``mid_stream``: after 10 token events, alone on the engine.
+* ``first_token``: right after its first token event, beside one holder (a stream of 32
+  tokens started first and read promptly) whose token times show the step in flight.
+* ``mid_stream``: after 10 token events, beside one holder.
 
 It leaves by ``fin`` (``shutdown(SHUT_WR)``, then reading to the server's EOF) or ``rst``
 (``SO_LINGER`` (1, 0) and close). The close time is the client's ``time.time()`` just
@@ -36,8 +37,8 @@ over every probe with detection on; ``step_ms_median`` (``/stats``
 ``release_within_one_step`` (p99 <= step + ``MARGIN_MS``), ``release_steps_p50``/``_p99``
 (the release in steps); ``over_step_in_flight_ms_p99`` and
 ``release_within_step_in_flight``: the release against the step during which each client
-left, as the clients saw it (the holders' gap spanning the close; the probe's last gap
-mid-stream; the median otherwise), since on a shared CPU steps vary by a factor of
+left, as the clients saw it (the holders' gap spanning the close; the median where no
+holder gap spans it), since on a shared CPU steps vary by a factor of
 three from one hour to the next, and a client that leaves right after a token leaves
 just as the next step begins, so its release takes that whole step; ``waiting_admitted`` (waiting
 probes that ever got a token: 0 expected; ``waiting_probes_seen_waiting`` checks that the
@@ -185,13 +186,14 @@ async def _one_probe(
     """One client leaving at ``moment`` by ``way``; when its blocks went back."""
     holders: list[RawStream] = []
     try:
-        if moment == "waiting":
-            for i in range(MAX_BATCH):
-                holder = RawStream(url)
-                holders.append(holder)
-                await holder.post("/v1/stream", {"prompt": lab.prompts()[i], "ignore_eos": True,
-                                                 "max_new_tokens": plan.long_tokens})
-                await holder.read_until(lambda c: c.tokens >= 1)  # admitted: holds a slot
+        # Waiting: holders fill every slot. Otherwise one holder shares the batch with
+        # the probe, so that its token times show the step during which the probe left.
+        for i in range(MAX_BATCH if moment == "waiting" else 1):
+            holder = RawStream(url)
+            holders.append(holder)
+            await holder.post("/v1/stream", {"prompt": lab.prompts()[i], "ignore_eos": True,
+                                             "max_new_tokens": plan.long_tokens})
+            await holder.read_until(lambda c: c.tokens >= 1)  # admitted: holds a slot
         async with trio.open_nursery() as nursery:
             for holder in holders:  # read promptly: the holders must not be slow readers
                 nursery.start_soon(holder.read_to_end)
@@ -234,9 +236,8 @@ def _step_in_flight_s(probe: RawStream, holders: list[RawStream]) -> float | Non
     """How long the engine step during which the client left took, as a client saw it.
 
     Tokens leave at the end of a step, so the gap between consecutive tokens of a stream
-    is one step. Waiting: the slot holders' gap that spans the close (they are in that
-    step). Mid-stream: the probe's own last gap (the step before; the probe reads no
-    more). First token: unknown (None)."""
+    is one step: the holders' gap that spans the close (they are in that step), or None
+    where none does (a holder that ended before the close)."""
     closed = probe.closed_at
     spans = [
         b - a
@@ -244,10 +245,7 @@ def _step_in_flight_s(probe: RawStream, holders: list[RawStream]) -> float | Non
         for a, b in zip(holder.token_times, holder.token_times[1:], strict=False)
         if closed is not None and a <= closed < b
     ]
-    if spans:
-        return min(spans)
-    gaps = probe.gaps_s()
-    return gaps[-1] if gaps and not holders else None
+    return min(spans) if spans else None
 
 
 async def _engine_waiting(lab: Lab, url: str) -> int:
