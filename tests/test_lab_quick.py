@@ -102,6 +102,7 @@ def test_disconnect_quick_releases_and_the_undetected_run_on(results: dict[str, 
     assert summary["release_ms_p99"] > 0
     assert summary["step_ms_median"] > 0
     assert isinstance(summary["release_within_one_step"], bool)
+    assert 0 <= summary["released_at_first_boundary"] <= summary["probes"]
     assert summary["waiting_admitted"] == 0
     assert summary["waiting_probes_seen_waiting"] == 2
     assert summary["undetected_probes"] == summary["undetected_ran_to_max"] == 6

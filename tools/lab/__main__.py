@@ -102,6 +102,10 @@ async def run_experiment(
         started = time.perf_counter()
         before = await lab.stats()
         report = await exp.run(lab)
+        elapsed_s = time.perf_counter() - started
+        # Our own server has no other clients: once idle, its figures show what the
+        # experiment left behind (blocks still reserved would be a leak).
+        after = await lab.wait_idle() if owns else await lab.stats()
         meta = {
             "experiment": exp.name,
             "argv": sys.argv[1:],
@@ -110,9 +114,9 @@ async def run_experiment(
             "own_server": owns,
             "server_settings": settings if owns else None,
             "finished": datetime.datetime.now().isoformat(timespec="seconds"),
-            "elapsed_s": round(time.perf_counter() - started, 2),
+            "elapsed_s": round(elapsed_s, 2),
             "stats_before": before,
-            "stats_after": await lab.stats(),
+            "stats_after": after,
         }
         return report, meta
 

@@ -38,9 +38,15 @@ over every probe with detection on; ``step_ms_median`` (``/stats``
 (the release in steps); ``over_step_in_flight_ms_p99`` and
 ``release_within_step_in_flight``: the release against the step during which each client
 left, as the clients saw it (the holders' gap spanning the close; the median where no
-holder gap spans it), since on a shared CPU steps vary by a factor of
-three from one hour to the next, and a client that leaves right after a token leaves
-just as the next step begins, so its release takes that whole step; ``waiting_admitted`` (waiting
+holder gap spans it), since the step in flight at a close is often not a median one (it
+carries the probe's prefill, or two holders) and a client that leaves right after a
+token leaves just as the next step begins, so its release takes that whole step (a
+client may also see a holder's token of the same step just after its close, and then
+take the step before for the one in flight); ``released_at_first_boundary`` (of
+``probes``): the release counted in steps rather than timed: a running probe with
+``tokens_after_close`` <= 1 (those tokens bound the steps of its sequence that ended
+after the close), a waiting one released within its holders' step in flight;
+``waiting_admitted`` (waiting
 probes that ever got a token: 0 expected; ``waiting_probes_seen_waiting`` checks that the
 engine counted them waiting just before they left); ``undetected_tokens_generated`` (mean
 ``completion_tokens`` of the probes with detection off) and ``undetected_ran_to_max``;
@@ -127,6 +133,17 @@ async def disconnect(lab: Lab) -> Report:
         "over_step_in_flight_ms_p99": _r(over_p99),
         "release_within_step_in_flight": None if over_p99 is None else over_p99 <= MARGIN_MS,
         "tokens_after_close_max": max((p["tokens_after_close"] for p in detected), default=None),
+        # Released at the first step boundary after the close, counted rather than timed.
+        # A running probe: tokens made after the close bound the steps of its sequence
+        # that ended after it, so at most one token means no step beyond the one in
+        # flight. A waiting probe: released before its slot holders' step in flight ended.
+        "released_at_first_boundary": sum(
+            p["tokens_after_close"] <= 1
+            if p["moment"] != "waiting"
+            else p["step_in_flight_ms"] is not None
+            and p["release_ms"] <= p["step_in_flight_ms"] + MARGIN_MS
+            for p in detected
+        ),
         "waiting_admitted": sum(p["admitted"] for p in detected if p["moment"] == "waiting"),
         # A check of the procedure: the engine counted the probe as waiting before it left.
         "waiting_probes_seen_waiting": sum(
