@@ -14,7 +14,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import DoubleRelease as DoubleRelease
 from .errors import DuplicateRequestId as DuplicateRequestId
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 def load_engine(
     model: str = "smollm2",
     device: str | None = None,
-    **engine_options: int,
+    **engine_options: Any,
 ) -> Engine:
     """Load a model by name or path and wrap it in an Engine (imports torch)."""
     from .engine import Engine

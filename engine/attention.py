@@ -84,7 +84,7 @@ def paged_attention(
     """
     if paged is None:
         raise RuntimeError("paged_attention needs the `paged` keyword argument")
-    layer = module.layer_idx
+    layer: int = module.layer_idx  # type: ignore[assignment]  # set by every attention layer
     k_cache, v_cache = paged.cache.keys[layer], paged.cache.values[layer]
     batch, num_heads, _, head_dim = query.shape
     num_kv_heads = key.shape[1]

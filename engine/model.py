@@ -86,7 +86,7 @@ def load_model(name: str = "smollm2", device: str | None = None) -> LoadedModel:
         model, tokenizer = _load_folder(Path(name))
     else:
         raise ValueError(f"unknown model {name!r}: smollm2, tiny-gpt2, tiny-llama or a folder")
-    model = model.to(device=target, dtype=torch.float32).eval()
+    model = model.to(device=target, dtype=torch.float32).eval()  # type: ignore[call-arg]
     return LoadedModel(
         name=name,
         model=model,

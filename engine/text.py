@@ -29,7 +29,9 @@ class IncrementalDetokenizer:
         self._read_offset = len(self._ids)
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=True)
+        text = self._tokenizer.decode(ids, skip_special_tokens=True)
+        assert isinstance(text, str)  # a list only for batched input
+        return text
 
     def add(self, token_id: int) -> str:
         """Append one token; return the text it completes (may be empty)."""

@@ -20,8 +20,9 @@ import pytest
 
 from streams import ServerSentEvent
 from tools.lab.sse import check_stream
-from tools.load import OpenAIWire, StreamRecord, StreamRequest
+from tools.load import StreamRecord, StreamRequest
 from tools.server import REPO_ROOT, serve
+from tools.wire import OpenAIWire
 
 COMMAND_TIMEOUT_S = 120  # a safety net; each command takes seconds
 

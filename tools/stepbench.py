@@ -47,6 +47,7 @@ def engine_stepper(loaded: LoadedModel, ids: list[list[int]], steps: int) -> Eng
     engine = Engine(loaded, max_batch=len(ids), num_blocks=len(ids) * 8 + 8, block_size=16)
     for i, row in enumerate(ids):
         text = loaded.tokenizer.decode(row)
+        assert isinstance(text, str)
         params = SamplingParams(ignore_eos=True)
         engine.submit(GenerationRequest(f"b{i}", text, steps + 2, sampling=params))
     engine.step()  # admission and every prefill

@@ -324,12 +324,16 @@ def _draw(fig: Any, detected: list[dict[str, Any]], undetected: list[dict[str, A
     release, waste = fig.subplots(1, 2)
     names = [f"{m}\n{w}" for m in MOMENTS for w in WAYS]
     for i, (moment, way) in enumerate((m, w) for m in MOMENTS for w in WAYS):
-        values = [p["release_ms"] for p in detected if (p["moment"], p["way"]) == (moment, way)]
-        release.scatter([i] * len(values), values, s=18, alpha=0.7, color="tab:blue")
+        mine = [p for p in detected if (p["moment"], p["way"]) == (moment, way)]
+        release.scatter([i - 0.1] * len(mine), [p["release_ms"] for p in mine], s=18,
+                        alpha=0.7, color="tab:blue", label="release" if i == 0 else None)
+        flights = [p["step_in_flight_ms"] for p in mine if p["step_in_flight_ms"] is not None]
+        release.scatter([i + 0.1] * len(flights), flights, s=24, marker="_",
+                        color="tab:orange", label="step in flight at the close" if i == 0 else None)
     if step is not None:
         release.axhline(step, color="grey", linestyle="--",
                         label=f"median decode step {step:.1f} ms")
-        release.legend()
+    release.legend()
     release.set_xticks(range(len(names)), names)
     release.set_ylabel("close to release of the blocks (ms)")
     release.set_title("disconnect detected: release time per moment")

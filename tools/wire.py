@@ -1,0 +1,113 @@
+"""The wire protocols the load generator speaks: how to ask for a stream, how to read it.
+
+Protocols. ``streamscope``: ``POST /v1/stream``, events start/token/done/error (unknown
+events are ignored, as a tolerant reader should). ``openai``: the streaming completions
+protocol that vLLM, llama.cpp's server and ``transformers serve`` speak, ``POST
+/v1/completions`` with ``{"model", "prompt", "max_tokens", "temperature": 0, "stream":
+true}`` (and ``"ignore_eos": true`` when asked, an extension vLLM and llama.cpp accept),
+answered with ``data: {chunk}`` events until ``data: [DONE]``. Caveat: that protocol has
+no token ids and no event per token, so a token here is a chunk: one that carries text,
+or empty text without a finish reason (a token whose bytes are held back). A closing
+chunk with only a finish reason is not counted. A server that puts several tokens in one
+chunk is under-counted and its gaps look longer; when it sends ``usage``, the record
+keeps it so the two counts can be compared.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Protocol
+
+from streams import ServerSentEvent
+
+if TYPE_CHECKING:  # tools.load imports this module
+    from tools.load import StreamRecord, StreamRequest
+
+
+class WireProtocol(Protocol):
+    name: str
+    path: str  # the streaming endpoint
+    warm_path: str  # a cheap GET that opens the connection before the barrier
+
+    def body(self, request: StreamRequest, model: str | None) -> dict[str, Any]: ...
+
+    def on_event(self, record: StreamRecord, event: ServerSentEvent, now: float) -> int:
+        """Apply one event to ``record``; return the number of tokens it added."""
+        ...
+
+
+class StreamscopeWire:
+    name = "streamscope"
+    path = "/v1/stream"
+    warm_path = "/health"
+
+    def body(self, request: StreamRequest, model: str | None) -> dict[str, Any]:
+        return {
+            "prompt": request.prompt,
+            "max_new_tokens": request.max_new_tokens,
+            "temperature": 0.0,
+            "ignore_eos": request.ignore_eos,
+        }
+
+    def on_event(self, record: StreamRecord, event: ServerSentEvent, now: float) -> int:
+        if event.event not in ("start", "token", "done", "error"):
+            return 0  # a new event type: tolerated, as the protocol asks of clients
+        data = json.loads(event.data)
+        if event.event == "token":
+            record.add_token(data["id"], data["text"], now)
+            return 1
+        if event.event == "start":
+            record.request_id, record.prompt_tokens = data["id"], data["prompt_tokens"]
+        elif event.event == "done":
+            record.finish_reason, record.usage = data["finish_reason"], data["usage"]
+            record.finished_at = now
+        else:
+            record.error = f"{data['error']['type']}: {data['error']['message']}"
+            record.finished_at = now
+        return 0
+
+
+class OpenAIWire:
+    name = "openai"
+    path = "/v1/completions"
+    warm_path = "/v1/models"
+
+    def body(self, request: StreamRequest, model: str | None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": model or "default",
+            "prompt": request.prompt,
+            "max_tokens": request.max_new_tokens,
+            "temperature": 0,
+            "stream": True,
+        }
+        if request.ignore_eos:
+            body["ignore_eos"] = True
+        return body
+
+    def on_event(self, record: StreamRecord, event: ServerSentEvent, now: float) -> int:
+        if event.data.strip() == "[DONE]":
+            if record.finished_at is None:
+                record.finished_at = now
+            return 0
+        chunk = json.loads(event.data)
+        if "error" in chunk:
+            record.error = json.dumps(chunk["error"])[:300]
+            record.finished_at = now
+            return 0
+        if chunk.get("usage"):
+            record.usage = chunk["usage"]
+        choices = chunk.get("choices") or []
+        if not choices:
+            return 0
+        text, reason = choices[0].get("text") or "", choices[0].get("finish_reason")
+        if reason:
+            record.finish_reason = reason
+        if text or not reason:  # see the module docstring's caveat
+            record.add_token(None, text, now)
+            return 1
+        return 0
+
+
+PROTOCOLS: dict[str, WireProtocol] = {"streamscope": StreamscopeWire(), "openai": OpenAIWire()}
+
+
