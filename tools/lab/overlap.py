@@ -234,7 +234,8 @@ def _level_figures(runs: list[Run]) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     for name, key in keys.items():
         values = [r["summary"][key] for r in runs]
-        figures[name] = median(values)
+        middle = median(values)  # of an even count: a mean, with a float's tail
+        figures[name] = None if middle is None else round(middle, 2)
         figures[name + "_range"] = spread(values)
     return figures
 
