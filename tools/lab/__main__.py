@@ -34,6 +34,7 @@ from tools.lab.common import (
     REGISTRY,
     Experiment,
     Lab,
+    LabError,
     Report,
     format_table,
     open_lab_server,
@@ -105,7 +106,14 @@ async def run_experiment(
         elapsed_s = time.perf_counter() - started
         # Our own server has no other clients: once idle, its figures show what the
         # experiment left behind (blocks still reserved would be a leak).
-        after = await lab.wait_idle() if owns else await lab.stats()
+        idle_after: bool | None = None
+        if owns:
+            try:
+                after, idle_after = await lab.wait_idle(), True
+            except LabError:  # something was left running: record it, keep the report
+                after, idle_after = await lab.stats(), False
+        else:
+            after = await lab.stats()
         meta = {
             "experiment": exp.name,
             "argv": sys.argv[1:],
@@ -117,6 +125,7 @@ async def run_experiment(
             "elapsed_s": round(elapsed_s, 2),
             "stats_before": before,
             "stats_after": after,
+            "idle_after": idle_after,
         }
         return report, meta
 

@@ -43,17 +43,17 @@ carries the probe's prefill, or two holders) and a client that leaves right afte
 token leaves just as the next step begins, so its release takes that whole step (a
 client may also see a holder's token of the same step just after its close, and then
 take the step before for the one in flight); ``released_at_first_boundary`` (of
-``probes``): the release counted in steps rather than timed: a running probe with
-``tokens_after_close`` <= 1 (those tokens bound the steps of its sequence that ended
-after the close), a waiting one released within its holders' step in flight;
+``probes``; per probe ``at_first_boundary``): counted in tokens where the tokens tell
+(``at_first_boundary``), timed against the end of the holders' step in flight for a
+waiting probe;
 ``waiting_admitted`` (waiting
 probes that ever got a token: 0 expected; ``waiting_probes_seen_waiting`` checks that the
 engine counted them waiting just before they left); ``undetected_tokens_generated`` (mean
 ``completion_tokens`` of the probes with detection off) and ``undetected_ran_to_max``;
 ``conditions``: per moment and way, p50/p99 of the release, mean and max
 ``tokens_after_close``, and with detection off the mean tokens generated and read.
-Plot: the release time of every probe per moment, and, with detection off, tokens
-generated against tokens read.
+Plot: the release time of every probe per moment beside the step in flight at its close,
+and, with detection off, tokens generated against tokens read.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ WAYS = ("fin", "rst")
 MAX_BATCH = 2
 # A release within one step can still land a few ms after it: the disconnect passes
 # through hypercorn's reader, the request's nursery and the hub's wake-up on a shared
-# 2-core machine. Ten ms is about a third of a SmolLM2 step on this CPU.
+# 2-core machine. Ten ms is under a tenth of a SmolLM2 step on this CPU (100-200 ms).
 MARGIN_MS = 10.0
 WAITING_TIMEOUT_S = 10.0
 FIRST_LOOK_S = 1.0  # after the close, before asking for the finish record
@@ -133,17 +133,7 @@ async def disconnect(lab: Lab) -> Report:
         "over_step_in_flight_ms_p99": _r(over_p99),
         "release_within_step_in_flight": None if over_p99 is None else over_p99 <= MARGIN_MS,
         "tokens_after_close_max": max((p["tokens_after_close"] for p in detected), default=None),
-        # Released at the first step boundary after the close, counted rather than timed.
-        # A running probe: tokens made after the close bound the steps of its sequence
-        # that ended after it, so at most one token means no step beyond the one in
-        # flight. A waiting probe: released before its slot holders' step in flight ended.
-        "released_at_first_boundary": sum(
-            p["tokens_after_close"] <= 1
-            if p["moment"] != "waiting"
-            else p["step_in_flight_ms"] is not None
-            and p["release_ms"] <= p["step_in_flight_ms"] + MARGIN_MS
-            for p in detected
-        ),
+        "released_at_first_boundary": sum(p["at_first_boundary"] for p in detected),
         "waiting_admitted": sum(p["admitted"] for p in detected if p["moment"] == "waiting"),
         # A check of the procedure: the engine counted the probe as waiting before it left.
         "waiting_probes_seen_waiting": sum(
@@ -231,7 +221,8 @@ async def _one_probe(
         for holder in holders:
             holder.close_rst()
     assert probe.closed_wall is not None
-    return {
+    length_s, to_end_s = _step_in_flight_s(probe, holders)
+    row = {
         "moment": moment,
         "way": way,
         "request_id": probe.request_id,
@@ -245,24 +236,50 @@ async def _one_probe(
         "client_gap_ms_median": _r(
             None if not probe.gaps_s() else 1000 * (median(probe.gaps_s()) or 0.0)
         ),
-        "step_in_flight_ms": _r(_ms(_step_in_flight_s(probe, holders))),
+        "step_in_flight_ms": _r(_ms(length_s)),
+        "step_in_flight_end_ms": _r(_ms(to_end_s)),
     }
+    return {**row, "at_first_boundary": at_first_boundary(row)}
 
 
-def _step_in_flight_s(probe: RawStream, holders: list[RawStream]) -> float | None:
-    """How long the engine step during which the client left took, as a client saw it.
+def at_first_boundary(probe: dict[str, Any]) -> bool:
+    """Whether a probe's sequence was released at the first step boundary after its close.
+
+    Counted in tokens where the tokens tell: the hub sends a first token mid-step, as soon
+    as its prefill is done, so a client leaving after it leaves during that step, and any
+    token made after its close means a later step ran; a later token is sent at the end
+    of its step, and the step after it may already be running when the client leaves, so
+    one token after the close is that step. A waiting probe makes no tokens: its release
+    must come by the end of its holders' step in flight, as they saw it, plus the margin.
+    """
+    if probe["moment"] == "first_token":
+        return bool(probe["tokens_after_close"] == 0)
+    if probe["moment"] == "mid_stream":
+        return bool(probe["tokens_after_close"] <= 1)
+    end = probe["step_in_flight_end_ms"]
+    return end is not None and probe["release_ms"] <= end + MARGIN_MS
+
+
+def _step_in_flight_s(
+    probe: RawStream, holders: list[RawStream]
+) -> tuple[float | None, float | None]:
+    """The engine step during which the client left, as a holder saw it: its length, and
+    the time from the close to its end; (None, None) where no holder gap spans the close.
 
     Tokens leave at the end of a step, so the gap between consecutive tokens of a stream
-    is one step: the holders' gap that spans the close (they are in that step), or None
-    where none does (a holder that ended before the close)."""
+    is one step; the holders are in that step. Of several holders, the one whose token
+    came first after the close."""
     closed = probe.closed_at
     spans = [
-        b - a
+        (b, b - a)
         for holder in holders
         for a, b in zip(holder.token_times, holder.token_times[1:], strict=False)
         if closed is not None and a <= closed < b
     ]
-    return min(spans) if spans else None
+    if not spans or closed is None:
+        return None, None
+    end, length = min(spans)
+    return length, end - closed
 
 
 async def _engine_waiting(lab: Lab, url: str) -> int:
