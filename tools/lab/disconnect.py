@@ -52,7 +52,7 @@ engine counted them waiting just before they left); ``undetected_tokens_generate
 ``completion_tokens`` of the probes with detection off) and ``undetected_ran_to_max``;
 ``conditions``: per moment and way, p50/p99 of the release, mean and max
 ``tokens_after_close``, and with detection off the mean tokens generated and read.
-Plot: the release time of every probe per moment beside the step in flight at its close,
+Plot: the release time of every probe per moment beside the end of the step in flight,
 and, with detection off, tokens generated against tokens read.
 """
 
@@ -344,9 +344,9 @@ def _draw(fig: Any, detected: list[dict[str, Any]], undetected: list[dict[str, A
         mine = [p for p in detected if (p["moment"], p["way"]) == (moment, way)]
         release.scatter([i - 0.1] * len(mine), [p["release_ms"] for p in mine], s=18,
                         alpha=0.7, color="tab:blue", label="release" if i == 0 else None)
-        flights = [p["step_in_flight_ms"] for p in mine if p["step_in_flight_ms"] is not None]
-        release.scatter([i + 0.1] * len(flights), flights, s=24, marker="_",
-                        color="tab:orange", label="step in flight at the close" if i == 0 else None)
+        ends = [p["step_in_flight_end_ms"] for p in mine if p["step_in_flight_end_ms"] is not None]
+        release.scatter([i + 0.1] * len(ends), ends, s=24, marker="_", color="tab:orange",
+                        label="end of the step in flight, as a holder saw it" if i == 0 else None)
     if step is not None:
         release.axhline(step, color="grey", linestyle="--",
                         label=f"median decode step {step:.1f} ms")
