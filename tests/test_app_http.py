@@ -97,11 +97,15 @@ async def test_stop_string_ends_the_stream_with_finish_reason_stop(
     assert streamed == text[:text.index(stop)]
 
 
-async def test_idle_stream_gets_a_keepalive_comment(start_server: StartServer) -> None:
-    server = await start_server(keepalive_s=0.05)
-    server.recorder.hold()  # the engine's next step waits: the stream has nothing to send
+async def read_across_a_keepalive(
+    server: RunningServer, body: dict[str, Any]
+) -> tuple[httpx.Response, bytes]:
+    """POST /v1/stream while the engine's next step is held, so the stream has nothing to
+    send; read until a keep-alive came (more than keepalive_s passed), release the step,
+    and read to the end. Returns the response and its raw body."""
+    server.recorder.hold()
     async with server.client() as client, client.stream(
-        "POST", "/v1/stream", json=stream_body(max_new_tokens=2)
+        "POST", "/v1/stream", json=body
     ) as response:
         raw, chunks = b"", response.aiter_raw()
         async for chunk in chunks:
@@ -111,6 +115,13 @@ async def test_idle_stream_gets_a_keepalive_comment(start_server: StartServer) -
         server.recorder.release()
         async for chunk in chunks:
             raw += chunk
+    return response, raw
+
+
+async def test_idle_stream_gets_a_keepalive_comment(start_server: StartServer) -> None:
+    server = await start_server(keepalive_s=0.05)
+
+    response, raw = await read_across_a_keepalive(server, stream_body(max_new_tokens=2))
 
     events = parse_sse(raw)
     assert [e.event for e in events] == ["start", "token", "token", "done"]
@@ -204,17 +215,7 @@ async def test_without_disconnect_detection_a_left_stream_runs_to_its_end(
 async def test_quarts_response_timeout_does_not_cut_a_stream(start_server: StartServer) -> None:
     server = await start_server(keepalive_s=0.05)
     server.app.config["RESPONSE_TIMEOUT"] = 0.01  # Quart's default is 60 s
-    server.recorder.hold()
-    async with server.client() as client, client.stream(
-        "POST", "/v1/stream", json=stream_body(max_new_tokens=3)
-    ) as response:
-        raw, chunks = b"", response.aiter_raw()
-        async for chunk in chunks:
-            raw += chunk
-            if b": keep-alive\n" in raw:  # so more than 0.05 s have passed
-                break
-        server.recorder.release()
-        async for chunk in chunks:
-            raw += chunk
+
+    _, raw = await read_across_a_keepalive(server, stream_body(max_new_tokens=3))
 
     assert [e.event for e in parse_sse(raw)] == ["start", "token", "token", "token", "done"]
