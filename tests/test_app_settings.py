@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+from pathlib import Path
+
 import pytest
 
 from app.settings import Settings, SettingsError, settings_table
@@ -62,7 +65,19 @@ def test_default_max_new_tokens_over_the_limit_is_refused() -> None:
 def test_settings_table_lists_every_variable_with_its_default() -> None:
     table = {name: default for name, default, _ in settings_table()}
 
-    assert len(table) == 19
+    assert len(table) == len(fields(Settings))
     assert table["STREAMSCOPE_POLICY"] == "pause-drop"
     assert table["STREAMSCOPE_DEVICE"] == "(auto)"
     assert table["STREAMSCOPE_MAX_BODY_BYTES"] == "65536"
+
+
+def test_readme_settings_table_is_the_code_s() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    rows = {
+        cells[1].strip("` "): (cells[2].strip("` "), cells[3].strip())
+        for line in readme.splitlines()
+        if line.startswith("| `STREAMSCOPE_")
+        for cells in [line.split("|")]
+    }
+
+    assert rows == {name: (default, doc) for name, default, doc in settings_table()}
