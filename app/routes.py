@@ -77,6 +77,7 @@ def make_blueprint(runtime: Runtime) -> Blueprint:
         max_prompt_chars=settings.max_prompt_chars,
         max_new_tokens_limit=settings.max_new_tokens_limit,
         default_max_new_tokens=settings.default_max_new_tokens,
+        request_policies=settings.request_policies,
     )
 
     async def read_body() -> GenerateBody:

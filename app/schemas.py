@@ -36,6 +36,8 @@ class RequestLimits:
     max_prompt_chars: int
     max_new_tokens_limit: int
     default_max_new_tokens: int
+    # The policies a request may pick (STREAMSCOPE_REQUEST_POLICIES); never naive.
+    request_policies: frozenset[PolicyName]
 
 
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
@@ -81,6 +83,18 @@ class GenerateBody(BaseModel):
         if value > limits.max_new_tokens_limit:
             raise PydanticCustomError(
                 "over_limit", "must be at most {limit}", {"limit": limits.max_new_tokens_limit}
+            )
+        return value
+
+    @field_validator("policy")
+    @classmethod
+    def _policy_allowed(cls, value: PolicyName | None, info: ValidationInfo) -> PolicyName | None:
+        allowed = _limits(info).request_policies
+        if value is not None and value not in allowed:
+            raise PydanticCustomError(
+                "policy_not_allowed",
+                "this server lets a request pick only {allowed}",
+                {"allowed": ", ".join(sorted(p.value for p in allowed)) or "no policy"},
             )
         return value
 

@@ -49,6 +49,10 @@ class Settings:
         "cpu or cuda (cuda:N); unset: cuda if available, else cpu"))
     policy: PolicyName = field(default=PolicyName.PAUSE_DROP, metadata=_doc(
         "slow-reader policy: naive, unbounded, pause, drop or pause-drop"))
+    request_policies: frozenset[PolicyName] = field(
+        default=frozenset({PolicyName.PAUSE_DROP, PolicyName.DROP}), metadata=_doc(
+            "the policies a request's `policy` field may pick, comma-separated (others get "
+            "422): any but naive, which would let one client stall every stream"))
     max_batch: int = field(default=32, metadata=_doc(
         "most sequences running at once (batch slots)"))
     cache_blocks: int = field(default=512, metadata=_doc(
@@ -73,6 +77,9 @@ class Settings:
         "largest request body, by Content-Length and as read (413 above)"))
     max_prompt_chars: int = field(default=32_768, metadata=_doc(
         "longest prompt in characters (422 above); the token budget is checked too"))
+    api_key: str | None = field(default=None, repr=False, metadata={**_doc(
+        "if set, every route but /health, /ready and /metrics needs `Authorization: Bearer "
+        "<key>` (401 without); visible ASCII characters"), "shown": "(off)"})
     shutdown_grace_s: float = field(default=5.0, metadata=_doc(
         "at shutdown, how long open streams may finish before they get error shutdown"))
     detect_disconnect: bool = field(default=True, metadata=_doc(
@@ -131,7 +138,8 @@ def settings_table() -> list[tuple[str, str, str]]:
     defaults = Settings()
     rows = []
     for f in fields(Settings):
-        rows.append((_env_name(f.name), _show(getattr(defaults, f.name)), f.metadata["doc"]))
+        shown = f.metadata.get("shown") or _show(getattr(defaults, f.name))
+        rows.append((_env_name(f.name), shown, f.metadata["doc"]))
     return rows
 
 
@@ -147,6 +155,8 @@ def _show(value: object) -> str:
         return "(auto)"
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, frozenset):
+        return ",".join(sorted(_show(v) for v in value))
     return str(getattr(value, "value", value))
 
 
@@ -210,6 +220,10 @@ def _policy(raw: str) -> PolicyName:
         raise ValueError(f"expected one of {names}") from None
 
 
+def _request_policies(raw: str) -> frozenset[PolicyName]:
+    return frozenset(_policy(name.strip()) for name in raw.split(",") if name.strip())
+
+
 def _device(raw: str) -> str:
     lowered = raw.lower()
     if lowered == "cpu" or lowered == "cuda" or (
@@ -229,12 +243,14 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "model": _model,
     "device": _device,
     "policy": _policy,
+    "request_policies": _request_policies,
     "stall_timeout_s": _positive_seconds,
     "keepalive_s": _positive_seconds,
     "shutdown_grace_s": _positive_seconds,
     "detect_disconnect": _boolean,
     "lab_routes": _boolean,
     "lab_pad_bytes": _pad_bytes,
+    "api_key": str,  # checked in _range_problems, whose message does not repeat the key
     **{
         name: _positive_int
         for name in (
@@ -260,12 +276,24 @@ def _range_problems(s: Settings) -> list[str]:
                         f"{MAX_LAB_PAD_BYTES}, not {s.lab_pad_bytes!r}")
     if not isinstance(s.policy, PolicyName):
         problems.append(f"{_env_name('policy')} must be a PolicyName, not {s.policy!r}")
+    if PolicyName.NAIVE in s.request_policies:
+        # naive makes the step loop wait for this stream's reader: one client that stops
+        # reading would stall every stream. Only the operator may choose it, server-wide.
+        problems.append(f"{_env_name('request_policies')} may not include naive")
+    if s.api_key is not None and not _is_api_key(s.api_key):
+        problems.append(f"{_env_name('api_key')} must be visible ASCII characters (no "
+                        "spaces), at least one")
     if not problems and s.default_max_new_tokens > s.max_new_tokens_limit:
         problems.append(
             f"{_env_name('default_max_new_tokens')} ({s.default_max_new_tokens}) must not "
             f"exceed {_env_name('max_new_tokens_limit')} ({s.max_new_tokens_limit})"
         )
     return problems
+
+
+def _is_api_key(value: object) -> bool:
+    # What a bearer token may hold, and what arrives intact in an HTTP header.
+    return isinstance(value, str) and value != "" and all("!" <= c <= "~" for c in value)
 
 
 def _is_positive_int(value: object) -> bool:

@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
+from app.settings import Settings, SettingsError
+from streams import PolicyName
 from tests.http_clients import parse_sse, stream_body
 from tests.http_server import RunningServer, StartServer
 
@@ -89,6 +91,46 @@ async def test_bad_field_is_422_invalid_request(server: RunningServer, body: Any
 
     assert_envelope(response, 422, "invalid_request")
     assert_nothing_opened(server)
+
+
+@pytest.mark.parametrize("path", ENDPOINTS)
+@pytest.mark.parametrize("policy", ["naive", "unbounded", "pause"])
+async def test_a_request_cannot_pick_a_policy_off_the_allow_list(
+    server: RunningServer, path: str, policy: str
+) -> None:
+    # naive would make the step loop wait for this client's reads: one client that stops
+    # reading would stall every stream. unbounded and pause hold memory or blocks for as
+    # long as the client likes. None is on the default list (drop, pause-drop).
+    response = await post(server, path, json=stream_body(policy=policy))
+
+    message = assert_envelope(response, 422, "invalid_request")
+    assert "drop, pause-drop" in message
+    assert_nothing_opened(server)
+
+
+@pytest.mark.parametrize("policy", ["drop", "pause-drop"])
+async def test_a_request_may_pick_a_policy_on_the_allow_list(
+    server: RunningServer, policy: str
+) -> None:
+    response = await post(server, "/v1/generate", json=stream_body(policy=policy,
+                                                                   max_new_tokens=2))
+
+    assert response.status_code == 200, response.text
+
+
+async def test_the_operator_may_widen_the_allow_list_but_never_to_naive(
+    start_server: StartServer,
+) -> None:
+    server = await start_server(request_policies=frozenset({PolicyName.PAUSE}))
+    async with server.client() as client:
+        paused = await client.post("/v1/generate", json=stream_body(policy="pause",
+                                                                    max_new_tokens=2))
+        dropped = await client.post("/v1/generate", json=stream_body(policy="drop"))
+
+    assert paused.status_code == 200, paused.text
+    assert "pause" in assert_envelope(dropped, 422, "invalid_request")
+    with pytest.raises(SettingsError, match="STREAMSCOPE_REQUEST_POLICIES may not include naive"):
+        Settings.from_env({"STREAMSCOPE_REQUEST_POLICIES": "drop,naive"})
 
 
 async def test_unknown_field_is_named_in_the_message(server: RunningServer) -> None:

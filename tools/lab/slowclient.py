@@ -13,7 +13,9 @@ timeout 0.25 s, as in the chapter (``STREAMSCOPE_QUEUE_LIMIT``,
 ``STREAMSCOPE_STALL_TIMEOUT_S``); the lab starts its server so; with ``--url`` the server
 must have been started so.
 
-Procedure. For each policy (the request's ``policy`` field) and k = 0, 1, 2, 4 slow
+Procedure. For each policy, on a server of its own started with that policy
+(``STREAMSCOPE_POLICY``: a request may not pick ``naive``, nor by default ``unbounded``
+or ``pause``, see ``STREAMSCOPE_REQUEST_POLICIES``), and k = 0, 1, 2, 4 slow
 readers: eight streams of 64 tokens (greedy, ``ignore_eos``, the first eight prompts),
 each on its own raw socket, connected first and sent together. Streams 0..k-1 are slow:
 read one chunk (one ``recv`` of at most 16 KiB), sleep 0.25 s, repeat; the others read
@@ -51,6 +53,7 @@ Plot: healthy completion time and gap p99 against k.
 from __future__ import annotations
 
 import argparse
+import itertools
 from typing import Any
 
 import trio
@@ -93,17 +96,18 @@ async def slowclient(lab: Lab) -> Report:
     repetitions = lab.option("repetitions", 1, 1)
     prompts = lab.prompts(STREAMS)
 
-    warm = RawStream(lab.url)
-    await warm.post("/v1/stream", {"prompt": prompts[0], "max_new_tokens": 2})
-    await warm.read_to_end()
-    warm.close_rst()
-
     runs: list[dict[str, Any]] = []
-    for rep in range(repetitions):
-        for policy in policies:
-            for k in levels:
-                await lab.wait_idle()
-                run = await _one_condition(lab, prompts, policy, k, tokens, pause_s, read_bytes)
+    for policy in policies:
+        async with lab.server(policy=policy) as url:
+            warm = RawStream(url)
+            await warm.post("/v1/stream", {"prompt": prompts[0], "max_new_tokens": 2})
+            await warm.read_to_end()
+            warm.close_rst()
+            for rep, k in itertools.product(range(repetitions), levels):
+                await lab.wait_idle(url)
+                run = await _one_condition(
+                    lab, url, prompts, policy, k, tokens, pause_s, read_bytes
+                )
                 runs.append({"rep": rep, **run})
                 if lab.progress:
                     print(f"  {policy:<10} k={k}: healthy {run['healthy_completion_s']} s, "
@@ -154,11 +158,12 @@ async def slowclient(lab: Lab) -> Report:
 
 
 async def _one_condition(
-    lab: Lab, prompts: list[str], policy: str, k: int, tokens: int, pause_s: float,
+    lab: Lab, url: str, prompts: list[str], policy: str, k: int, tokens: int, pause_s: float,
     read_bytes: int,
 ) -> dict[str, Any]:
-    """Eight streams under ``policy``, the first ``k`` of them read slowly."""
-    clients = [RawStream(lab.url) for _ in prompts]
+    """Eight streams on the server at ``url`` (whose policy is ``policy``), the first ``k``
+    of them read slowly."""
+    clients = [RawStream(url) for _ in prompts]
     async with trio.open_nursery() as nursery:
         for client in clients:
             nursery.start_soon(client.connect)
@@ -167,7 +172,7 @@ async def _one_condition(
     async def run(i: int, client: RawStream) -> None:
         await go.wait()
         body = {"prompt": prompts[i], "max_new_tokens": tokens, "ignore_eos": True,
-                "temperature": 0.0, "policy": policy}
+                "temperature": 0.0}
         await client.post("/v1/stream", body)
         if i < k:
             await client.read_slowly(pause_s, read_bytes)
@@ -188,7 +193,7 @@ async def _one_condition(
     ends = [c.finished_at for c in healthy if c.finished_at is not None]
     gaps = [g for c in healthy for g in c.gaps_s()]
     slow_figures = []
-    async with lab.client() as http:
+    async with lab.client(url) as http:
         for client in slow:
             record = await finish_record(http, client.request_id or "")
             slow_figures.append({
