@@ -7,7 +7,7 @@ cache happens inside ``step()``, which one caller runs repeatedly:
 
 1. apply the inbox: submits join the waiting queue, cancels finish a waiting
    sequence (never admitted) or a running one (blocks released), pauses and
-   resumes flip a flag;
+   resumes flip a flag; with ``on_prefill``, the finishes go out at once;
 2. admit waiting sequences in arrival order while there are batch slots and
    blocks, and run the prefills of admitted sequences, in arrival order, up to
    ``max_prefill_tokens`` prompt tokens (the rest next step); a prefill yields
@@ -21,6 +21,18 @@ A sequence is therefore never removed while its tensors are in use, and its
 blocks are released in one place (``BlockAllocator.release``, which raises on
 a second release). ``statistics()`` is a snapshot taken at the last step
 boundary, so reading it never waits for a step.
+
+Failures. A failure tied to one sequence (its prefill, its sampling, its
+detokenizer or stop matcher) finishes that sequence alone with ``ERROR`` and a
+message; a failed batched forward pass finishes the sequences in that batch.
+Either way the step goes on and returns normally. Every event is handed out
+exactly once, in ``on_prefill`` or in the return value: if ``on_prefill``
+raises, the step stops there and the exception propagates, and every event
+made until then was already handed to it (the rest of the step runs next time).
+
+Prompts are encoded with ``tokenize`` (any thread, its own copy of the
+tokenizer: see ``text.PromptEncoder``), or in ``submit``; detokenizing happens
+only in the stepping thread, so no fast tokenizer is used by two threads.
 """
 
 from __future__ import annotations
@@ -47,7 +59,7 @@ from .kv_cache import BlockAllocator, PagedKVCache
 from .model import LoadedModel
 from .scheduler import Scheduler
 from .sequence import Sequence
-from .text import IncrementalDetokenizer, StopMatcher
+from .text import IncrementalDetokenizer, PromptEncoder, StopMatcher
 from .types import (
     EngineEvent,
     EngineStatistics,
@@ -103,7 +115,8 @@ class Engine:
         self.max_prefill_tokens = max_prefill_tokens
         self.loaded = loaded
         self.model = loaded.model
-        self.tokenizer = loaded.tokenizer
+        self.tokenizer = loaded.tokenizer  # the stepping thread's: detokenizers use it
+        self._encoder = PromptEncoder(loaded.tokenizer)
         self.device = loaded.device
         self.eos_token_ids = loaded.eos_token_ids if eos_token_ids is None else eos_token_ids
         self.model.set_attn_implementation(ATTENTION_NAME)
@@ -131,8 +144,19 @@ class Engine:
 
     # -- the thread-safe entry points: they only record a wish ---------------
 
+    def tokenize(self, prompt: str) -> list[int]:
+        """The prompt's token ids, for ``GenerationRequest.prompt_token_ids``.
+
+        Thread-safe, and never shares a tokenizer with the stepping thread; it blocks
+        (a 32k-character prompt takes tens of milliseconds), so an event loop runs it
+        in a worker thread.
+        """
+        return self._encoder.encode(prompt)
+
     def submit(self, request: GenerationRequest) -> int:
         """Validate and queue a request; return its prompt's token count.
+
+        The prompt is encoded here unless ``request.prompt_token_ids`` holds its ids.
 
         Raises:
             EmptyPrompt, InvalidMaxNewTokens, InvalidSampling, PromptTooLong,
@@ -142,7 +166,8 @@ class Engine:
         if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
             raise InvalidMaxNewTokens(f"max_new_tokens must be an integer >= 1, got {max_new!r}")
         sampling.validate(request.sampling)
-        prompt_ids = self.tokenizer.encode(request.prompt) if request.prompt else []
+        given = request.prompt_token_ids
+        prompt_ids = list(given) if given is not None else self.tokenize(request.prompt)
         if not prompt_ids:
             raise EmptyPrompt("the prompt is empty")
         self.check_budget(len(prompt_ids), max_new)
@@ -190,16 +215,25 @@ class Engine:
     def step(self, on_prefill: PrefillCallback | None = None) -> list[EngineEvent]:
         """Run one round (see the module docstring) and return its events.
 
-        Events handed to ``on_prefill`` are not repeated in the return value.
+        With ``on_prefill``, the finishes of cancels applied at the start of the step,
+        then each prefill's events, are handed to it as soon as they are made; they
+        are not repeated in the return value.
 
         Raises:
             StepReentered: another thread is inside step().
+            Exception: whatever ``on_prefill`` raised. Every event made in this step
+                was handed to ``on_prefill`` by then; no other event was made, and the
+                prefills and decode not run yet run at the next step.
         """
         if not self._step_lock.acquire(blocking=False):
             raise StepReentered("step() is already running in another thread")
         try:
             started = time.perf_counter()
             events = self._apply_inbox()
+            if on_prefill is not None and events:
+                # Out first: once these are handed over, nothing made later can lose them.
+                handed, events = events, []
+                on_prefill(handed)
             deliver = on_prefill if on_prefill is not None else events.extend
             self.scheduler.admit()
             fresh = self._prefills_this_step()
@@ -278,25 +312,26 @@ class Engine:
             batch = prefill_batch(self.cache, tables, positions)
             input_ids = torch.tensor([seq.prompt_ids], device=self.device)
             logits = self._forward(input_ids, positions, batch)
-            token_id = sampling.sample(logits, [seq.request.sampling], [seq.generator])[0]
+            greedy_ids = sampling.greedy(logits)
         except Exception as exc:  # a failed prefill ends this sequence only
             return [self._finish(seq, FinishReason.ERROR, error=f"prefill failed: {exc}")]
-        return self._append_token(seq, token_id)
+        return self._next_token(seq, logits[0], greedy_ids[0])
 
     @torch.inference_mode()
     def _decode(self, seqs: list[Sequence]) -> list[EngineEvent]:
         try:
-            token_ids = self._decode_forward(seqs)
+            logits = self._decode_forward(seqs)
+            greedy_ids = sampling.greedy(logits)
         except Exception as exc:  # a failed batch ends every sequence in it
             return [
                 self._finish(s, FinishReason.ERROR, error=f"decode failed: {exc}") for s in seqs
             ]
         events: list[EngineEvent] = []
-        for seq, token_id in zip(seqs, token_ids, strict=True):
-            events.extend(self._append_token(seq, token_id))
+        for row, seq in enumerate(seqs):
+            events.extend(self._next_token(seq, logits[row], greedy_ids[row]))
         return events
 
-    def _decode_forward(self, seqs: list[Sequence]) -> list[int]:
+    def _decode_forward(self, seqs: list[Sequence]) -> torch.Tensor:
         device = self.device
         tables_list = [s.block_table.block_ids for s in seqs]  # type: ignore[union-attr]
         width = max(len(t) for t in tables_list)
@@ -312,10 +347,7 @@ class Engine:
             read_bias=bias.masked_fill_(span >= lengths, float("-inf"))[:, None, None, :],
         )
         input_ids = torch.tensor([[s.last_token_id] for s in seqs], device=device)
-        logits = self._forward(input_ids, positions, batch)
-        return sampling.sample(
-            logits, [s.request.sampling for s in seqs], [s.generator for s in seqs]
-        )
+        return self._forward(input_ids, positions, batch)
 
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, batch: PagedBatch
@@ -332,24 +364,39 @@ class Engine:
 
     # -- text and finishing ---------------------------------------------------
 
-    def _append_token(self, seq: Sequence, token_id: int) -> list[EngineEvent]:
+    def _next_token(self, seq: Sequence, logits: torch.Tensor, greedy_id: int) -> list[EngineEvent]:
+        """Choose, record and detokenize one sequence's next token from its row of logits.
+
+        The per-sequence error boundary: an exception from sampling, the detokenizer or
+        the stop matcher finishes this sequence alone (ERROR, blocks released once), and
+        the token it was making is not counted.
+        """
+        index = len(seq.generated_ids)
+        try:
+            token_id = sampling.choose(logits, seq.request.sampling, seq.generator, greedy_id)
+            text, reason = self._text_of(seq, token_id, index)
+        except Exception as exc:
+            error = f"token {index} failed: {exc!r}"
+            return [self._finish(seq, FinishReason.ERROR, error=error)]
         seq.generated_ids.append(token_id)
-        index = len(seq.generated_ids) - 1
-        text, stopped = seq.stop_matcher.feed(seq.detokenizer.add(token_id))
-        reason: FinishReason | None = FinishReason.STOP if stopped else None
-        is_eos = token_id in self.eos_token_ids and not seq.request.sampling.ignore_eos
-        if reason is None and (is_eos or index + 1 == seq.request.max_new_tokens):
-            tail, stopped = seq.stop_matcher.feed(seq.detokenizer.flush())
-            text += tail if stopped else tail + seq.stop_matcher.flush()
-            reason = (
-                FinishReason.STOP
-                if stopped
-                else (FinishReason.EOS if is_eos else FinishReason.LENGTH)
-            )
         events: list[EngineEvent] = [TokenEvent(seq.request_id, index, token_id, text)]
         if reason is not None:
             events.append(self._finish(seq, reason))
         return events
+
+    def _text_of(self, seq: Sequence, token_id: int, index: int) -> tuple[str, FinishReason | None]:
+        """The text token ``index`` adds, and why the sequence ends with it (or None)."""
+        text, stopped = seq.stop_matcher.feed(seq.detokenizer.add(token_id))
+        if stopped:
+            return text, FinishReason.STOP
+        is_eos = token_id in self.eos_token_ids and not seq.request.sampling.ignore_eos
+        if not (is_eos or index + 1 == seq.request.max_new_tokens):
+            return text, None
+        tail, stopped = seq.stop_matcher.feed(seq.detokenizer.flush())
+        if stopped:
+            return text + tail, FinishReason.STOP
+        text += tail + seq.stop_matcher.flush()
+        return text, FinishReason.EOS if is_eos else FinishReason.LENGTH
 
     def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> FinishEvent:
         self.scheduler.finish(seq)

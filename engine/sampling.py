@@ -40,17 +40,19 @@ def make_generator(params: SamplingParams, device: torch.device) -> torch.Genera
     return generator
 
 
-def sample(
-    logits: torch.Tensor,
-    params: list[SamplingParams],
-    generators: list[torch.Generator | None],
-) -> list[int]:
-    """Next token id for each row of ``logits`` (batch, vocab)."""
-    chosen = logits.argmax(dim=-1).tolist()
-    for row, (p, generator) in enumerate(zip(params, generators, strict=True)):
-        if generator is not None:
-            chosen[row] = _sample_row(logits[row], p, generator)
-    return chosen
+def greedy(logits: torch.Tensor) -> list[int]:
+    """The argmax of each row of ``logits`` (batch, vocab), for the whole batch at once."""
+    ids = logits.argmax(dim=-1).tolist()
+    assert isinstance(ids, list)
+    return ids
+
+
+def choose(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, greedy_id: int
+) -> int:
+    """One row's next token: ``greedy_id`` for a greedy row, else drawn from ``logits``
+    (vocab,) with the row's own generator. May raise for this row alone."""
+    return greedy_id if generator is None else _sample_row(logits, params, generator)
 
 
 def _sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> int:

@@ -19,7 +19,7 @@ class FinishReason(enum.Enum):
     LENGTH = "length"  # max_new_tokens were generated
     STOP = "stop"  # a stop string appeared in the text (it is not emitted)
     CANCELLED = "cancelled"  # cancel() was applied at a step boundary
-    ERROR = "error"  # the forward pass or sampling failed for this sequence
+    ERROR = "error"  # the forward pass, sampling or detokenizing failed for this sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,13 +39,19 @@ class SamplingParams:
 
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
-    """One request as submitted to the engine."""
+    """One request as submitted to the engine.
+
+    ``prompt_token_ids``, when given, are the prompt's token ids as the engine's own
+    ``tokenize(prompt)`` returned them: the engine then does not encode the prompt
+    again, so a caller can encode it in advance, off its event loop.
+    """
 
     request_id: str
     prompt: str
     max_new_tokens: int = 16
     stop: tuple[str, ...] = ()
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    prompt_token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
