@@ -18,14 +18,17 @@ response body). ``StreamingConnection`` keeps that shape and adds four things:
    (``own_stream``) and closed when the connection ends, however it ends, including a
    cancel that lands after the view returned but before Quart entered the body (the
    body's ``__aexit__`` would never run then). ``close()`` is idempotent, so the usual
-   path (the body's ``__aexit__``) and this one do not conflict.
+   path (the body's ``__aexit__``) and this one do not conflict. The request's metrics
+   timer is owned the same way (it records ``cancelled`` unless its stream ended).
+
+It also counts a client that left before its response was complete (``metrics.py``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
@@ -37,8 +40,6 @@ from .errors import ErrorType
 from .sse_body import EventStreamBody
 
 if TYPE_CHECKING:
-    from streams import TokenStream
-
     from .factory import StreamscopeApp
 
 # The farewell is one small write to a socket that was fine a moment ago; if it cannot
@@ -48,15 +49,22 @@ _OWNED_STREAMS = "streamscope.streams"  # ASGI scope key: streams opened for thi
 CLIENT_DISCONNECTED = "client disconnected"
 
 
-def own_stream(scope: Mapping[str, Any], stream: TokenStream) -> None:
-    """Record that this request's connection owns ``stream``: it is closed at the end."""
+class Closable(Protocol):
+    """What a connection can own: ``close()`` sync, idempotent, never a checkpoint."""
+
+    def close(self) -> None: ...
+
+
+def own_stream(scope: Mapping[str, Any], stream: Closable) -> None:
+    """Record that this request's connection owns ``stream`` (a TokenStream, or the
+    request's metrics timer): it is closed at the end."""
     _owned(scope).append(stream)
 
 
-def _owned(scope: Mapping[str, Any]) -> list[TokenStream]:
+def _owned(scope: Mapping[str, Any]) -> list[Closable]:
     # The ASGI scope is a plain dict per request, shared by the connection and Quart's
     # request object: the natural place for what the request owns.
-    owned: list[TokenStream] = cast(dict[str, Any], scope).setdefault(_OWNED_STREAMS, [])
+    owned: list[Closable] = cast(dict[str, Any], scope).setdefault(_OWNED_STREAMS, [])
     return owned
 
 
@@ -87,6 +95,7 @@ class StreamingConnection(TrioASGIHTTPConnection):
         """
         await ASGIHTTPConnection.handle_messages(self, request, receive)
         self.client_gone = True
+        self.app.metrics.disconnected()
         if self.app.runtime.settings.detect_disconnect:
             nursery.cancel_scope.cancel(reason=CLIENT_DISCONNECTED)
 

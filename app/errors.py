@@ -9,7 +9,7 @@ After a stream has opened, the same inner object is the data of an SSE ``error``
 let an exception through, and ``api_error_for`` turns any exception into one.
 
     Exception                      ->  ErrorType            status
-    ├── ApiError                   ->  its own type
+    ├── ApiError                   ->  its own type (unauthorized 401 + WWW-Authenticate)
     ├── pydantic.ValidationError   ->  invalid_json          422  (body is not JSON)
     │                                  invalid_request       422  (wrong, unknown, out-of-range)
     ├── engine.InvalidRequest
@@ -31,6 +31,7 @@ import enum
 import json
 import logging
 import math
+from collections.abc import Callable
 
 import pydantic
 from quart import Quart, Response
@@ -50,6 +51,7 @@ _INTERNAL_MESSAGE = "the server failed to answer this request"
 class ErrorType(enum.StrEnum):
     """What went wrong, as the envelope's ``type``; ``STATUS`` gives each its code."""
 
+    UNAUTHORIZED = "unauthorized"  # STREAMSCOPE_API_KEY is set; no or a wrong bearer token
     INVALID_JSON = "invalid_json"  # the body is not a JSON document
     INVALID_REQUEST = "invalid_request"  # a field is missing, unknown, mistyped or out of range
     PROMPT_TOO_LONG = "prompt_too_long"  # prompt + max_new_tokens exceed the token budget
@@ -68,6 +70,7 @@ class ErrorType(enum.StrEnum):
 
 
 STATUS: dict[ErrorType, int] = {
+    ErrorType.UNAUTHORIZED: 401,
     ErrorType.INVALID_JSON: 422,
     ErrorType.INVALID_REQUEST: 422,
     ErrorType.PROMPT_TOO_LONG: 422,
@@ -139,6 +142,8 @@ class ApiError(Exception):
             response.headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
         if self.allow:
             response.headers["Allow"] = ", ".join(self.allow)
+        if self.type is ErrorType.UNAUTHORIZED:  # RFC 6750 section 3
+            response.headers["WWW-Authenticate"] = 'Bearer realm="streamscope"'
         return response
 
 
@@ -169,17 +174,23 @@ def api_error_for(exc: BaseException) -> ApiError:
             return ApiError(ErrorType.INTERNAL_ERROR, _INTERNAL_MESSAGE)
 
 
-def register_error_handlers(app: Quart) -> None:
+def register_error_handlers(
+    app: Quart, on_refusal: Callable[[ApiError], None] | None = None
+) -> None:
     """Answer every Exception (HTTPExceptions included) with the envelope.
 
     Quart looks handlers up along the exception's MRO, so the one for ``Exception`` also
     gets 404, 405 and 413 and the InternalServerError wrapping an unhandled exception.
-    ``trio.Cancelled`` is not an Exception and passes by untouched.
+    ``trio.Cancelled`` is not an Exception and passes by untouched. ``on_refusal`` is
+    told of every answer (the metrics count them by status).
     """
 
     async def handle(exc: Exception) -> Response:
         """Cancellation: no checkpoint."""
-        return api_error_for(exc).to_response()
+        error = api_error_for(exc)
+        if on_refusal is not None:
+            on_refusal(error)
+        return error.to_response()
 
     app.register_error_handler(Exception, handle)
 

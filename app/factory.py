@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from quart_trio import QuartTrio
 
+from .auth import register_auth
 from .connection import StreamingConnection
 from .errors import register_error_handlers
 from .lab import register_lab
 from .lifespan import MakeEngine, Runtime, load_engine_from_settings, stop_deadline_s
+from .metrics import Metrics, make_metrics_blueprint
 from .routes import make_blueprint
 from .settings import Settings
 
@@ -21,6 +23,7 @@ class StreamscopeApp(QuartTrio):
 
     asgi_http_class = StreamingConnection
     runtime: Runtime
+    metrics: Metrics
 
 
 def create_app(
@@ -44,8 +47,11 @@ def create_app(
     )
     runtime = Runtime(settings, make_engine or load_engine_from_settings)
     app.runtime = runtime
-    register_error_handlers(app)
-    app.register_blueprint(make_blueprint(runtime))
+    app.metrics = metrics = Metrics(runtime.statistics)
+    register_auth(app, settings.api_key)  # before any view reads a body
+    register_error_handlers(app, on_refusal=metrics.refused)
+    app.register_blueprint(make_blueprint(runtime, metrics))
+    app.register_blueprint(make_metrics_blueprint(metrics))
     register_lab(app, settings)  # laboratory probes, only with STREAMSCOPE_LAB_ROUTES
 
     @app.before_serving

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -31,6 +31,9 @@ from streams import StreamError, StreamItem, encode_event
 
 from .schemas import MAX_SEED, MAX_TEMPERATURE, GenerateBody, RequestLimits, StopString
 from .sse_body import EventStreamBody
+
+if TYPE_CHECKING:
+    from .metrics import RequestTimer
 
 OPENAI_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for completions
 DONE = encode_event("[DONE]")
@@ -110,8 +113,10 @@ def completion_object(
 class CompletionChunksBody(EventStreamBody):
     """``/v1/stream``'s body with OpenAI's chunks on the wire instead of our events."""
 
-    def __init__(self, stream: Any, *, keepalive_s: float, model: str) -> None:
-        super().__init__(stream, keepalive_s=keepalive_s)
+    def __init__(
+        self, stream: Any, *, keepalive_s: float, model: str, timer: RequestTimer | None = None
+    ) -> None:
+        super().__init__(stream, keepalive_s=keepalive_s, timer=timer)
         self.model = model
 
     def _opening(self) -> bytes:

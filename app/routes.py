@@ -59,6 +59,7 @@ from streams import StreamError, TokenStream
 from .connection import own_stream
 from .errors import ApiError, ErrorType
 from .lifespan import Phase, Runtime
+from .metrics import Metrics, RequestTimer
 from .openai_compat import CompletionChunksBody, completion_object, parse_completions_body
 from .schemas import GenerateBody, RequestLimits, parse_generate_body
 from .sse_body import EventStreamBody
@@ -69,8 +70,8 @@ SSE_HEADERS = {
 }
 
 
-def make_blueprint(runtime: Runtime) -> Blueprint:
-    """The routes, bound to one app's runtime."""
+def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
+    """The routes, bound to one app's runtime; each request reports to ``metrics``."""
     bp = Blueprint("streamscope", __name__)
     settings = runtime.settings
     limits = RequestLimits(
@@ -96,12 +97,15 @@ def make_blueprint(runtime: Runtime) -> Blueprint:
         Cancellation: before the stream opens, nothing to undo; after, the body (or the
         connection's backstop) closes it.
         """
+        timer = metrics.start_request()
         body = await read_body()
         stream = runtime.open_stream(body.to_generation_request(), body.policy)
         own_stream(request.scope, stream)
+        _submitted(timer, stream)
         response = Response(
             EventStreamBody(
-                stream, keepalive_s=settings.keepalive_s, pad_bytes=settings.lab_pad_bytes
+                stream, keepalive_s=settings.keepalive_s, pad_bytes=settings.lab_pad_bytes,
+                timer=timer,
             ),
             status=200,
             content_type="text/event-stream; charset=utf-8",
@@ -117,10 +121,12 @@ def make_blueprint(runtime: Runtime) -> Blueprint:
         Cancellation: at ``stream.receive()``; ``with stream`` closes the stream, which
         asks the engine to cancel, as for a stream.
         """
+        timer = metrics.start_request()
         body = await read_body()
         with runtime.open_stream(body.to_generation_request(), body.policy) as stream:
             own_stream(request.scope, stream)
-            text, token_ids, finish = await _collect(stream)
+            _submitted(timer, stream)
+            text, token_ids, finish = await _collect(stream, timer)
         answer = {
             "id": stream.request_id,
             "text": text,
@@ -139,14 +145,18 @@ def make_blueprint(runtime: Runtime) -> Blueprint:
 
         Cancellation: as ``/v1/stream`` (streaming) or ``/v1/generate`` (whole answer).
         """
+        timer = metrics.start_request()
         raw = await request.get_data(cache=False, as_text=False, parse_form_data=False)
         body = parse_completions_body(raw, limits)
         model = body.model or settings.model
         stream = runtime.open_stream(body.to_generation_request(limits), None)
         own_stream(request.scope, stream)
+        _submitted(timer, stream)
         if body.stream:
             response = Response(
-                CompletionChunksBody(stream, keepalive_s=settings.keepalive_s, model=model),
+                CompletionChunksBody(
+                    stream, keepalive_s=settings.keepalive_s, model=model, timer=timer
+                ),
                 status=200,
                 content_type="text/event-stream; charset=utf-8",
                 headers={**SSE_HEADERS, "X-Request-ID": stream.request_id},
@@ -154,7 +164,7 @@ def make_blueprint(runtime: Runtime) -> Blueprint:
             response.timeout = None  # as for /v1/stream
             return response
         with stream:
-            text, _, finish = await _collect(stream)
+            text, _, finish = await _collect(stream, timer)
         return _json(
             completion_object(stream.request_id, model, text, finish),
             headers={"X-Request-ID": stream.request_id},
@@ -210,7 +220,16 @@ def make_blueprint(runtime: Runtime) -> Blueprint:
     return bp
 
 
-async def _collect(stream: TokenStream) -> tuple[str, list[int], FinishEvent]:
+def _submitted(timer: RequestTimer, stream: TokenStream) -> None:
+    """The engine accepted the request: start its timer's queue time; the connection
+    closes the timer (``cancelled`` unless the stream ended) however the request ends."""
+    timer.submitted(stream.prompt_tokens)
+    own_stream(request.scope, timer)
+
+
+async def _collect(
+    stream: TokenStream, timer: RequestTimer
+) -> tuple[str, list[int], FinishEvent]:
     """Read a stream to its end: (text, token ids, finish), or ApiError for a StreamError.
 
     Cancellation: at ``stream.receive()``; the stream is unchanged.
@@ -218,6 +237,7 @@ async def _collect(stream: TokenStream) -> tuple[str, list[int], FinishEvent]:
     text: list[str] = []
     token_ids: list[int] = []
     async for item in stream:
+        timer.observe(item)
         match item:
             case TokenEvent():
                 text.append(item.text)

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import json
 from types import TracebackType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 from quart.wrappers.response import ResponseBody
@@ -53,6 +53,9 @@ from engine import FinishEvent, TokenEvent
 from streams import StreamError, StreamItem, encode_comment, encode_event
 
 from .errors import ErrorType
+
+if TYPE_CHECKING:
+    from .metrics import RequestTimer
 
 KEEPALIVE_COMMENT = encode_comment("keep-alive")
 
@@ -100,10 +103,20 @@ class EventStreamBody(ResponseBody):
         keepalive_s: send a comment after this long without an event.
         pad_bytes: a laboratory device: follow each token event with a comment of this
             many bytes (see the module docstring); 0 for none.
+        timer: told of each item taken and of a farewell (``metrics.py``); the
+            connection closes it.
     """
 
-    def __init__(self, stream: ItemSource, *, keepalive_s: float, pad_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        stream: ItemSource,
+        *,
+        keepalive_s: float,
+        pad_bytes: int = 0,
+        timer: RequestTimer | None = None,
+    ) -> None:
         self.stream = stream
+        self.timer = timer
         self.keepalive_s = keepalive_s
         self._padding = lab_padding(pad_bytes)
         self.is_entered = False  # quart entered the body: the status line has gone out
@@ -149,6 +162,8 @@ class EventStreamBody(ResponseBody):
             except (trio.EndOfChannel, trio.ClosedResourceError):
                 self.is_finished = True
                 raise StopAsyncIteration from None
+            if self.timer is not None:
+                self.timer.observe(item)
             return self._encode(item)
         return KEEPALIVE_COMMENT
 
@@ -164,6 +179,8 @@ class EventStreamBody(ResponseBody):
         if not self.is_entered or self.is_finished:
             return None
         self.is_finished = True
+        if self.timer is not None:
+            self.timer.failed(error_type.value)
         return self._error(error_type.value, message)
 
     def _encode(self, item: StreamItem) -> bytes:

@@ -1,0 +1,249 @@
+"""Prometheus metrics for ``GET /metrics``: one registry per app, text exposition format.
+
+Owns the metric names and what each one measures. The routes, stream bodies, error
+handlers and connection report to it through plain calls (``RequestTimer``,
+``Metrics.refused``, ``Metrics.disconnected``); gauges are read at scrape time from
+``Runtime.statistics()``, the same numbers ``/stats`` shows. Knows no engine internals.
+
+Names follow vLLM's and SGLang's (``vllm:time_to_first_token_seconds`` becomes
+``streamscope_time_to_first_token_seconds``): a ``streamscope_`` prefix, base units,
+``_total`` on counters, and vLLM's bucket bounds. Each app has its own
+``CollectorRegistry``, never the process-wide default, so several apps in one process
+(the tests) do not collide. Times come from ``time.monotonic()``.
+
+What each request metric measures (every time is taken in the Trio thread):
+
+    arrival      the route began (the request's head has arrived; its body not yet read)
+    submitted    the engine accepted the request (body read, validated, tokenized)
+    token i      the stream's reader took token i to write it (a stream body, or the
+                 collecting loop of a whole answer): the client's view, not the engine's
+
+    time_to_first_token_seconds   arrival -> token 0
+    request_queue_time_seconds    submitted -> token 0: waiting for a batch slot and
+                                  blocks, then the prefill step (the stream's WAITING
+                                  state, the one ``STREAMSCOPE_MAX_WAITING`` limits);
+                                  TTFT minus this is the app's own share
+    inter_token_latency_seconds   token i-1 -> token i; a reader that fell behind takes
+                                  queued tokens back to back, so its gaps are short
+    e2e_request_latency_seconds   arrival -> the engine's finish (eos, length, stop)
+                                  was taken; not observed for other endings
+
+Every stream that opened ends once in ``streamscope_requests_finished_total`` with a
+``finish_reason``: ``eos``, ``length``, ``stop`` (the engine finished it), ``slow_client``,
+``engine_error``, ``shutdown`` (its last event was that error), or ``cancelled`` (it
+ended otherwise: its client left, mostly). So the sum over reasons equals ``/stats``
+``opened`` once no stream is open. Generated tokens count tokens taken by readers:
+those the engine made after a client left are not in it.
+
+Cost on the per-token path: one ``time.monotonic()``, one histogram observation (a
+lock and a walk over 19 bounds) and one counter increment, a few microseconds; no
+labels are looked up per token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from quart import Blueprint, Response
+
+from engine import FinishEvent, TokenEvent
+from streams import StreamItem
+
+from .errors import ApiError
+
+CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
+
+# A ``_created`` series per counter and histogram doubles the output and no dashboard of
+# vLLM's or SGLang's uses it. This switch is process-wide (prometheus_client offers no
+# per-registry one); streamscope is the only user of prometheus_client in its process.
+prometheus_client.disable_created_metrics()
+
+# vLLM's bounds (vllm/v1/metrics/loggers.py), so dashboards built for it read ours.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+               5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+                           40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+CANCELLED = "cancelled"  # the finish reason of a stream that ended without a last event
+
+
+class Metrics:
+    """The metrics of one app: its registry, request histograms and counters.
+
+    Args:
+        statistics: ``Runtime.statistics``; read at every scrape for the gauges.
+    """
+
+    def __init__(self, statistics: Callable[[], Mapping[str, Any]]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.time_to_first_token = Histogram(
+            "streamscope_time_to_first_token_seconds",
+            "From the request's arrival to its first token taken for the client.",
+            buckets=TTFT_BUCKETS, registry=r)
+        self.queue_time = Histogram(
+            "streamscope_request_queue_time_seconds",
+            "From the engine accepting the request to its first token: waiting for a "
+            "batch slot and cache blocks, then the prefill step.",
+            buckets=REQUEST_LATENCY_BUCKETS, registry=r)
+        self.inter_token_latency = Histogram(
+            "streamscope_inter_token_latency_seconds",
+            "Between consecutive tokens of one request, as its reader took them.",
+            buckets=ITL_BUCKETS, registry=r)
+        self.e2e_latency = Histogram(
+            "streamscope_e2e_request_latency_seconds",
+            "From the request's arrival to the engine's finish (eos, length, stop) taken.",
+            buckets=REQUEST_LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter(
+            "streamscope_prompt_tokens", "Prompt tokens of the requests the engine accepted.",
+            registry=r)
+        self.generation_tokens = Counter(
+            "streamscope_generation_tokens", "Generated tokens taken for their clients.",
+            registry=r)
+        self.requests_finished = Counter(
+            "streamscope_requests_finished",
+            "Streams ended, by finish reason: eos, length, stop, slow_client, engine_error, "
+            "shutdown, or cancelled (ended otherwise, mostly a client that left).",
+            ["finish_reason"], registry=r)
+        self.refusals = Counter(
+            "streamscope_refusals",
+            "Requests answered with the error envelope instead of a result, by status "
+            "and error type.",
+            ["status", "type"], registry=r)
+        self.disconnects = Counter(
+            "streamscope_client_disconnects",
+            "Clients that left before their response was complete.", registry=r)
+        r.register(RuntimeCollector(statistics))
+
+    def start_request(self) -> RequestTimer:
+        """A timer for one request, started now (call it first thing in the route)."""
+        return RequestTimer(self, time.monotonic())
+
+    def refused(self, error: ApiError) -> None:
+        self.refusals.labels(status=str(error.status), type=error.type.value).inc()
+
+    def disconnected(self) -> None:
+        self.disconnects.inc()
+
+    def exposition(self) -> bytes:
+        """The registry in the Prometheus text format (``CONTENT_TYPE``)."""
+        return prometheus_client.generate_latest(self.registry)
+
+
+class RequestTimer:
+    """One request's times and its one ending; all methods are sync and cheap.
+
+    ``submitted`` once the engine accepted the request; ``observe`` each item taken
+    (``token``, then ``finished`` or ``failed``); ``close`` on every way out, which
+    records ``cancelled`` if nothing ended it. Only the first ending counts.
+    """
+
+    __slots__ = ("_ended", "_last_token", "_metrics", "_submitted", "arrival")
+
+    def __init__(self, metrics: Metrics, arrival: float) -> None:
+        self._metrics = metrics
+        self.arrival = arrival
+        self._submitted: float | None = None
+        self._last_token: float | None = None
+        self._ended = False
+
+    def submitted(self, prompt_tokens: int) -> None:
+        self._submitted = time.monotonic()
+        self._metrics.prompt_tokens.inc(prompt_tokens)
+
+    def observe(self, item: StreamItem) -> None:
+        """One item taken from the stream: a token, or its last item."""
+        if isinstance(item, TokenEvent):
+            self.token()
+        elif isinstance(item, FinishEvent):
+            self.finished(item.reason.value)
+        else:
+            self.failed(item.type)
+
+    def token(self) -> None:
+        now = time.monotonic()
+        m = self._metrics
+        if self._last_token is None:
+            m.time_to_first_token.observe(now - self.arrival)
+            if self._submitted is not None:
+                m.queue_time.observe(now - self._submitted)
+        else:
+            m.inter_token_latency.observe(now - self._last_token)
+        self._last_token = now
+        m.generation_tokens.inc()
+
+    def finished(self, finish_reason: str) -> None:
+        """The engine's finish (eos, length, stop) was taken."""
+        if self._end(finish_reason):
+            self._metrics.e2e_latency.observe(time.monotonic() - self.arrival)
+
+    def failed(self, error_type: str) -> None:
+        """The stream's last item was an error of this type."""
+        self._end(error_type)
+
+    def close(self) -> None:
+        """On every way out; ``cancelled`` unless the stream ended already. Idempotent."""
+        self._end(CANCELLED)
+
+    def _end(self, finish_reason: str) -> bool:
+        if self._ended:
+            return False
+        self._ended = True
+        self._metrics.requests_finished.labels(finish_reason=finish_reason).inc()
+        return True
+
+
+# (metric name, /stats key, help) for the gauges read at scrape time.
+_GAUGES = (
+    ("streamscope_num_requests_running", "running",
+     "Sequences in the engine's batch (admitted, not finished)."),
+    ("streamscope_num_requests_waiting", "waiting",
+     "Requests in the engine waiting for a batch slot or cache blocks."),
+    ("streamscope_num_requests_paused", "paused",
+     "Running sequences left out of decode because their reader is behind."),
+    ("streamscope_num_streams_open", "streams_open", "Streams open in the hub."),
+    ("streamscope_kv_cache_blocks_total", "blocks_total", "KV-cache blocks in the pool."),
+)
+
+
+class RuntimeCollector(Collector):
+    """Gauges (and the hub's slow-client counter) read from ``/stats`` at scrape time."""
+
+    def __init__(self, statistics: Callable[[], Mapping[str, Any]]) -> None:
+        self._statistics = statistics
+
+    def collect(self) -> Iterable[Metric]:
+        stats = self._statistics()
+        for name, key, doc in _GAUGES:
+            if stats.get(key) is not None:
+                yield GaugeMetricFamily(name, doc, value=stats[key])
+        total, free = stats.get("blocks_total"), stats.get("blocks_free")
+        if total is not None and free is not None:
+            yield GaugeMetricFamily("streamscope_kv_cache_blocks_used",
+                                    "KV-cache blocks held by sequences.", value=total - free)
+            yield GaugeMetricFamily("streamscope_kv_cache_usage_ratio",
+                                    "KV-cache blocks used over total (1 is full).",
+                                    value=(total - free) / total if total else 0.0)
+        yield CounterMetricFamily("streamscope_slow_client_drops",
+                                  "Streams the slow-reader policy ended with slow_client.",
+                                  value=stats.get("slow_client_drops") or 0)
+
+
+def make_metrics_blueprint(metrics: Metrics) -> Blueprint:
+    """``GET /metrics``: the app's registry, for Prometheus to scrape."""
+    bp = Blueprint("metrics", __name__)
+
+    @bp.get("/metrics")
+    async def scrape() -> Response:
+        """Cancellation: no checkpoint."""
+        return Response(metrics.exposition(), status=200, content_type=CONTENT_TYPE)
+
+    return bp
