@@ -1,0 +1,146 @@
+"""Hostile requests to every JSON route, over real HTTP: no 5xx, no hang, nothing left behind.
+
+Issue 8, "Hostile traffic". The cases come from ``tools/hostile.py`` (shared with
+``python -m tools.lab fuzz``): arbitrary bytes and JSON, wrong types, huge numbers, deep
+nesting, NUL, invalid UTF-8, bodies over the limit, odd content types, chunked bodies,
+bodies that end early (then FIN), slowloris heads; each on its own raw socket to one
+hypercorn server on the tiny model. Each must be answered (or, if incomplete, answered
+or closed) within a bound, never with a 5xx, and the server must be settled after each:
+no stream registered, the cache whole, every admitted sequence released once.
+
+Hypothesis drives synchronous examples, and the server lives in the test's Trio run: the
+examples run in a worker thread (``trio.to_thread``), each sent back into the Trio loop
+with ``trio.from_thread.run``. One server serves every example.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+
+from tests.http_server import RunningServer
+from tools import hostile
+from tools.hostile import Framing, HostileCase
+
+# A few hundred cases in all, about 10 s on an idle 2-core machine.
+MAX_EXAMPLES = 300
+CASE_TIMEOUT_S = 10.0  # a safety net: a case is answered in milliseconds
+# hypercorn closes a connection whose request never arrives after keep_alive_timeout
+# (5 s by default); its slowloris test waits that long, plus a margin, and no longer.
+KEEP_ALIVE_TIMEOUT_S = 5.0
+SILENT_BOUND_S = KEEP_ALIVE_TIMEOUT_S + 3.0
+# Every framing but SHORT, which crashes the server today (see the xfail test below).
+FRAMINGS = tuple(f for f in Framing if f is not Framing.SHORT)
+EARLY_END_ROUNDS = 10  # 90 requests: the crash came within 5 to 25
+
+
+async def settle(server: RunningServer) -> None:
+    """``assert_settled``, after the engine's statistics have caught up with its last
+    step: a request finished at its prefill reaches its client before the step ends and
+    its statistics are taken, so they can still show the step before."""
+    engine = server.recorder
+    await server.wait_for(lambda: engine.statistics().releases == len(engine.admitted()),
+                          "the engine's statistics to show every admitted sequence released")
+    await server.assert_settled()
+
+
+def check_outcome(case: HostileCase, outcome: hostile.Outcome) -> None:
+    where = f"{outcome!r} for {case!r}"
+    assert not outcome.five_xx, where
+    assert not outcome.hang, where
+    assert not outcome.internal_error, where
+    assert outcome.protocol_error is None, where
+    if case.framing not in hostile.INCOMPLETE:
+        assert outcome.answered, where
+
+
+async def test_hostile_requests_are_answered_without_5xx_and_leave_nothing(
+    server: RunningServer,
+) -> None:
+    # Connection: close is not honoured yet by hypercorn 0.18 (issue 8, defect 1): the
+    # client does not wait for EOF here (eof_wait_s=0), it only reads the framed answer.
+
+    @settings(max_examples=MAX_EXAMPLES, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(case=hostile.cases(max_body_bytes=server.app.runtime.settings.max_body_bytes,
+                              framings=FRAMINGS))
+    def one_case(case: HostileCase) -> None:
+        outcome = trio.from_thread.run(partial(
+            hostile.send_case, server.host, server.port, case, timeout_s=CASE_TIMEOUT_S))
+        check_outcome(case, outcome)
+        trio.from_thread.run(settle, server)
+
+    await trio.to_thread.run_sync(one_case)
+
+
+async def test_silent_slowloris_connections_are_closed_and_do_not_stall_others(
+    server: RunningServer,
+) -> None:
+    # Heads sent byte by byte, then silence: only the server's own timeout can end them.
+    head = HostileCase("valid", "/v1/stream", b'{"prompt": "hi"}', "application/json",
+                       Framing.SLOWLORIS).head(f"{server.host}:{server.port}")
+    abandoned = [HostileCase("valid", path, b'{"prompt": "hi"}', "application/json",
+                             Framing.SLOWLORIS, cut=cut, pace_s=0.01, fin=False)
+                 for path in hostile.ROUTES for cut in (1, len(head) // 2, len(head) - 1)]
+    outcomes: list[hostile.Outcome] = []
+
+    async def send(case: HostileCase) -> None:
+        outcomes.append(await hostile.send_case(
+            server.host, server.port, case, silent_timeout_s=SILENT_BOUND_S))
+
+    async with trio.open_nursery() as nursery:
+        for case in abandoned:
+            nursery.start_soon(send, case)
+        await trio.sleep(0.5)  # the slowloris heads are on their way
+        async with server.client() as client:
+            response = await client.post("/v1/generate", json={"prompt": "hi",
+                                                               "max_new_tokens": 2})
+        assert response.status_code == 200
+        assert len(outcomes) == 0  # the answer came while every slowloris was still open
+
+    assert len(outcomes) == len(abandoned)
+    for case, outcome in zip(abandoned, outcomes, strict=False):
+        assert outcome.closed and not outcome.hang and outcome.status in (None, 408), \
+            (case, outcome)
+    await settle(server)
+
+
+# Found by this fuzz (issue 8): hypercorn 0.18's trio TCPServer answers h11's "peer
+# closed connection without sending complete message body" with a 400 from its reader
+# task while the app's task may be sending on the same socket; trio raises
+# BusyResourceError, which TCPServer.run does not catch, and it ends the whole server
+# (hypercorn.trio.serve returns with it; every later connection is refused). Within 5-25
+# such requests here. Until the server is fixed, SHORT cases stay out of the hypothesis
+# test (``FRAMINGS``) and this test is expected to fail; drop both once it passes.
+@pytest.mark.xfail(reason="a body that ends early can crash hypercorn's trio worker "
+                   "(BusyResourceError); fuzz finding, issue 8", strict=False)
+async def test_bodies_that_end_early_then_fin_are_answered_or_closed(
+    server: RunningServer,
+) -> None:
+    body = b'{"prompt": "The capital of France is", "max_new_tokens": 2}'
+    for _ in range(EARLY_END_ROUNDS):
+        for path in hostile.ROUTES:
+            for missing in (1, len(body), 100_000):
+                case = HostileCase("valid", path, body, "application/json", Framing.SHORT,
+                                   missing=missing)
+                outcome = await hostile.send_case(server.host, server.port, case)
+                check_outcome(case, outcome)
+                assert outcome.status in (None, 400, 413), (case, outcome)
+    await settle(server)
+
+
+def test_every_case_is_sent_as_its_framing_says() -> None:
+    case = HostileCase("valid", "/v1/stream", b"abcdef", None, Framing.CHUNKED,
+                       chunks=(2, 1), connection_close=True)
+    assert case.wire("h") == (b"POST /v1/stream HTTP/1.1\r\nHost: h\r\n"
+                              b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                              b"2\r\nab\r\n1\r\nc\r\n3\r\ndef\r\n0\r\n\r\n")
+    short = HostileCase("x", "/v1/generate", b"{}", "text/plain", Framing.SHORT, missing=5)
+    assert short.wire("h").endswith(b"Content-Length: 7\r\n\r\n{}")
+    cut = HostileCase("x", "/v1/generate", b"{}", None, Framing.SLOWLORIS, cut=4)
+    assert cut.wire("h") == b"POST"
+    assert len(hostile.sample_cases(50, 1)) == 50
+    assert hostile.sample_cases(20, 7) == hostile.sample_cases(20, 7)  # repeatable

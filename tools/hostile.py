@@ -1,0 +1,391 @@
+"""Hostile HTTP requests as data, and one raw-socket client that sends one and judges it.
+
+Shared by ``tests/test_fuzz_http.py`` (hypothesis draws the cases, a few hundred) and
+``python -m tools.lab fuzz`` (``sample_cases`` draws thousands from the same strategy).
+
+A ``HostileCase`` is one request to a JSON route (``ROUTES``): a body of some ``kind``
+(arbitrary bytes, arbitrary JSON, wrong types, huge numbers, deep nesting, NUL, invalid
+UTF-8, over the size limit, or a small valid request so that real streams run among the
+hostile ones), a content type (or none, or an odd one), and a ``Framing``:
+
+* ``LENGTH``: ``Content-Length`` and the whole body;
+* ``CHUNKED``: ``Transfer-Encoding: chunked`` in random chunk sizes (sometimes with a
+  malformed size line);
+* ``CONFLICT``: both ``Content-Length`` and ``Transfer-Encoding`` (the smuggling shape);
+* ``SHORT``: ``Content-Length`` larger than what is sent, then FIN;
+* ``SLOWLORIS``: the head sent byte by byte, slowly, then abandoned: FIN, or silence.
+
+``send_case`` sends one over its own connection and returns an ``Outcome``. The verdict
+(the properties the fuzz asserts):
+
+* a whole request (``LENGTH``, ``CHUNKED``, ``CONFLICT``) must be answered: a response
+  head and its body to the framed end, within ``timeout_s``;
+* an incomplete one (``SHORT``, ``SLOWLORIS``) must be answered or the connection closed
+  by the server, within ``timeout_s`` (``silent_timeout_s`` for a slowloris that goes
+  silent without a FIN: only the server's own timeout can end it);
+* never a 5xx, and never an ``internal_error`` in a 200 stream's body.
+
+A request that carried ``Connection: close`` should see EOF after its response (RFC 9112
+section 9.6); hypercorn 0.18's trio worker does not close (pgjones/hypercorn#330), so the
+client waits at most ``eof_wait_s`` for it and records ``close_ignored``, a finding, not
+a hang. The responses are parsed by h11, told of a dummy request of the same framing (the
+real bytes are ours, often not HTTP h11 would send).
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import json
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import h11
+import trio
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import strategies as st
+
+ROUTES = ("/v1/stream", "/v1/generate", "/v1/completions")
+# Every field either route knows, so that wrong types reach the validators.
+FIELDS = ("prompt", "max_new_tokens", "stop", "temperature", "top_p", "top_k", "seed",
+          "ignore_eos", "policy", "model", "max_tokens", "stream", "n", "logprobs", "echo",
+          "best_of", "suffix")
+NUMERIC_FIELDS = ("max_new_tokens", "max_tokens", "temperature", "top_p", "top_k", "seed", "n")
+# JSON number texts a parser may choke on: overflow, underflow, non-JSON literals.
+HUGE_NUMBERS = ("1e999", "-1e999", "1E400", "1e-999", "NaN", "Infinity", "-Infinity", "-0",
+                "1" + "0" * 400, "-" + "9" * 4000, str(2**63), str(2**64), str(-(2**63) - 1),
+                "0." + "0" * 300 + "1", "1.5", "4.0", "1e2", "01", "+1", ".5", "0x10")
+BAD_UTF8 = (b"\xff", b"\xfe\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80",
+            b"\xe2\x82", b"\x80", b"\xf8\x88\x80\x80\x80")
+CONTENT_TYPES = (None, "application/json", "application/json", "text/plain", "",
+                 "application/x-www-form-urlencoded", "multipart/form-data; boundary=zz",
+                 "application/json; charset=utf-16", "application/json; charset=latin-1",
+                 "*/*", "application/ld+json", "text/event-stream", "application/json\x00",
+                 "application/json; charset=\x7f\x80")
+RECV_BYTES = 65536
+MAX_BODY_KEPT = 2048  # of a response body, for the report
+
+
+class Framing(enum.Enum):
+    LENGTH = "length"  # Content-Length, the whole body
+    CHUNKED = "chunked"  # Transfer-Encoding: chunked
+    CONFLICT = "conflict"  # both Content-Length and Transfer-Encoding
+    SHORT = "short"  # Content-Length larger than the body sent, then FIN
+    SLOWLORIS = "slowloris"  # the head byte by byte, then abandoned
+
+
+INCOMPLETE = (Framing.SHORT, Framing.SLOWLORIS)
+
+
+@dataclass(frozen=True)
+class HostileCase:
+    kind: str  # what the body is: "bytes", "json", "wrong_types", "numbers", ...
+    path: str
+    body: bytes
+    content_type: str | None
+    framing: Framing
+    connection_close: bool = False
+    chunks: tuple[int, ...] = ()  # CHUNKED: chunk sizes (the rest goes in one more)
+    bad_chunk: bool = False  # CHUNKED: a size line that is not hex
+    missing: int = 0  # SHORT: bytes declared and never sent
+    cut: int = 0  # SLOWLORIS: head bytes sent before abandoning
+    pace_s: float = 0.0  # SLOWLORIS: pause between bytes
+    fin: bool = True  # SLOWLORIS: abandoned with a FIN (else silence)
+
+    def head(self, host: str) -> bytes:
+        lines = [f"POST {self.path} HTTP/1.1".encode(), f"Host: {host}".encode()]
+        if self.content_type is not None:
+            lines.append(b"Content-Type: " + self.content_type.encode("latin-1"))
+        if self.framing in (Framing.LENGTH, Framing.SLOWLORIS, Framing.CONFLICT):
+            lines.append(f"Content-Length: {len(self.body)}".encode())
+        if self.framing is Framing.SHORT:
+            lines.append(f"Content-Length: {len(self.body) + self.missing}".encode())
+        if self.framing in (Framing.CHUNKED, Framing.CONFLICT):
+            lines.append(b"Transfer-Encoding: chunked")
+        if self.connection_close:
+            lines.append(b"Connection: close")
+        return b"\r\n".join(lines) + b"\r\n\r\n"
+
+    def wire(self, host: str) -> bytes:
+        """Every byte this case sends, in order."""
+        head = self.head(host)
+        if self.framing is Framing.SLOWLORIS:
+            return head[: self.cut]
+        if self.framing in (Framing.CHUNKED, Framing.CONFLICT):
+            return head + self._chunked()
+        return head + self.body
+
+    def _chunked(self) -> bytes:
+        out, rest = [], self.body
+        for size in self.chunks:
+            if not rest:
+                break
+            piece, rest = rest[:size], rest[size:]
+            out.append(b"%x\r\n%s\r\n" % (len(piece), piece))
+        if rest:
+            out.append(b"%x\r\n%s\r\n" % (len(rest), rest))
+        if self.bad_chunk:
+            out.insert(len(out) // 2, b"zz\r\nzz\r\n")
+        return b"".join(out) + b"0\r\n\r\n"
+
+    def to_json(self, host: str = "127.0.0.1") -> dict[str, Any]:
+        """A reproducer: what it is, and its exact bytes (base64)."""
+        data = asdict(self)
+        data["framing"] = self.framing.value
+        data["body"] = self.body[:200].decode("latin-1")
+        data["wire_b64"] = base64.b64encode(self.wire(host)).decode()
+        return data
+
+
+@dataclass
+class Outcome:
+    status: int | None = None
+    answered: bool = False  # a response head and its body to the framed end
+    closed: bool = False  # the server closed (EOF or reset)
+    close_ignored: bool = False  # Connection: close, answered, and no EOF within eof_wait_s
+    hang: bool = False  # see the module docstring
+    internal_error: bool = False  # a 200 body carried an internal_error
+    protocol_error: str | None = None  # the response was not valid HTTP
+    elapsed_s: float = 0.0
+    body: bytes = field(default=b"", repr=False)
+
+    @property
+    def five_xx(self) -> bool:
+        return self.status is not None and self.status >= 500
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["body"] = self.body[:300].decode("utf-8", "replace")
+        return data
+
+
+# -- generators --------------------------------------------------------------------------------
+
+_scalars = (st.none() | st.booleans() | st.integers()
+            | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=24))
+json_values = st.recursive(
+    _scalars, lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=10)
+
+
+def _dump(value: Any, ascii_only: bool = True) -> bytes:
+    return json.dumps(value, ensure_ascii=ascii_only).encode()
+
+
+@st.composite
+def bodies(draw: st.DrawFn, path: str, max_body_bytes: int) -> tuple[str, bytes]:
+    """(kind, body) for ``path``; see the module docstring for the kinds."""
+    kind = draw(st.sampled_from(("bytes", "json", "wrong_types", "wrong_types", "numbers",
+                                 "nesting", "nul", "utf8", "oversize", "valid", "valid")))
+    prompt = draw(st.text(min_size=1, max_size=24))
+    if kind == "bytes":
+        return kind, draw(st.binary(max_size=300))
+    if kind == "json":
+        return kind, _dump(draw(json_values), draw(st.booleans()))
+    if kind == "wrong_types":
+        wrong = draw(st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=5))
+        return kind, _dump({"prompt": prompt, **wrong}, draw(st.booleans()))
+    if kind == "numbers":
+        name = draw(st.sampled_from(NUMERIC_FIELDS))
+        number = draw(st.sampled_from(HUGE_NUMBERS)
+                      | st.integers(-(2**256), 2**256).map(str))
+        return kind, b'{"prompt": %s, "%s": %s}' % (_dump(prompt), name.encode(), number.encode())
+    if kind == "nesting":
+        depth = draw(st.integers(1, 3 * max_body_bytes))
+        shape = draw(st.sampled_from(("array", "object", "field")))
+        if shape == "array":
+            return kind, b"[" * depth + b"]" * depth
+        if shape == "object":
+            return kind, b'{"a":' * depth + b"1" + b"}" * depth
+        return kind, b'{"prompt": ' + b"[" * depth + b"]" * depth + b"}"
+    if kind == "nul":
+        text = draw(st.text(max_size=8)) + "\x00" + draw(st.text(max_size=8))
+        raw = draw(st.booleans())  # a raw NUL inside a JSON string is invalid JSON
+        encoded = b'"%s"' % text.encode("utf-8", "surrogatepass") if raw else _dump(text)
+        key = draw(st.sampled_from((b"prompt", b"stop", b"pro\\u0000mpt")))
+        return kind, b'{"%s": %s}' % (key, encoded)
+    if kind == "utf8":
+        bad = draw(st.sampled_from(BAD_UTF8) | st.just(b"\\ud800") | st.just(b"\\udfff\\ud800"))
+        return kind, b'{"prompt": "ab%scd"}' % bad
+    if kind == "oversize":
+        size = draw(st.integers(max_body_bytes, 4 * max_body_bytes))
+        return kind, b'{"prompt": "' + b"a" * size + b'"}'
+    return kind, _dump(_valid(path, prompt, draw(st.integers(1, 4)), draw(st.booleans())))
+
+
+def _valid(path: str, prompt: str, tokens: int, stream: bool) -> dict[str, Any]:
+    if path == "/v1/completions":
+        return {"prompt": prompt, "max_tokens": tokens, "stream": stream}
+    return {"prompt": prompt, "max_new_tokens": tokens}
+
+
+@st.composite
+def cases(
+    draw: st.DrawFn, *, max_body_bytes: int = 4096, max_pace_s: float = 0.002,
+    max_cut: int = 40, silent: bool = False, framings: tuple[Framing, ...] = tuple(Framing),
+) -> HostileCase:
+    """One hostile request. ``silent``: a slowloris may go silent instead of sending FIN
+    (the server's own timeout must end it: seconds). ``framings``: those to draw from."""
+    path = draw(st.sampled_from(ROUTES))
+    kind, body = draw(bodies(path, max_body_bytes))
+    weights = {Framing.LENGTH: 5, Framing.CHUNKED: 2}
+    framing = draw(st.sampled_from([f for f in framings for _ in range(weights.get(f, 1))]))
+    case = HostileCase(kind, path, body, draw(st.sampled_from(CONTENT_TYPES)), framing,
+                       connection_close=draw(st.integers(0, 3)) == 0)
+    if framing is Framing.CHUNKED:
+        return _replace(case, chunks=tuple(draw(st.lists(st.integers(1, 64), max_size=8))),
+                        bad_chunk=draw(st.integers(0, 5)) == 0)
+    if framing is Framing.SHORT:
+        return _replace(case, missing=draw(st.integers(1, 10_000)))
+    if framing is Framing.SLOWLORIS:
+        head_size = len(case.head("127.0.0.1"))
+        return _replace(case, cut=draw(st.integers(1, min(max_cut, head_size - 1))),
+                        pace_s=draw(st.floats(0, max_pace_s)),
+                        fin=not silent or draw(st.booleans()))
+    return case
+
+
+def _replace(case: HostileCase, **changes: Any) -> HostileCase:
+    return HostileCase(**{**asdict(case), "framing": case.framing, **changes})
+
+
+def sample_cases(count: int, seed_value: int, **options: Any) -> list[HostileCase]:
+    """``count`` cases drawn by hypothesis from ``cases(**options)``, repeatably."""
+    drawn: list[HostileCase] = []
+
+    @seed(seed_value)
+    @settings(max_examples=count, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(cases(**options))
+    def collect(case: HostileCase) -> None:
+        drawn.append(case)
+
+    collect()
+    return drawn[:count]
+
+
+# -- the client --------------------------------------------------------------------------------
+
+
+async def send_case(
+    host: str, port: int, case: HostileCase, *, timeout_s: float = 10.0,
+    silent_timeout_s: float = 15.0, eof_wait_s: float = 0.0,
+) -> Outcome:
+    """Send ``case`` on a new connection and judge what comes back (module docstring).
+
+    Cancellation: the socket is reset; the outcome is lost.
+    """
+    outcome = Outcome()
+    sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM)
+    started = time.perf_counter()
+    try:
+        await sock.connect((host, port))
+        reader = _Reader(sock, case, outcome)
+        bound = silent_timeout_s if case.framing is Framing.SLOWLORIS and not case.fin \
+            else timeout_s
+        with trio.move_on_after(bound):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_send, sock, case, f"{host}:{port}")
+                await reader.read()
+                nursery.cancel_scope.cancel(reason="answered, or the server closed")
+        outcome.hang = not (outcome.answered or outcome.closed)
+        if outcome.answered and case.connection_close and not outcome.closed and eof_wait_s:
+            with trio.move_on_after(eof_wait_s):
+                await reader.wait_eof()
+            outcome.close_ignored = not outcome.closed
+    finally:
+        outcome.elapsed_s = round(time.perf_counter() - started, 4)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+    return outcome
+
+
+async def _send(sock: trio.socket.SocketType, case: HostileCase, host: str) -> None:
+    """Send the case's bytes (slowly for a slowloris), then FIN for an incomplete one."""
+    data = case.wire(host)
+    try:
+        if case.framing is Framing.SLOWLORIS:
+            for i in range(len(data)):
+                await sock.send(data[i : i + 1])
+                await trio.sleep(case.pace_s)
+        else:
+            while data:
+                data = data[await sock.send(data):]
+        if case.framing in INCOMPLETE and case.fin:
+            sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # the server answered early and closed: the reader sees it
+
+
+class _Reader:
+    """Reads one response with h11, told of a dummy request framed like the case's."""
+
+    def __init__(self, sock: trio.socket.SocketType, case: HostileCase, outcome: Outcome) -> None:
+        self.sock, self.case, self.outcome = sock, case, outcome
+        self.conn = h11.Connection(h11.CLIENT)
+        headers = [("Host", "x"), ("Content-Length", "0")]
+        if case.connection_close:
+            headers.append(("Connection", "close"))
+        self.conn.send(h11.Request(method="POST", target="/", headers=headers))
+        self.conn.send(h11.EndOfMessage())
+
+    async def _recv(self) -> bytes:
+        try:
+            data = await self.sock.recv(RECV_BYTES)
+        except OSError:
+            data = b""
+        if not data:
+            self.outcome.closed = True
+        return data
+
+    async def read(self) -> None:
+        """Until the response's framed end, or the server closes."""
+        while True:
+            try:
+                event = self.conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                if not (self.outcome.closed and self.outcome.status is None):
+                    self.outcome.protocol_error = str(exc)  # not a plain close
+                return
+            if event is h11.NEED_DATA:
+                self.conn.receive_data(await self._recv())
+            elif isinstance(event, h11.Response):
+                self.outcome.status = event.status_code
+            elif isinstance(event, h11.Data):
+                if len(self.outcome.body) < MAX_BODY_KEPT:
+                    self.outcome.body += bytes(event.data)
+                if self.outcome.status == 200 and b'"internal_error"' in bytes(event.data):
+                    self.outcome.internal_error = True
+            elif isinstance(event, h11.EndOfMessage):
+                self.outcome.answered = True
+                return
+            elif isinstance(event, h11.ConnectionClosed):
+                return
+
+    async def wait_eof(self) -> None:
+        while not self.outcome.closed:
+            await self._recv()
+
+
+def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
+    """Counts over outcomes: statuses, and each finding."""
+    status_counts: dict[str, int] = {}
+    for o in outcomes:
+        key = str(o.status) if o.status is not None else ("closed" if o.closed else "none")
+        status_counts[key] = status_counts.get(key, 0) + 1
+
+    def count(finding: Callable[[Outcome], bool]) -> int:
+        return sum(map(finding, outcomes))
+
+    return {
+        "status_counts": dict(sorted(status_counts.items())),
+        "five_xx": count(lambda o: o.five_xx),
+        "hangs": count(lambda o: o.hang),
+        "internal_errors": count(lambda o: o.internal_error),
+        "protocol_errors": count(lambda o: o.protocol_error is not None),
+        "close_ignored": count(lambda o: o.close_ignored),
+    }
