@@ -35,13 +35,16 @@ real bytes are ours, often not HTTP h11 would send).
 from __future__ import annotations
 
 import base64
+import contextlib
 import enum
 import json
+import os
 import socket
 import struct
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import h11
@@ -49,11 +52,11 @@ import trio
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-ROUTES = ("/v1/stream", "/v1/generate", "/v1/completions")
+ROUTES = ("/v1/stream", "/v1/generate", "/v1/completions", "/v1/chat/completions")
 # Every field either route knows, so that wrong types reach the validators.
 FIELDS = ("prompt", "max_new_tokens", "stop", "temperature", "top_p", "top_k", "seed",
           "ignore_eos", "policy", "model", "max_tokens", "stream", "n", "logprobs", "echo",
-          "best_of", "suffix")
+          "best_of", "suffix", "messages", "role", "content", "max_completion_tokens")
 NUMERIC_FIELDS = ("max_new_tokens", "max_tokens", "temperature", "top_p", "top_k", "seed", "n")
 # JSON number texts a parser may choke on: overflow, underflow, non-JSON literals.
 HUGE_NUMBERS = ("1e999", "-1e999", "1E400", "1e-999", "NaN", "Infinity", "-Infinity", "-0",
@@ -218,6 +221,9 @@ def bodies(draw: st.DrawFn, path: str, max_body_bytes: int) -> tuple[str, bytes]
 
 
 def _valid(path: str, prompt: str, tokens: int, stream: bool) -> dict[str, Any]:
+    if path == "/v1/chat/completions":
+        return {"messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
+                "stream": stream}
     if path == "/v1/completions":
         return {"prompt": prompt, "max_tokens": tokens, "stream": stream}
     return {"prompt": prompt, "max_new_tokens": tokens}
@@ -389,3 +395,56 @@ def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
         "protocol_errors": count(lambda o: o.protocol_error is not None),
         "close_ignored": count(lambda o: o.close_ignored),
     }
+
+
+# -- the server's open files -------------------------------------------------------------------
+
+
+def server_pids(port: int) -> list[int]:
+    """The processes holding the socket that listens on loopback ``port`` (hypercorn's
+    main process and its worker), found through ``/proc/net/tcp``; Linux only."""
+    wanted = f"0100007F:{port:04X}"
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        cols = line.split()
+        if cols[1] == wanted and cols[3] == "0A":  # 0A: LISTEN
+            inodes.add(f"socket:[{cols[9]}]")
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+                pids.append(int(proc.name))
+        except OSError:
+            continue  # gone, or not ours to read
+    return sorted(pids)
+
+
+def open_fds(pids: list[int]) -> dict[int, int]:
+    """``{pid: number of open file descriptors}``, for the pids still there."""
+    counts = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            counts[pid] = len(os.listdir(f"/proc/{pid}/fd"))
+    return counts
+
+
+FDS_QUIET_S = 0.5  # the lab's own polling connection closes within this
+
+
+async def settled_fds(
+    pids: list[int], baseline: dict[int, int] | None = None, timeout_s: float = 10.0
+) -> dict[int, int]:
+    """``open_fds(pids)`` once the server has closed what its clients closed: after
+    ``FDS_QUIET_S``, and then, given a ``baseline``, as soon as the total is no more than
+    the baseline's (or after ``timeout_s``: what is left open then is a leak).
+
+    Cancellation: nothing to undo.
+    """
+    await trio.sleep(FDS_QUIET_S)
+    with trio.move_on_after(timeout_s):
+        # A process's open files come with no event to wait on.
+        while baseline is not None and sum(open_fds(pids).values()) > sum(baseline.values()):  # noqa: ASYNC110
+            await trio.sleep(0.1)
+    return open_fds(pids)

@@ -1,54 +1,89 @@
-"""``leak``: 300 streams whose clients leave in every way; afterwards nothing may be left.
+"""``leak``: streams whose clients leave in every way; afterwards nothing may be left.
 
-The chapter's leak test ("When the client goes away"). Cleanup is checked by the state of
-the server afterwards, not by its still being up: the cache whole, no stream registered,
-every admitted sequence released exactly once, no error in the hub. And what leaving
-cost: how many tokens the engine made for the streams whose clients left early, per
-token those clients read.
+The chapter's leak test ("When the client goes away"), made hostile (issue 8). Cleanup is
+checked by the state of the server afterwards, not by its still being up: the cache
+whole, no stream registered, every admitted sequence released exactly once, no error in
+the hub, and no file descriptor left open by the server process. And what leaving cost:
+how many tokens the engine made for the streams whose clients left early, per token
+those clients read.
 
-Procedure. The server has a batch limit of 8 (``STREAMSCOPE_MAX_BATCH=8``), so most
-streams wait for a slot. 300 streams (the prompts in turn; greedy, ``ignore_eos``,
-``max_new_tokens`` drawn from 48 to 64) are sent from 48 concurrent clients, each on its
-own raw socket, client ``k`` taking streams ``k, k + 48, ...`` one after another. Each
-stream's behaviour is drawn with ``lab.rng``:
+Procedure. The server has a batch limit of 8 (``STREAMSCOPE_MAX_BATCH=8``) and a waiting
+limit of 64 (``STREAMSCOPE_MAX_WAITING=64``), so most streams wait for a slot. ``--streams``
+streams (default 300; the prompts in turn; greedy, ``ignore_eos``, ``max_new_tokens``
+drawn from 48 to 64) are sent from 48 concurrent clients, each on its own raw socket,
+client ``k`` taking streams ``k, k + 48, ...`` one after another. Each stream's behaviour
+is drawn with ``lab.rng``:
 
-* 35% read to the end;
-* 50% leave after 0 to 40 token events (0: right after the start event, usually still
-  waiting for a slot), by FIN or RST (half each);
-* 15% are slow readers (read a chunk, sleep 0.25 s) that leave after 3 or 10 tokens, by
-  FIN or RST.
+* 25% (``full``) read to the end;
+* 35% (``leave``) leave after 0 to 40 token events (0: right after the start event,
+  usually still waiting for a slot), by FIN or RST (half each);
+* 10% (``slow``) are slow readers (read a chunk, sleep 0.25 s) that leave after 3 or 10
+  tokens, by FIN or RST;
+* 10% (``early``) leave before the first byte of the response, by FIN or RST: halfway
+  through sending the request, right after it, or 0-50 ms after it;
+* 8% (``never_read``) send the request, never read, and leave after 0.1-2 s;
+* 12% (``close``) send ``Connection: close`` and read to the end, then wait up to
+  ``EOF_WAIT_S`` for the server's EOF (RFC 9112 section 9.6); none is
+  ``connection_close_without_eof``.
 
-While they run, ``/stats`` is sampled every 0.25 s. Afterwards the lab waits for the
-server to be idle and reads ``/stats`` (the last sample) and every request's
-``GET /v1/requests/<id>``.
+And ``bursts`` (one per 1,000 streams, at least one) spread over the run: ``max_waiting
++ 32`` streams opened at once, each reading to the end: some must be refused with 429,
+every one let in must get ``done``.
+
+While they run, ``/stats`` is sampled every 0.25 s. Before and afterwards (the server
+idle, its clients' connections closed) the lab counts the open file descriptors of the
+server's processes (``/proc/<pid>/fd``; the processes holding its listening socket).
+Afterwards it reads ``/stats`` (the last sample) and the ``GET /v1/requests/<id>`` of
+every stream whose id its client read.
 
 Summary: ``blocks_leaked`` (blocks_total - blocks_free), ``double_releases``
 (releases beyond admitted, plus hub step errors: the engine's release raises on a second
 release, which would fail a step), ``sequences_unreleased`` (admitted beyond releases),
 ``streams_registered_after`` (streams_open), ``engine_requests_after`` (submitted, not
-finished), ``tokens_generated_per_token_read`` (for the streams that left early: the sum
-of their ``completion_tokens`` over the sum of the tokens their clients read; the
-chapter's target is at most 1.3-1.4), ``streams``, ``left_early``,
-``finish_records`` (requests the server could account for), ``finish_reasons``,
-``never_admitted`` (early leavers with no token made), ``makespan_s``. Plot: the
-server's blocks and streams over the run, and tokens made against tokens read.
+finished), ``fds_leaked`` (the server's open files after minus before),
+``full_readers_without_done`` (full, close and burst readers let in (200) whose stream
+did not end with ``done``), ``connection_close_without_eof``, ``refused`` (429: streams
+that met a burst),
+``tokens_generated_per_token_read`` (for the streams that left early with a finish
+record: the sum of their ``completion_tokens`` over the sum of the tokens their clients
+read; the chapter's target is at most 1.3-1.4), ``streams``, ``streams_with_id`` (whose
+start event the client read), ``left_early``, ``finish_records`` (requests the server
+could account for), ``finish_reasons``, ``kinds``, ``never_admitted`` (early leavers with
+no token made), ``burst_streams``, ``burst_refused``, ``makespan_s``. Plot: the server's
+blocks and streams over the run, and tokens made against tokens read.
+
+For ten thousand streams use the tiny model: ``python -m tools.lab leak --streams 10000
+--model tiny-gpt2 --threads 1``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import h11
 import trio
 
-from tools.lab._raw import RawStream
+from tools import hostile
+from tools.lab._raw import RECV_BYTES, RawStream, RawStreamError, host_port
 from tools.lab.common import Lab, Report, experiment
 
 MAX_BATCH = 8
+MAX_WAITING = 64
 SAMPLE_S = 0.25
 SAMPLED = ("blocks_free", "blocks_total", "running", "waiting", "streams_open", "releases")
+EOF_WAIT_S = 2.0  # after a Connection: close stream's end, for the server's EOF
+BURST_EXTRA = 32  # streams beyond the waiting limit in a burst
+STREAMS_PER_BURST = 1000
+FDS_SETTLE_S = 15.0  # for the server to close what its clients closed
+# Each kind's share of the streams, in the order drawn (see the module docstring).
+KINDS = (("full", 0.25), ("leave", 0.35), ("slow", 0.10), ("early", 0.10),
+         ("never_read", 0.08), ("close", 0.12))
+READ_TO_END = ("full", "close")
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,51 +98,128 @@ class Plan:
     index: int
     prompt: str
     max_new_tokens: int
-    kind: str  # "full", "leave" or "slow"
-    leave_after: int | None  # tokens read before leaving (None: read to the end)
+    kind: str  # one of KINDS
+    leave_after: int | None  # leave, slow: tokens read before leaving (None: read to the end)
     way: str | None  # "fin" or "rst"
+    moment: str | None = None  # early: "mid_request", "after_request" or "after_delay"
+    hold_s: float = 0.0  # early after_delay, never_read: how long before leaving
 
 
-@experiment(
-    "leak",
-    "300 streams leaving by FIN, RST or slowly: blocks, streams and releases afterwards",
-    server={"max_batch": MAX_BATCH},
-    arguments=arguments,
-)
-async def leak(lab: Lab) -> Report:
-    count = lab.option("streams", 300, 40)
-    clients = lab.option("clients", 48, 12)
+class LeakStream(RawStream):
+    """A ``RawStream`` that can send part of its request, or ``Connection: close``."""
+
+    eof_after_end: bool | None = None  # close: the server's EOF came after the body's end
+
+    async def send(self, path: str, body: dict[str, Any], *, close: bool = False,
+                   fraction: float = 1.0) -> None:
+        """Send the request, or its first ``fraction`` of bytes. Cancellation: the socket
+        stays open; ``close_rst`` it."""
+        if not self._connected:
+            await self.connect()
+        payload = json.dumps(body).encode()
+        headers = [("Host", f"{self.host}:{self.port}"), ("Content-Type", "application/json"),
+                   ("Content-Length", str(len(payload)))]
+        if close:
+            headers.append(("Connection", "close"))
+        data = self.conn.send(h11.Request(method="POST", target=path, headers=headers))
+        data += self.conn.send(h11.Data(data=payload)) + self.conn.send(h11.EndOfMessage())
+        data = data[: max(1, int(len(data) * fraction))]
+        self.sent_at, self.sent_wall = time.perf_counter(), time.time()
+        while data:
+            data = data[await self.sock.send(data):]
+
+    async def wait_eof(self, timeout_s: float) -> None:
+        """After the body's end: did the server close within ``timeout_s``?"""
+        self.eof_after_end = False
+        with trio.move_on_after(timeout_s):
+            try:
+                while await self.sock.recv(RECV_BYTES):
+                    pass
+            except OSError:
+                pass  # a reset is a close too
+            self.eof_after_end = True
+
+
+def _plans(lab: Lab, count: int) -> list[Plan]:
     token_range = lab.pick((48, 64), (16, 24))
     leave_range = lab.pick((0, 40), (0, 12))
     slow_after = lab.pick((3, 10), (3, 6))
-    pause_s = lab.pick(0.25, 0.05)
+    hold_range = lab.pick((0.1, 2.0), (0.05, 0.3))
     prompts = lab.prompts()
     plans = []
     for i in range(count):
         draw = lab.rng.random()
         tokens = lab.rng.randint(*token_range)
         way = lab.rng.choice(("fin", "rst"))
-        if draw < 0.35:
-            plans.append(Plan(i, prompts[i % len(prompts)], tokens, "full", None, None))
-        elif draw < 0.85:
-            leave = lab.rng.randint(*leave_range)
-            plans.append(Plan(i, prompts[i % len(prompts)], tokens, "leave", leave, way))
+        prompt = prompts[i % len(prompts)]
+        kind = next((k for k, edge in _edges() if draw < edge), KINDS[-1][0])
+        if kind in READ_TO_END:
+            plans.append(Plan(i, prompt, tokens, kind, None, None))
+        elif kind == "leave":
+            plans.append(Plan(i, prompt, tokens, kind, lab.rng.randint(*leave_range), way))
+        elif kind == "slow":
+            plans.append(Plan(i, prompt, tokens, kind, lab.rng.choice(slow_after), way))
+        elif kind == "early":
+            moment = lab.rng.choice(("mid_request", "after_request", "after_delay"))
+            plans.append(Plan(i, prompt, tokens, kind, None, way, moment,
+                              lab.rng.uniform(0, 0.05)))
         else:
-            leave = lab.rng.choice(slow_after)
-            plans.append(Plan(i, prompts[i % len(prompts)], tokens, "slow", leave, way))
+            plans.append(Plan(i, prompt, tokens, kind, None, way,
+                              hold_s=lab.rng.uniform(*hold_range)))
+    return plans
+
+
+def _edges() -> list[tuple[str, float]]:
+    edges, total = [], 0.0
+    for kind, share in KINDS:
+        total += share
+        edges.append((kind, total))
+    return edges
+
+
+@experiment(
+    "leak",
+    "streams leaving by FIN, RST, slowly, before the first byte, never reading, with "
+    "Connection: close, in bursts: blocks, streams, releases and open files afterwards",
+    server={"max_batch": MAX_BATCH, "max_waiting": MAX_WAITING},
+    arguments=arguments,
+)
+async def leak(lab: Lab) -> Report:
+    count = lab.option("streams", 300, 40)
+    clients = lab.option("clients", 48, 12)
+    pause_s = lab.pick(0.25, 0.05)
+    plans = _plans(lab, count)
+    max_waiting = int(str(lab.server_settings.get("max_waiting") or 256))
+    bursts = max(1, count // STREAMS_PER_BURST)
 
     before = await lab.wait_idle()
+    pids = hostile.server_pids(host_port(lab.url)[1])
+    fds_before = await hostile.settled_fds(pids)
     samples: list[dict[str, Any]] = []
-    streams: list[RawStream | None] = [None] * count
+    streams: list[LeakStream | None] = [None] * count
+    burst_streams: list[LeakStream] = []
+    done_count = [0]
     started = time.perf_counter()
 
     async def client_task(k: int) -> None:
         for plan in plans[k::clients]:
             streams[plan.index] = await _one_stream(lab.url, plan, pause_s)
+            done_count[0] += 1
+
+    async def burst_task() -> None:
+        for b in range(1, bursts + 1):
+            # Progress has no event to wait on; the bursts go out at even fractions of it.
+            while done_count[0] < count * b / (bursts + 1):  # noqa: ASYNC110
+                await trio.sleep(0.05)
+            size = max_waiting + BURST_EXTRA
+            async with trio.open_nursery() as burst:
+                for i in range(size):
+                    burst.start_soon(_burst_stream, lab.url, plans[i % count], burst_streams)
 
     async with trio.open_nursery() as monitor:
         monitor.start_soon(_sample, lab, samples, started)
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(burst_task)
             for k in range(min(clients, count)):
                 nursery.start_soon(client_task, k)
         makespan = time.perf_counter() - started
@@ -116,6 +228,7 @@ async def leak(lab: Lab) -> Report:
     await lab.wait_idle()
     await trio.sleep(0.2)  # idle by its counts; let the last FinishEvents be routed
     after = await lab.stats()
+    fds_after = await hostile.settled_fds(pids, fds_before, FDS_SETTLE_S)
     samples.append({"t_s": round(time.perf_counter() - started, 3),
                     **{k: after.get(k) for k in SAMPLED}})
     records: dict[str, dict[str, Any]] = {}
@@ -127,58 +240,101 @@ async def leak(lab: Lab) -> Report:
                     records[stream.request_id] = response.json()
     rows = [_row(plan, stream, records) for plan, stream in zip(plans, streams, strict=True)]
     early = [r for r in rows if r["left_early"]]
-    read = sum(r["tokens_read"] for r in early)
-    made = sum(r["completion_tokens"] or 0 for r in early)
+    accounted = [r for r in early if r["completion_tokens"] is not None]
+    read = sum(r["tokens_read"] for r in accounted)
+    made = sum(r["completion_tokens"] for r in accounted)
     admitted, releases = after.get("admitted"), after.get("releases")
     step_errors = after.get("step_errors") or 0
+    burst_in = [s for s in burst_streams if s.status == 200]
     summary: dict[str, Any] = {
         "blocks_leaked": after["blocks_total"] - after["blocks_free"],
         "double_releases": max(0, (releases or 0) - (admitted or 0)) + step_errors,
         "sequences_unreleased": max(0, (admitted or 0) - (releases or 0)),
         "streams_registered_after": after["streams_open"],
         "engine_requests_after": after.get("engine_requests"),
+        "fds_leaked": sum(fds_after.values()) - sum(fds_before.values()) if pids else None,
+        "full_readers_without_done": sum(r["kind"] in READ_TO_END and r["status"] == 200
+                                         and r["terminal"] != "done" for r in rows)
+        + sum(s.terminal != "done" for s in burst_in),
+        "refused": sum(r["status"] == 429 for r in rows),
+        "connection_close_without_eof": sum(r["eof_after_end"] is False for r in rows),
         "tokens_generated_per_token_read": round(made / read, 2) if read else None,
         "streams": count,
+        "streams_with_id": sum(r["request_id"] is not None for r in rows),
         "left_early": len(early),
         "finish_records": len(records),
         "finish_reasons": _count(r["finish_reason"] for r in rows),
+        "kinds": _count(r["kind"] for r in rows),
         "never_admitted": sum(r["completion_tokens"] == 0 for r in early),
         "tokens_read_early": read,
         "tokens_generated_early": made,
-        "client_errors": sum(r["terminal"] not in (None, "done") for r in rows),
+        "client_errors": sum(r["terminal"] not in (None, "done", "error:http_429")
+                             for r in rows),
+        "burst_streams": len(burst_streams),
+        "burst_refused": sum(s.status == 429 for s in burst_streams),
+        "burst_other": sum(s.status not in (200, 429) for s in burst_streams),
         "admitted": (admitted or 0) - (before.get("admitted") or 0),
         "releases": (releases or 0) - (before.get("releases") or 0),
         "events_dropped": after.get("events_dropped"),
         "makespan_s": round(makespan, 2),
         "clients": clients,
     }
-    raw = {"streams": rows, "samples": samples, "stats_before": before, "stats_after": after}
+    raw = {"streams": rows, "samples": samples, "stats_before": before, "stats_after": after,
+           "server_pids": pids, "fds_before": fds_before, "fds_after": fds_after,
+           "bursts": [s.to_json(started) for s in burst_streams]}
     return Report(summary, raw, plot=lambda fig: _draw(fig, samples, early))
 
 
-async def _one_stream(url: str, plan: Plan, pause_s: float) -> RawStream:
+async def _one_stream(url: str, plan: Plan, pause_s: float) -> LeakStream:
     """One stream, read and left as ``plan`` says. Cancellation: the socket is reset."""
-    stream = RawStream(url)
+    stream = LeakStream(url)
+    body = {"prompt": plan.prompt, "ignore_eos": True, "max_new_tokens": plan.max_new_tokens}
     try:
-        await stream.post("/v1/stream", {"prompt": plan.prompt, "ignore_eos": True,
-                                         "max_new_tokens": plan.max_new_tokens})
-        if plan.kind == "full":
+        if plan.kind in READ_TO_END:
+            await stream.send("/v1/stream", body, close=plan.kind == "close")
             await stream.read_to_end()
+            if plan.kind == "close" and stream.terminal == "done":
+                await stream.wait_eof(EOF_WAIT_S)
+            return stream
+        assert plan.way is not None
+        if plan.kind == "early":
+            await stream.send("/v1/stream", body,
+                              fraction=0.5 if plan.moment == "mid_request" else 1.0)
+            if plan.moment == "after_delay":
+                await trio.sleep(plan.hold_s)
+        elif plan.kind == "never_read":
+            await stream.send("/v1/stream", body)
+            await trio.sleep(plan.hold_s)
+        elif plan.kind == "slow":
+            assert plan.leave_after is not None
+            await stream.send("/v1/stream", body)
+            while stream.request_id is None or stream.tokens < plan.leave_after:
+                if not await stream.read_chunk():
+                    break
+                await trio.sleep(pause_s)
         else:
-            assert plan.leave_after is not None and plan.way is not None
             after = plan.leave_after
-            if plan.kind == "slow":
-                while stream.request_id is None or stream.tokens < after:
-                    if not await stream.read_chunk():
-                        break
-                    await trio.sleep(pause_s)
-            else:
+            assert after is not None
+            await stream.send("/v1/stream", body)
+            with contextlib.suppress(RawStreamError):  # refused (429) in a burst: it ended
                 await stream.read_until(lambda s: s.request_id is not None and s.tokens >= after)
-            await stream.close(plan.way)
+        await stream.close(plan.way)
     finally:
         if stream.closed_at is None:
             stream.close_rst()
     return stream
+
+
+async def _burst_stream(url: str, plan: Plan, out: list[LeakStream]) -> None:
+    """One stream of a burst: read to the end (or the refusal), then reset."""
+    stream = LeakStream(url)
+    try:
+        await stream.send("/v1/stream", {"prompt": plan.prompt, "ignore_eos": True,
+                                         "max_new_tokens": plan.max_new_tokens})
+        await stream.read_to_end()
+    finally:
+        stream.close_rst()
+        out.append(stream)
 
 
 async def _sample(lab: Lab, samples: list[dict[str, Any]], started: float) -> None:
@@ -191,9 +347,9 @@ async def _sample(lab: Lab, samples: list[dict[str, Any]], started: float) -> No
             await trio.sleep(SAMPLE_S)
 
 
-def _row(plan: Plan, stream: RawStream | None, records: dict[str, dict[str, Any]]) -> dict[
-    str, Any
-]:
+def _row(
+    plan: Plan, stream: LeakStream | None, records: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
     record = records.get(stream.request_id or "") if stream is not None else None
     terminal = None if stream is None else stream.terminal
     return {
@@ -201,12 +357,16 @@ def _row(plan: Plan, stream: RawStream | None, records: dict[str, dict[str, Any]
         "kind": plan.kind,
         "way": plan.way,
         "leave_after": plan.leave_after,
+        "moment": plan.moment,
+        "hold_s": round(plan.hold_s, 3),
+        "eof_after_end": None if stream is None else stream.eof_after_end,
         "max_new_tokens": plan.max_new_tokens,
         "request_id": None if stream is None else stream.request_id,
+        "status": None if stream is None else stream.status,
         "tokens_read": 0 if stream is None else stream.tokens,
         "terminal": terminal,
-        # Left before its terminal event: the engine still held the request.
-        "left_early": plan.kind != "full" and terminal is None,
+        # Left before its terminal event: the engine may still have held the request.
+        "left_early": plan.kind not in READ_TO_END and terminal is None,
         "finish_reason": None if record is None else record["finish_reason"],
         "completion_tokens": None if record is None else record["completion_tokens"],
     }
