@@ -6,4 +6,4 @@ model loads when the server starts, not at import.
 
 from .factory import create_app
 
-app = create_app()
+app = create_app(drain_on_sigterm=True)  # a SIGTERM drains first (``drain.py``)

@@ -10,6 +10,7 @@ from quart_trio import QuartTrio
 
 from .auth import register_auth
 from .connection import StreamingConnection
+from .drain import watch_for_stop
 from .errors import register_error_handlers
 from .lab import register_lab
 from .lifespan import MakeEngine, Runtime, load_engine_from_settings, stop_deadline_s
@@ -27,7 +28,10 @@ class StreamscopeApp(QuartTrio):
 
 
 def create_app(
-    settings: Settings | None = None, *, make_engine: MakeEngine | None = None
+    settings: Settings | None = None,
+    *,
+    make_engine: MakeEngine | None = None,
+    drain_on_sigterm: bool = False,
 ) -> StreamscopeApp:
     """Build the app. Nothing is loaded until the server starts it (``before_serving``).
 
@@ -35,6 +39,9 @@ def create_app(
         settings: default ``Settings.from_env()``.
         make_engine: builds the engine from the settings, in a worker thread; default
             loads ``settings.model`` (which imports torch).
+        drain_on_sigterm: drain on SIGTERM, and when hypercorn's CLI stops, then stop
+            hypercorn (``drain.py``); for ``hypercorn -k trio app:app``, whose ``app`` sets
+            it. It installs a process-wide SIGTERM handler while the app is served.
 
     Raises:
         SettingsError: a ``STREAMSCOPE_`` variable is invalid (when ``settings`` is None).
@@ -58,6 +65,8 @@ def create_app(
     async def start_runtime() -> None:
         """Start loading in the app's nursery and return at once. Cancellation: none."""
         runtime.start(app.nursery)
+        if drain_on_sigterm:
+            app.nursery.start_soon(watch_for_stop, runtime)
 
     @app.after_serving
     async def stop_runtime() -> None:

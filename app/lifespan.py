@@ -12,7 +12,8 @@ Theory of operation
     NEW ──before_serving──> LOADING ──engine built, hub started──> READY
                                │                                     │
                                └── load failed ──> FAILED <── a step raised
-    (any) ──after_serving──> STOPPING ──hub stopped──> STOPPED
+    NEW, LOADING or READY ──drain()──> DRAINING ──after_serving, hub stopped──> STOPPED
+    FAILED ──after_serving──> STOPPED
 
 ``before_serving`` only starts a task in the app's nursery (quart-trio's
 ``app.nursery``, which lives as long as the ASGI lifespan) and returns, so hypercorn
@@ -20,15 +21,26 @@ serves at once: ``/health`` answers while the model loads. The task builds the e
 a worker thread (``trio.to_thread.run_sync``; the event loop never blocks on loading),
 then makes the hub and starts ``hub.run`` in the same nursery with ``nursery.start``.
 
-Stopping. hypercorn stops in this order: stop accepting; let open connections finish
-for its ``graceful_timeout``; cancel the rest (each cut stream gets a last ``error``
-event ``shutdown``: see ``connection.py``, and its ``close()`` asks the engine to
-cancel); then the ASGI lifespan shutdown runs ``after_serving``, which calls
-``hub.shutdown()``: refuse new streams, give the open ones (normally none are left)
-``SHUTDOWN_GRACE_S``, end the rest with ``error: shutdown``, and wait until the engine
-applied every cancel, so its cache is whole. quart-trio puts a deadline of
-``BACKGROUND_TASK_SHUTDOWN_TIMEOUT`` on the app's nursery before ``after_serving`` runs;
-the factory sets it above the grace period (see ``stop_deadline_s``).
+Stopping: a drain. ``drain()`` is synchronous and idempotent, so any signal source
+can call it (``drain.py`` has the CLI's: SIGTERM, and hypercorn's own shutdown event;
+an embedding program calls it itself and can pass ``wait_drained`` to
+``hypercorn.trio.serve`` as its ``shutdown_trigger``). From that moment streams are
+refused (503 ``shutdown`` with ``Retry-After``; ``/ready`` says 503 too), and
+``Hub.drain`` lets the open streams finish until ``SHUTDOWN_GRACE_S`` from then, ends
+the rest with a last ``error`` event ``shutdown`` (each end asks the engine to cancel),
+and steps the engine until it holds none of our requests: the cache is whole.
+``wait_drained`` returns then, after one log line that says so.
+
+hypercorn's own stop comes after the drain (SIGTERM to the app's process) or at the
+same moment (its main process was signalled): it stops accepting, gives open
+connections ``--graceful-timeout``, cancels the rest (``connection.py`` writes a cut
+stream's last ``error`` event ``shutdown``, and its ``close()`` asks the engine to
+cancel), and only then runs the ASGI lifespan shutdown: ``after_serving``, ``stop()``,
+which drains if nobody did and waits for the hub to stop. When both start at the signal,
+``--graceful-timeout`` must be at least ``SHUTDOWN_GRACE_S`` + ``drain.DRAIN_MARGIN_S``
+(1 s), or hypercorn cuts the streams before the drain ends them. quart-trio puts a deadline
+of ``BACKGROUND_TASK_SHUTDOWN_TIMEOUT`` on the app's nursery before ``after_serving``
+runs; the factory sets it above the grace period (see ``stop_deadline_s``).
 """
 
 from __future__ import annotations
@@ -53,6 +65,9 @@ log = logging.getLogger("streamscope.app")
 # or two steps. This bounds that wait generously (a step of a small model on a CPU is
 # tens of milliseconds) without letting a wedged engine hold the process forever.
 STOP_MARGIN_S = 10.0
+# The Retry-After of a refusal while the server drains or stops: a load balancer sends
+# the retry to another replica at once; a lone server is gone or restarting by then.
+SHUTDOWN_RETRY_AFTER_S = 1.0
 
 
 class ServingEngine(streams.StepEngine, Protocol):
@@ -88,7 +103,7 @@ class Phase(enum.Enum):
     LOADING = "loading"  # the model loads in a worker thread; refusing with not_ready
     READY = "ready"  # the engine is loaded and the hub runs; streams open
     FAILED = "failed"  # the load or a step raised; refusing with unavailable
-    STOPPING = "stopping"  # after_serving began; refusing with shutdown
+    DRAINING = "draining"  # drain() began: refusing with shutdown; open streams finish
     STOPPED = "stopped"  # the hub stopped; the engine holds none of our requests
 
 
@@ -96,7 +111,7 @@ _REFUSALS = {
     Phase.NEW: (ErrorType.NOT_READY, "the server has not started"),
     Phase.LOADING: (ErrorType.NOT_READY, "the model is still loading"),
     Phase.FAILED: (ErrorType.UNAVAILABLE, "the engine failed"),
-    Phase.STOPPING: (ErrorType.SHUTDOWN, "the server is stopping"),
+    Phase.DRAINING: (ErrorType.SHUTDOWN, "the server is stopping"),
     Phase.STOPPED: (ErrorType.SHUTDOWN, "the server has stopped"),
 }
 
@@ -118,6 +133,10 @@ class Runtime:
         self.failure: str | None = None  # why the phase is FAILED
         self._load_scope = trio.CancelScope()
         self._settled = trio.Event()  # set when the phase leaves NEW and LOADING
+        self._nursery: trio.Nursery | None = None  # the app's, from start()
+        self._drain_started = False
+        self._hub_draining = False  # drain() told a running hub to drain
+        self._drained = trio.Event()  # the drain is over: the hub stopped (or never ran)
 
     # -- lifespan hooks --------------------------------------------------------------
 
@@ -126,19 +145,51 @@ class Runtime:
         if self.phase is not Phase.NEW:
             raise RuntimeError(f"the runtime starts once (phase: {self.phase.value})")
         self.phase = Phase.LOADING
+        self._nursery = nursery
         nursery.start_soon(self._load_and_run, nursery)
 
-    async def stop(self) -> None:
-        """``after_serving``: stop a load in progress, or shut the hub down.
+    def drain(self, why: str) -> None:
+        """Refuse new streams, let the open ones finish until ``SHUTDOWN_GRACE_S`` from
+        now, then end the rest with ``error: shutdown`` (see the module docstring).
 
-        Cancellation: during ``hub.shutdown()``, the remaining streams are ended at once
-        and Cancelled propagates; the hub's own task is cancelled with the app's nursery.
+        Any signal source may call it: synchronous, idempotent, never a checkpoint.
+        ``why`` goes into the log line. A load in progress is abandoned.
         """
-        was_loading = self.phase is Phase.LOADING
-        self.phase = Phase.STOPPING
+        if self._drain_started:
+            return
+        self._drain_started = True
         self._load_scope.cancel(reason="the server stopped before the model was loaded")
+        was = self.phase
+        if was in (Phase.NEW, Phase.LOADING, Phase.READY):
+            self.phase = Phase.DRAINING
+        if was is Phase.READY and self.hub is not None and self._nursery is not None:
+            self.hub.drain()
+            self._hub_draining = True
+            log.warning("draining (%s): %d streams open, refused from now on; the rest end "
+                        "in %.1f s", why, self.hub.statistics().streams_open,
+                        self.settings.shutdown_grace_s)
+            self._nursery.start_soon(self._finish_drain, trio.current_time())
+        else:
+            log.warning("stopping (%s) in phase %s: nothing to drain", why, was.value)
+            self._drained.set()
+
+    async def wait_drained(self) -> None:
+        """Wait until a drain (begun by ``drain()``; this does not begin one) is over: the
+        hub stopped, and the engine holds none of our requests, so its cache is whole.
+
+        Cancellation: nothing changes; the caller just stops waiting.
+        """
+        await self._drained.wait()
+
+    async def stop(self) -> None:
+        """``after_serving``: drain if nobody did, and wait until the hub stopped.
+
+        Cancellation: the remaining streams are ended at once (``Hub.shutdown``) and
+        Cancelled propagates; the hub's own task is cancelled with the app's nursery.
+        """
+        self.drain("the server is stopping")
         try:
-            if self.hub is not None and not was_loading:
+            if self._hub_draining and self.hub is not None:
                 await self.hub.shutdown()
         finally:
             self.phase = Phase.STOPPED
@@ -176,6 +227,8 @@ class Runtime:
         error_type, message = _REFUSALS[self.phase]
         if self.phase is Phase.FAILED:
             message = f"{message}: {self.failure}"
+        if error_type is ErrorType.SHUTDOWN:
+            return ApiError(error_type, message, retry_after_s=SHUTDOWN_RETRY_AFTER_S)
         return ApiError(error_type, message)
 
     def finished(self, request_id: str) -> engine.FinishEvent | None:
@@ -233,6 +286,21 @@ class Runtime:
             await hub.run(task_status=task_status)
         except Exception as exc:
             self._fail(f"the engine failed: {exc!r}", exc)
+
+    async def _finish_drain(self, began: float) -> None:
+        """Wait for the hub to stop, say so in the log, and mark the drain over.
+
+        Cancellation: (the app's nursery, at its shutdown deadline) the remaining
+        streams are ended at once (``Hub.shutdown``); the drain is then not over.
+        """
+        assert self.hub is not None and self.engine is not None
+        await self.hub.shutdown()
+        stats = self.engine.statistics()
+        log.warning("drained in %.2f s: the engine holds none of our requests; cache whole: "
+                    "%s, %d of %d blocks free", trio.current_time() - began,
+                    stats.blocks_free == stats.blocks_total, stats.blocks_free,
+                    stats.blocks_total)
+        self._drained.set()
 
     def _fail(self, message: str, exc: BaseException) -> None:
         log.error("%s", message, exc_info=(type(exc), exc, exc.__traceback__))

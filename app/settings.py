@@ -81,7 +81,8 @@ class Settings:
         "if set, every route but /health, /ready and /metrics needs `Authorization: Bearer "
         "<key>` (401 without); visible ASCII characters"), "shown": "(off)"})
     shutdown_grace_s: float = field(default=5.0, metadata=_doc(
-        "at shutdown, how long open streams may finish before they get error shutdown"))
+        "the drain deadline: after SIGTERM, how long open streams may finish before they "
+        "get error shutdown; hypercorn's --graceful-timeout must be at least this + 1"))
     detect_disconnect: bool = field(default=True, metadata=_doc(
         "false only to measure: a stream never learns that its client left"))
     lab_pad_bytes: int = field(default=0, metadata=_doc(

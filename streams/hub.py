@@ -14,8 +14,15 @@ a reader (except under ``naive``, kept to be measured). Events a prefill produce
 delivered as soon as that prefill is done, through ``on_prefill``; in production it
 runs in the worker thread and hops into Trio with ``trio.from_thread.run_sync``.
 
-    NEW ──run()──> RUNNING ──shutdown()──> DRAINING ──engine holds nothing──> STOPPED
+    NEW ──run()──> RUNNING ──drain()──> DRAINING ──engine holds nothing──> STOPPED
                       └──────── a step raised ─────────> FAILED
+
+Draining. ``drain()`` (synchronous, idempotent: any signal source may call it) refuses
+new streams and starts the deadline, ``shutdown_grace_s`` from that moment. The open
+streams go on; at the deadline ``run``'s deadline task ends the rest with StreamError
+``shutdown`` (which asks the engine to cancel each). The loop steps until the engine
+holds none of the hub's requests, then ``run`` returns: the cache is whole.
+``shutdown()`` is ``drain()`` and a wait for that.
 
 The loop sleeps on ``_wake`` while ``engine.has_work()`` is False; after a step that
 produced no event (waiting requests that cannot be admitted while paused sequences
@@ -90,6 +97,8 @@ class Hub:
         self._in_engine: set[str] = set()
         self._wake = trio.Event()
         self._stopped = trio.Event()
+        self._draining = trio.Event()  # set by drain(); _drain_deadline is then valid
+        self._drain_deadline = math.inf
         self._watch_scope: trio.CancelScope | None = None
         self._trio_token: trio.lowlevel.TrioToken | None = None
         self._last_error: str | None = None
@@ -124,6 +133,7 @@ class Hub:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_stalls)
+                nursery.start_soon(self._end_at_drain_deadline)
                 self._state = HubState.RUNNING
                 task_status.started()
                 failure = await self._step_loop()
@@ -136,28 +146,35 @@ class Hub:
         if failure is not None:
             raise failure
 
-    async def shutdown(self) -> None:
-        """Refuse new streams, let open ones finish for ``shutdown_grace_s``, then end
-        the rest with StreamError ``shutdown`` and wait until the engine applied the
-        cancels (``run()`` returns then), so the engine's cache is whole.
-
-        Cancellation:
-            During the grace period: the remaining streams are ended at once before
-            Cancelled propagates; the loop still applies their cancels. Afterwards:
-            the loop goes on; this call just stops waiting for it.
-        """
+    def drain(self) -> None:
+        """Refuse new streams from now on; let the open ones finish until
+        ``shutdown_grace_s`` from now, then end the rest with StreamError ``shutdown``.
+        ``run()`` returns once the engine applied their cancels (see the module
+        docstring). Synchronous, idempotent, never a checkpoint."""
         if self._state is HubState.NEW:
             self._state = HubState.STOPPED
             self._stopped.set()
         elif self._state is HubState.RUNNING:
             self._state = HubState.DRAINING
+            self._drain_deadline = trio.current_time() + self.settings.shutdown_grace_s
+            self._draining.set()
             self._wake.set()
+
+    async def shutdown(self) -> None:
+        """``drain()``, then wait until ``run()`` returned: every open stream finished or
+        was ended with StreamError ``shutdown``, and the engine holds none of the hub's
+        requests, so its cache is whole.
+
+        Cancellation:
+            While waiting: the remaining streams are ended at once before Cancelled
+            propagates; the loop still applies their cancels.
+        """
+        self.drain()
         try:
-            with trio.move_on_after(self.settings.shutdown_grace_s):
-                await self._stopped.wait()
-        finally:
+            await self._stopped.wait()
+        except trio.Cancelled:
             self._end_all(ErrorType.SHUTDOWN, "the server is shutting down", StreamEnd.SHUTDOWN)
-        await self._stopped.wait()
+            raise
 
     # -- streams -------------------------------------------------------------------
 
@@ -277,6 +294,16 @@ class Hub:
                 self._events_routed += 1
             else:
                 self._events_dropped += 1
+
+    async def _end_at_drain_deadline(self) -> None:
+        """Once ``drain()`` was called, wait for its deadline, then end every open
+        stream with StreamError ``shutdown``. Returns after that.
+
+        Cancellation: stops at once (the step loop ended: nothing is left to end).
+        """
+        await self._draining.wait()
+        await trio.sleep_until(self._drain_deadline)
+        self._end_all(ErrorType.SHUTDOWN, "the server is shutting down", StreamEnd.SHUTDOWN)
 
     async def _watch_stalls(self) -> None:
         """Drop readers still behind at their stall deadline. Never returns.

@@ -42,7 +42,7 @@ class HubState(enum.Enum):
 
     NEW = "new"  # made; run() not started; open_stream refuses
     RUNNING = "running"  # the step loop runs; open_stream accepts
-    DRAINING = "draining"  # shutdown(): refusing; open streams finish or meet the grace deadline
+    DRAINING = "draining"  # drain(): refusing; open streams finish or meet the grace deadline
     STOPPED = "stopped"  # run() is over; after shutdown() the engine holds none of our requests
     FAILED = "failed"  # a step raised; every stream got engine_error; refusing
 
@@ -56,7 +56,7 @@ class HubSettings:
     stall_timeout_s: float = 10.0  # behind this long and a dropping policy drops the reader
     max_waiting: int = 256  # streams without their first token yet; more are refused
     waiting_retry_after_s: float = 1.0  # the hint given with WaitingLimitReached
-    shutdown_grace_s: float = 5.0  # how long shutdown() lets open streams finish
+    shutdown_grace_s: float = 5.0  # how long drain() lets open streams finish
 
     def __post_init__(self) -> None:
         if self.max_waiting < 1 or self.shutdown_grace_s < 0 or self.waiting_retry_after_s < 0:
