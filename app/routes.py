@@ -99,7 +99,7 @@ def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
         """
         timer = metrics.start_request()
         body = await read_body()
-        stream = runtime.open_stream(body.to_generation_request(), body.policy)
+        stream = await runtime.open_stream(body.to_generation_request(), body.policy)
         own_stream(request.scope, stream)
         _submitted(timer, stream)
         response = Response(
@@ -123,7 +123,7 @@ def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
         """
         timer = metrics.start_request()
         body = await read_body()
-        with runtime.open_stream(body.to_generation_request(), body.policy) as stream:
+        with await runtime.open_stream(body.to_generation_request(), body.policy) as stream:
             own_stream(request.scope, stream)
             _submitted(timer, stream)
             text, token_ids, finish = await _collect(stream, timer)
@@ -149,7 +149,7 @@ def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
         raw = await request.get_data(cache=False, as_text=False, parse_form_data=False)
         body = parse_completions_body(raw, limits)
         model = body.model or settings.model
-        stream = runtime.open_stream(body.to_generation_request(limits), None)
+        stream = await runtime.open_stream(body.to_generation_request(limits), None)
         own_stream(request.scope, stream)
         _submitted(timer, stream)
         if body.stream:

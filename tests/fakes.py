@@ -136,6 +136,9 @@ class ScriptedEngine:
             events: list[EngineEvent] = []
             for kind, arg in inbox:
                 events += self._apply(kind, arg)
+            if on_prefill is not None and events:  # as the engine: cancel finishes out first
+                handed, events = events, []
+                on_prefill(handed)
             prefilled = self._admit(on_prefill, events)
             for seq in list(self._running.values()):
                 if not seq.is_paused and seq.request.request_id not in prefilled:

@@ -76,6 +76,7 @@ class RecordingEngine:
         self.cancel_marks: dict[str, int] = {}  # id -> its tokens emitted at first cancel()
         self.submitted: list[str] = []  # ids the engine accepted, in order
         self._failing: set[str] = set()  # ids whose cancel the engine reports as ERROR
+        self._broken_text: set[str] = set()  # ids whose detokenizer is to be broken
 
     # -- the engine's interface -------------------------------------------------------
 
@@ -98,13 +99,18 @@ class RecordingEngine:
     def has_work(self) -> bool:
         return self._engine.has_work()
 
+    def tokenize(self, prompt: str) -> list[int]:
+        return self._engine.tokenize(prompt)
+
     def statistics(self) -> EngineStatistics:
         return self._engine.statistics()
 
     def step(self, on_prefill: Callable[[list[EngineEvent]], None] | None = None) -> list[Any]:
         self._gate.wait()
+        self._break_text()
 
         def record_prefill(events: list[EngineEvent]) -> None:
+            events = [self._as_failure(e) for e in events]  # cancel finishes come here too
             self._record(events)
             assert on_prefill is not None
             on_prefill(events)
@@ -122,6 +128,13 @@ class RecordingEngine:
         with self._lock:
             self._failing.add(request_id)
         self._engine.cancel(request_id)
+
+    def break_text(self, request_id: str) -> None:
+        """Fault injection: from its next token on, this request's detokenizer raises.
+        Applied in the stepping thread at the start of a step, once the engine holds
+        the request (its Sequence object gets a detokenizer that always raises)."""
+        with self._lock:
+            self._broken_text.add(request_id)
 
     def hold(self) -> None:
         self._gate.clear()
@@ -152,12 +165,35 @@ class RecordingEngine:
             return replace(event, reason=FinishReason.ERROR, error="scripted failure")
         return event
 
+    def _break_text(self) -> None:
+        from engine.engine import Engine  # tests may use engine internals; app may not
+
+        with self._lock:
+            pending = list(self._broken_text)
+        assert not pending or isinstance(self._engine, Engine)
+        for request_id in pending:
+            seq = self._engine.scheduler.find(request_id)  # type: ignore[attr-defined]
+            if seq is not None:  # else still in the inbox: next step
+                seq.detokenizer = _BrokenDetokenizer()
+                with self._lock:
+                    self._broken_text.discard(request_id)
+
     def _record(self, events: list[EngineEvent]) -> None:
         with self._lock:
             self.events.extend(events)
 
     def _num_tokens(self, request_id: str) -> int:
         return sum(isinstance(e, TokenEvent) and e.request_id == request_id for e in self.events)
+
+
+class _BrokenDetokenizer:
+    """What ``RecordingEngine.break_text`` puts in a Sequence: every call raises."""
+
+    def add(self, token_id: int) -> str:
+        raise UnicodeDecodeError("utf-8", bytes([token_id % 256]), 0, 1, "injected text fault")
+
+    def flush(self) -> str:
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected text fault")
 
 
 @dataclass

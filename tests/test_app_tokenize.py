@@ -1,0 +1,117 @@
+"""Prompts are encoded off the event loop, never with the tokenizer the step uses.
+
+A stress test over real HTTP: while streams decode (the step thread detokenizing all the
+time), bursts of clients post prompts of ``max_prompt_chars`` (32k characters: 10-60 ms
+each to encode) and medium ones. No request errs, the budget check still refuses the
+long ones (422 ``prompt_too_long``; ``/v1/completions`` in OpenAI's shape) before any
+stream opens, and the event loop never stalls: a heartbeat task that sleeps
+``HEARTBEAT_S`` at a time is never late by more than ``MAX_STALL_S``. This test
+measures real time on purpose, for a few seconds.
+
+Encoded on the event loop, a burst held it for 90-130 ms here; and before the server
+froze its heap after loading (``gc.freeze``), one full garbage collection did for
+0.3-0.5 s. The clients share the server's event loop, so they use one httpx client made
+before the measurement.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import trio
+
+from engine.model import TINY_CORPUS
+from streams import HubState
+from tests.http_clients import LONG_MAX_NEW_TOKENS, count_tokens, parse_sse, stream_body
+from tests.http_server import StartServer
+
+MAX_PROMPT_CHARS = 32_768  # the production defaults, not the test server's small ones
+MAX_BODY_BYTES = 64 * 1024
+CACHE_BLOCKS = 256  # of 16 positions: room for the streams and the medium prompts at once
+LONG_PROMPT = (" ".join(TINY_CORPUS) * 40)[:32_000]  # about 16k tokens: over the context
+MEDIUM_PROMPT = " ".join(TINY_CORPUS)[:600]  # about 300 tokens: accepted
+ROUNDS = 4  # of CLIENTS requests at once: a burst of arrivals is what stalled the loop
+CLIENTS = 8  # each round: 6 long prompts and 2 medium ones, over the three routes
+STREAMS = 3
+STREAM_TOKENS = LONG_MAX_NEW_TOKENS  # decoding all through the rounds
+HEARTBEAT_S = 0.005
+MAX_STALL_S = 0.050
+
+
+async def heartbeat(lateness: list[float]) -> None:
+    """Sleep HEARTBEAT_S again and again; record how late each wake-up was."""
+    while True:
+        before = trio.current_time()
+        await trio.sleep(HEARTBEAT_S)
+        lateness.append(trio.current_time() - before - HEARTBEAT_S)
+
+
+async def post_one(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    response = await http.post(path, json=body)
+    if response.headers["content-type"].startswith("text/event-stream"):
+        return response.status_code, parse_sse(response.content)
+    return response.status_code, response.json()
+
+
+async def test_long_prompts_are_encoded_off_the_event_loop_while_steps_run(
+    start_server: StartServer,
+) -> None:
+    server = await start_server(
+        max_prompt_chars=MAX_PROMPT_CHARS, max_body_bytes=MAX_BODY_BYTES, cache_blocks=CACHE_BLOCKS
+    )
+    lateness: list[float] = []
+    answers: list[tuple[str, str, int, Any]] = []
+    streamed: list[list[Any]] = []
+    # One client for all, made before the measurement: the clients share the server's
+    # event loop, and making an httpx client (its TLS context) alone takes tens of ms.
+    limits = httpx.Limits(max_connections=CLIENTS + STREAMS)  # each reused by every round
+    http = server.client(limits=limits)
+
+    async def decode_stream() -> None:
+        body = stream_body(max_new_tokens=STREAM_TOKENS, ignore_eos=True)
+        streamed.append((await post_one(http, "/v1/stream", body))[1])
+
+    async def client(index: int) -> None:
+        long = index % 4 != 0
+        prompt = LONG_PROMPT if long else MEDIUM_PROMPT
+        path = ("/v1/stream", "/v1/generate", "/v1/completions")[index % 3]
+        body: dict[str, Any] = {"prompt": prompt, "max_tokens": 4}
+        if path != "/v1/completions":
+            body = stream_body(prompt, max_new_tokens=4)
+        status, answer = await post_one(http, path, body)
+        answers.append(("long" if long else "medium", path, status, answer))
+
+    async with http, trio.open_nursery() as nursery:
+        nursery.start_soon(heartbeat, lateness)
+        async with trio.open_nursery() as load:
+            for _ in range(STREAMS):
+                load.start_soon(decode_stream)
+            await server.wait_for(lambda: server.engine is not None
+                                  and server.engine.statistics().running == STREAMS,
+                                  "the streams decoding")
+            for _ in range(ROUNDS):
+                async with trio.open_nursery() as burst:
+                    for index in range(CLIENTS):
+                        burst.start_soon(client, index)
+        nursery.cancel_scope.cancel(reason="the load is over")
+
+    assert len(answers) == ROUNDS * CLIENTS
+    for kind, path, status, answer in answers:
+        if kind == "long":  # refused by the token budget before any stream opened
+            error = answer["error"]
+            assert "prompt_too_long" in (error["type"], error.get("code")), answer
+            assert status == 422 or (path == "/v1/completions" and status == 400), answer
+        else:
+            assert status == 200, answer
+            if isinstance(answer, list):  # /v1/stream
+                assert [e.event for e in answer][-1] == "done", answer
+                assert json.loads(answer[-1].data)["usage"]["prompt_tokens"] > 200
+    for events in streamed:
+        assert events[-1].event == "done"
+        assert count_tokens(events) == STREAM_TOKENS
+    stats = server.hub.statistics()
+    assert (stats.state, stats.step_errors) == (HubState.RUNNING, 0)
+    worst = max(lateness)
+    assert worst < MAX_STALL_S, f"the event loop stalled {worst * 1000:.0f} ms"
