@@ -57,6 +57,7 @@ class ErrorType(enum.StrEnum):
     PROMPT_TOO_LONG = "prompt_too_long"  # prompt + max_new_tokens exceed the token budget
     BODY_TOO_LARGE = "body_too_large"  # over MAX_BODY_BYTES, by Content-Length or as read
     NOT_FOUND = "not_found"  # no such route
+    MODEL_NOT_FOUND = "model_not_found"  # an OpenAI route's `model` names no model served here
     METHOD_NOT_ALLOWED = "method_not_allowed"  # the route exists; the method does not
     REQUEST_TIMEOUT = "request_timeout"  # the body did not arrive in time
     BAD_REQUEST = "bad_request"  # any other malformed HTTP request
@@ -76,6 +77,7 @@ STATUS: dict[ErrorType, int] = {
     ErrorType.PROMPT_TOO_LONG: 422,
     ErrorType.BODY_TOO_LARGE: 413,
     ErrorType.NOT_FOUND: 404,
+    ErrorType.MODEL_NOT_FOUND: 404,
     ErrorType.METHOD_NOT_ALLOWED: 405,
     ErrorType.REQUEST_TIMEOUT: 408,
     ErrorType.BAD_REQUEST: 400,

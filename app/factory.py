@@ -15,6 +15,7 @@ from .errors import register_error_handlers
 from .lab import register_lab
 from .lifespan import MakeEngine, Runtime, load_engine_from_settings, stop_deadline_s
 from .metrics import Metrics, make_metrics_blueprint
+from .openai_routes import make_openai_blueprint
 from .routes import make_blueprint
 from .settings import Settings
 
@@ -58,6 +59,7 @@ def create_app(
     register_auth(app, settings.api_key)  # before any view reads a body
     register_error_handlers(app, on_refusal=metrics.refused)
     app.register_blueprint(make_blueprint(runtime, metrics))
+    app.register_blueprint(make_openai_blueprint(runtime, metrics))
     app.register_blueprint(make_metrics_blueprint(metrics))
     register_lab(app, settings)  # laboratory probes, only with STREAMSCOPE_LAB_ROUTES
 

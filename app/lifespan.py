@@ -48,7 +48,7 @@ from __future__ import annotations
 import enum
 import gc
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any, Protocol
@@ -71,11 +71,11 @@ STOP_MARGIN_S = 10.0
 # the retry to another replica at once; a lone server is gone or restarting by then.
 SHUTDOWN_RETRY_AFTER_S = 1.0
 
-
 # Prompts encoded at once, each in a worker thread. The engine encodes with one tokenizer
 # copy under one lock, so a second thread would only wait there, uncancellably; queued
 # here instead, a request whose client leaves costs nothing.
 TOKENIZE_THREADS = 1
+
 
 class ServingEngine(streams.StepEngine, Protocol):
     """The engine as the app uses it; ``engine.Engine`` satisfies it.
@@ -86,6 +86,9 @@ class ServingEngine(streams.StepEngine, Protocol):
 
     def statistics(self) -> engine.EngineStatistics: ...
     def tokenize(self, prompt: str) -> list[int]: ...
+    def render_chat(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
+    ) -> tuple[str, list[int]]: ...
 
 
 MakeEngine = Callable[[Settings], ServingEngine]
@@ -221,8 +224,9 @@ class Runtime:
     async def open_stream(
         self, request: engine.GenerationRequest, policy: streams.PolicyName | None
     ) -> streams.TokenStream:
-        """Encode the prompt, then submit ``request`` to the hub and open its stream, or
-        refuse (the engine checks the prompt's token budget at the submit).
+        """Encode the prompt (unless ``request.prompt_token_ids`` holds it), then submit
+        ``request`` to the hub and open its stream, or refuse (the engine checks the
+        prompt's token budget at the submit).
 
         The prompt is encoded in a worker thread (a 32k-character prompt takes tens of
         milliseconds: never on the event loop), ``TOKENIZE_THREADS`` at a time, by the
@@ -239,10 +243,34 @@ class Runtime:
         """
         self._raise_refusal()
         assert self.engine is not None  # READY: built
-        tokenize = partial(_prompt_ids, self.engine, request.prompt)
-        prompt_ids = await trio.to_thread.run_sync(tokenize, limiter=self._tokenize_limiter)
+        if request.prompt_token_ids is None:  # else render_chat encoded it
+            tokenize = partial(_prompt_ids, self.engine, request.prompt)
+            prompt_ids = await trio.to_thread.run_sync(tokenize, limiter=self._tokenize_limiter)
+            request = replace(request, prompt_token_ids=prompt_ids)
         hub = self._raise_refusal()  # the phase may have changed meanwhile
-        return hub.open_stream(replace(request, prompt_token_ids=prompt_ids), policy=policy)
+        return hub.open_stream(request, policy=policy)
+
+    async def render_chat(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
+    ) -> tuple[str, tuple[int, ...]]:
+        """Chat messages as the model's chat template renders them: the prompt text and
+        its token ids (give both to ``open_stream`` in a ``GenerationRequest``).
+
+        Templating is tokenizer work: it runs in a worker thread like ``open_stream``'s
+        encode, under the same limiter, by the engine's ``render_chat``.
+
+        Raises:
+            ApiError: not ready, stopping or failed (503).
+            engine.ChatTemplateError: no chat template, or it refused the messages.
+
+        Cancellation: while queued or rendering (never abandoned; milliseconds):
+        nothing was made.
+        """
+        self._raise_refusal()
+        assert self.engine is not None  # READY: built
+        render = partial(self.engine.render_chat, messages, add_generation_prompt)
+        text, ids = await trio.to_thread.run_sync(render, limiter=self._tokenize_limiter)
+        return text, tuple(ids)
 
     def _raise_refusal(self) -> streams.Hub:
         refusal = self.refusal()

@@ -1,42 +1,54 @@
-"""``POST /v1/completions``: the OpenAI-compatible completions protocol.
+"""The OpenAI-compatible protocol's wire shapes: models, answers, chunk streams, errors.
 
-vLLM, llama.cpp's server and ``transformers serve`` speak it, and so do many
-clients and load generators; serving it lets those clients use streamscope and
-lets ``tools.load --protocol openai`` measure us and a peer the same way. It
-runs on the same hub, streams and disconnect path as ``/v1/stream``; only the
-JSON on the wire differs:
+vLLM, llama.cpp's server and ``transformers serve`` speak it, and so do the official
+SDKs and many load generators; serving it lets those clients use streamscope. The
+routes (``openai_routes.py``) run on the same hub, streams and disconnect path as
+``/v1/stream``; the request bodies are in ``openai_schemas.py``. Only the JSON differs:
 
-* ``"stream": false``: one ``text_completion`` object with ``choices[0].text``
-  and ``usage``;
-* ``"stream": true``: one ``data:`` chunk per token (``choices[0].text`` is the
-  delta, ``finish_reason`` null), a last chunk with the finish reason, then
-  ``data: [DONE]``. A failure after the first byte is a ``data:`` chunk holding
-  our error envelope, and the stream ends without ``[DONE]``.
+* a whole answer: one ``text_completion`` (``choices[0].text``) or ``chat.completion``
+  (``choices[0].message``, role ``assistant``) with ``finish_reason`` and ``usage``;
+* a stream: ``data:`` lines only, one ``id`` and ``created`` for the whole stream. Chat
+  opens with a chunk whose delta is ``{"role": "assistant", "content": ""}``; then one
+  chunk per token (the text delta, ``finish_reason`` null), a last chunk with the finish
+  reason, with ``stream_options.include_usage`` one more chunk with ``choices: []`` and
+  the totals (every other chunk's ``usage`` is null), then ``data: [DONE]``.
 
-Fields we do not implement (``n`` > 1, ``logprobs``, ``echo``, ``best_of``,
-``suffix``) are refused with a 422; other unknown fields are ignored, as OpenAI
-clients send many. Defaults follow OpenAI (``max_tokens`` 16, ``temperature`` 1).
+No ``event:``, ``id:`` or ``retry:`` line ever: the SDK's decoder parses every block it
+dispatches as JSON (openai-python issues 2722 and 3833). Keep-alives are comment lines
+(``sse_body.KEEPALIVE_COMMENT``), which it ignores. A failure after the first byte is
+``data: {"error": {...}}`` then ``data: [DONE]``, as vLLM sends it; the SDK raises it as
+``APIError``.
+
+Errors are OpenAI's object ``{"error": {"message", "type", "param", "code"}}``: ``code``
+is our ``ErrorType`` value (``model_not_found``, ``too_many_waiting``, ...), ``type``
+OpenAI's class of error, ``param`` the offending field or null. A request the server
+cannot accept is a 400 here (OpenAI's status), where our own routes answer 422. Every
+429 and 503 carries ``Retry-After``; ``x-should-retry: false`` (a header the SDKs obey)
+marks the answers a retry cannot change: a client error, a server that failed, a bug.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+import pydantic
 
-from engine import FinishEvent, FinishReason, GenerationRequest, TokenEvent
+from engine import FinishEvent, FinishReason, TokenEvent
 from streams import StreamError, StreamItem, encode_event
 
-from .schemas import MAX_SEED, MAX_TEMPERATURE, GenerateBody, RequestLimits, StopString
-from .sse_body import EventStreamBody
+from .errors import STATUS, ApiError, ErrorType, api_error_for
+from .sse_body import EventStreamBody, ItemSource
 
 if TYPE_CHECKING:
+    from quart import Response
+
     from .metrics import RequestTimer
 
-OPENAI_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for completions
 DONE = encode_event("[DONE]")
+OWNED_BY = "streamscope"
 
 # eos and stop strings are both "stop" in OpenAI's vocabulary.
 FINISH_REASONS = {
@@ -45,119 +57,286 @@ FINISH_REASONS = {
     FinishReason.LENGTH: "length",
 }
 
+# OpenAI answers a request it cannot accept with 400, where our routes say 422.
+_OPENAI_STATUS = {
+    ErrorType.INVALID_JSON: 400,
+    ErrorType.INVALID_REQUEST: 400,
+    ErrorType.PROMPT_TOO_LONG: 400,
+}
+_OPENAI_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
+# Retry-After for the 429 and 503 answers that come without one: a model still loading
+# takes seconds; a failed engine needs its process restarted (by then, a new one).
+_DEFAULT_RETRY_AFTER_S = {
+    ErrorType.NOT_READY: 5.0,
+    ErrorType.UNAVAILABLE: 30.0,
+}
+# Statuses a retry may change: the SDK retries them by default, and should.
+_RETRYABLE_STATUS = frozenset({408, 409, 429})
+# 500 and 503 that a retry of this request on this server cannot change.
+_NOT_RETRYABLE = frozenset({ErrorType.UNAVAILABLE, ErrorType.INTERNAL_ERROR})
 
-class CompletionsBody(BaseModel):
-    """The subset of OpenAI's completions request that the engine can honour."""
 
-    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+class OpenAIError(ApiError):
+    """An ``ApiError`` answered in OpenAI's shape and status (see the module docstring).
 
-    model: str = ""
-    prompt: str = Field(min_length=1)
-    max_tokens: int = Field(default=OPENAI_DEFAULT_MAX_TOKENS, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    stop: StopString | list[StopString] | None = None
-    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
-    stream: bool = False
-    n: Literal[1] = 1
-    logprobs: None = None
-    echo: Literal[False] = False
-    best_of: Literal[1] | None = None
-    suffix: None = None
+    Args:
+        param: the request field at fault, or None.
+    """
 
-    @field_validator("max_tokens")
-    @classmethod
-    def _within_limit(cls, value: int, info: ValidationInfo) -> int:
-        assert isinstance(info.context, RequestLimits)
-        if value > info.context.max_new_tokens_limit:
-            raise ValueError(f"must be at most {info.context.max_new_tokens_limit}")
-        return value
+    def __init__(self, error: ApiError, *, param: str | None = None) -> None:
+        retry_after_s = error.retry_after_s
+        if retry_after_s is None:
+            retry_after_s = _DEFAULT_RETRY_AFTER_S.get(error.type)
+        super().__init__(error.type, error.message, retry_after_s=retry_after_s,
+                         allow=error.allow)
+        self.param = param
 
-    def to_generation_request(self, limits: RequestLimits) -> GenerationRequest:
-        """The same request as our own body would make (so the same checks apply)."""
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        ours = GenerateBody.model_validate(
-            {
-                "prompt": self.prompt,
-                "max_new_tokens": self.max_tokens,
-                "stop": stops,
-                "temperature": self.temperature,
-                "top_p": self.top_p,
-                "seed": self.seed,
-            },
-            context=limits,
+    @property
+    def status(self) -> int:
+        return _OPENAI_STATUS.get(self.type, STATUS[self.type])
+
+    def envelope(self) -> dict[str, Any]:
+        status = self.status
+        kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500
+                                 else "invalid_request_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param,
+                          "code": self.type.value}}
+
+    def to_response(self) -> Response:
+        response = super().to_response()
+        if "Retry-After" not in response.headers and self.status in (429, 503):
+            response.headers["Retry-After"] = "1"
+        if self.status not in _RETRYABLE_STATUS and (
+            self.status < 500 or self.type in _NOT_RETRYABLE
+        ):
+            response.headers["x-should-retry"] = "false"
+        return response
+
+
+def openai_error_for(exc: BaseException) -> OpenAIError:
+    """The OpenAI-shaped answer to ``exc`` (``api_error_for`` chooses its type)."""
+    if isinstance(exc, OpenAIError):
+        return exc
+    param = _param(exc) if isinstance(exc, pydantic.ValidationError) else None
+    return OpenAIError(api_error_for(exc), param=param)
+
+
+def _param(exc: pydantic.ValidationError) -> str | None:
+    """The first problem's field, written as OpenAI does: ``messages[0].content``."""
+    problems = exc.errors(include_url=False, include_input=False)
+    if not problems or problems[0]["type"] == "json_invalid" or not problems[0]["loc"]:
+        return None
+    parts = []
+    for part in problems[0]["loc"]:
+        if isinstance(part, str) and (part in _UNION_TAGS or "[" in part):
+            break  # pydantic names the union member it tried: not a field
+        parts.append(f"[{part}]" if isinstance(part, int) else f".{part}")
+    return "".join(parts).removeprefix(".")
+
+
+# The loc entries pydantic adds for the members of a union (``str | list[TextPart]``).
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "none", "list", "dict"})
+
+
+@dataclass(frozen=True)
+class ServedModels:
+    """The model names the OpenAI routes answer to (``STREAMSCOPE_MODEL_NAME``).
+
+    Args:
+        name: the model setting's value, always served.
+        alias: another name clients may use; ``*`` accepts any name.
+        created: the Unix time ``/v1/models`` reports (the server's start).
+    """
+
+    name: str
+    alias: str | None
+    created: int
+
+    @property
+    def ids(self) -> list[str]:
+        extra = [self.alias] if self.alias not in (None, "*", self.name) else []
+        return [self.name, *extra]
+
+    def listing(self) -> dict[str, Any]:
+        """``GET /v1/models``."""
+        return {"object": "list", "data": [self.card(i) for i in self.ids]}
+
+    def card(self, model_id: str) -> dict[str, Any]:
+        return {"id": model_id, "object": "model", "created": self.created,
+                "owned_by": OWNED_BY}
+
+    def check(self, requested: str | None) -> str:
+        """The name the answer carries: the requested one if served, the model's own if
+        none was given.
+
+        Raises:
+            OpenAIError: model_not_found (404).
+        """
+        if not requested:
+            return self.name
+        if self.alias == "*" or requested in self.ids:
+            return requested
+        raise OpenAIError(
+            ApiError(ErrorType.MODEL_NOT_FOUND,
+                     f"the model {requested[:128]!r} does not exist here; this server "
+                     f"serves {', '.join(self.ids)} (GET /v1/models)"),
+            param="model",
         )
-        return ours.to_generation_request()
 
 
-def parse_completions_body(raw: bytes, limits: RequestLimits) -> CompletionsBody:
-    """Raises pydantic.ValidationError, answered as 422 like our own body's."""
-    return CompletionsBody.model_validate_json(raw, context=limits)
+# -- answers: one shape per route ---------------------------------------------------------
 
 
-def completion_object(
-    request_id: str, model: str, text: str, finish: FinishEvent
+class ChoiceShape(Protocol):
+    """How one route writes its answers and chunks."""
+
+    object_name: str  # the whole answer's "object"
+    chunk_object_name: str  # each chunk's "object"
+    id_prefix: str
+
+    def whole_choice(self, text: str, finish_reason: str) -> dict[str, Any]: ...
+    def first_choice(self) -> dict[str, Any] | None:
+        """The choice of a chunk sent before any token, or None for no such chunk."""
+        ...
+
+    def delta_choice(self, text: str) -> dict[str, Any]: ...
+    def last_choice(self, finish_reason: str) -> dict[str, Any]: ...
+
+
+class CompletionShape:
+    object_name = chunk_object_name = "text_completion"
+    id_prefix = "cmpl-"
+
+    def whole_choice(self, text: str, finish_reason: str) -> dict[str, Any]:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+    def first_choice(self) -> dict[str, Any] | None:
+        return None
+
+    def delta_choice(self, text: str) -> dict[str, Any]:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
+
+    def last_choice(self, finish_reason: str) -> dict[str, Any]:
+        return {"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason}
+
+
+class ChatShape:
+    object_name = "chat.completion"
+    chunk_object_name = "chat.completion.chunk"
+    id_prefix = "chatcmpl-"
+
+    def whole_choice(self, text: str, finish_reason: str) -> dict[str, Any]:
+        message = {"role": "assistant", "content": text, "refusal": None}
+        return {"index": 0, "message": message, "logprobs": None,
+                "finish_reason": finish_reason}
+
+    def first_choice(self) -> dict[str, Any] | None:
+        return self._delta({"role": "assistant", "content": ""}, None)
+
+    def delta_choice(self, text: str) -> dict[str, Any]:
+        return self._delta({"content": text}, None)
+
+    def last_choice(self, finish_reason: str) -> dict[str, Any]:
+        return self._delta({}, finish_reason)
+
+    @staticmethod
+    def _delta(delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+COMPLETION = CompletionShape()
+CHAT = ChatShape()
+
+
+def whole_answer(
+    shape: ChoiceShape, request_id: str, model: str, text: str, finish: FinishEvent
 ) -> dict[str, Any]:
-    """The whole answer of a ``"stream": false`` request."""
+    """The answer of a request without ``"stream": true``."""
     return {
-        **_header(request_id, model),
-        "choices": [_choice(text, FINISH_REASONS[finish.reason])],
-        "usage": {
-            "prompt_tokens": finish.prompt_tokens,
-            "completion_tokens": finish.completion_tokens,
-            "total_tokens": finish.prompt_tokens + finish.completion_tokens,
-        },
+        "id": shape.id_prefix + request_id,
+        "object": shape.object_name,
+        "created": int(time.time()),
+        "model": model,
+        "choices": [shape.whole_choice(text, FINISH_REASONS[finish.reason])],
+        "usage": usage(finish),
     }
 
 
-class CompletionChunksBody(EventStreamBody):
-    """``/v1/stream``'s body with OpenAI's chunks on the wire instead of our events."""
+def usage(finish: FinishEvent) -> dict[str, int]:
+    return {
+        "prompt_tokens": finish.prompt_tokens,
+        "completion_tokens": finish.completion_tokens,
+        "total_tokens": finish.prompt_tokens + finish.completion_tokens,
+    }
+
+
+class OpenAIChunksBody(EventStreamBody):
+    """``/v1/stream``'s body with OpenAI's chunks on the wire instead of our events.
+
+    Args:
+        shape: the route's chunks (``COMPLETION`` or ``CHAT``).
+        model: the name every chunk carries.
+        include_usage: ``stream_options.include_usage``.
+        (the rest as ``EventStreamBody``)
+    """
 
     def __init__(
-        self, stream: Any, *, keepalive_s: float, model: str, timer: RequestTimer | None = None
+        self,
+        stream: ItemSource,
+        *,
+        keepalive_s: float,
+        shape: ChoiceShape,
+        model: str,
+        include_usage: bool = False,
+        timer: RequestTimer | None = None,
     ) -> None:
         super().__init__(stream, keepalive_s=keepalive_s, timer=timer)
+        self.shape = shape
         self.model = model
+        self.include_usage = include_usage
+        self.created = int(time.time())  # Invariant: one id and created per stream
 
     def _opening(self) -> bytes:
-        return b""  # OpenAI's stream has no start event
+        choice = self.shape.first_choice()
+        return b"" if choice is None else self._chunk([choice])
 
     def _encode(self, item: StreamItem) -> bytes:
         match item:
             case TokenEvent():
-                return self._chunk(item.text, None)
+                return self._chunk([self.shape.delta_choice(item.text)])
             case FinishEvent():
                 self.is_finished = True
-                return self._chunk("", FINISH_REASONS[item.reason]) + DONE
+                last = self._chunk([self.shape.last_choice(FINISH_REASONS[item.reason])])
+                if self.include_usage:
+                    last += self._chunk([], usage=usage(item))
+                return last + DONE
             case StreamError():
                 self.is_finished = True
                 return self._error(item.type, item.message)
         raise TypeError(f"not a stream item: {item!r}")
 
     def _error(self, error_type: str, message: str) -> bytes:
-        return _data({"error": {"type": error_type, "message": message}})
+        try:
+            kind = ErrorType(error_type)
+        except ValueError:
+            kind = ErrorType.INTERNAL_ERROR
+        return _data(OpenAIError(ApiError(kind, message)).envelope()) + DONE
 
-    def _chunk(self, text: str, finish_reason: str | None) -> bytes:
-        return _data(
-            {
-                **_header(self.stream.request_id, self.model),
-                "choices": [_choice(text, finish_reason)],
-            }
-        )
-
-
-def _header(request_id: str, model: str) -> dict[str, Any]:
-    return {
-        "id": f"cmpl-{request_id}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-    }
-
-
-def _choice(text: str, finish_reason: str | None) -> dict[str, Any]:
-    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def _chunk(
+        self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None
+    ) -> bytes:
+        chunk: dict[str, Any] = {
+            "id": self.shape.id_prefix + self.stream.request_id,
+            "object": self.shape.chunk_object_name,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if self.include_usage:
+            chunk["usage"] = usage
+        return _data(chunk)
 
 
 def _data(payload: dict[str, Any]) -> bytes:
+    # ensure_ascii: see sse_body.encode_json_event (no U+2028 for line splitters).
     return encode_event(json.dumps(payload, ensure_ascii=True, separators=(",", ":")))

@@ -1,4 +1,5 @@
 """HTTP routes: streaming and whole-answer generation, health, readiness and statistics.
+(The OpenAI-compatible routes are in ``openai_routes.py``; they share these helpers.)
 
 ``GET /v1/requests/<id>`` says how the engine let a request go, for as long as the hub
 remembers it (the most recent ``streams.hub.RECENT_FINISHES`` finishes): the finish
@@ -60,7 +61,6 @@ from .connection import own_stream
 from .errors import ApiError, ErrorType
 from .lifespan import Phase, Runtime
 from .metrics import Metrics, RequestTimer
-from .openai_compat import CompletionChunksBody, completion_object, parse_completions_body
 from .schemas import GenerateBody, RequestLimits, parse_generate_body
 from .sse_body import EventStreamBody
 
@@ -138,37 +138,6 @@ def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
             },
         }
         return _json(answer, headers={"X-Request-ID": stream.request_id})
-
-    @bp.post("/v1/completions")
-    async def completions() -> Response:
-        """The OpenAI-compatible protocol (see ``openai_compat.py``) on the same hub.
-
-        Cancellation: as ``/v1/stream`` (streaming) or ``/v1/generate`` (whole answer).
-        """
-        timer = metrics.start_request()
-        raw = await request.get_data(cache=False, as_text=False, parse_form_data=False)
-        body = parse_completions_body(raw, limits)
-        model = body.model or settings.model
-        stream = await runtime.open_stream(body.to_generation_request(limits), None)
-        own_stream(request.scope, stream)
-        _submitted(timer, stream)
-        if body.stream:
-            response = Response(
-                CompletionChunksBody(
-                    stream, keepalive_s=settings.keepalive_s, model=model, timer=timer
-                ),
-                status=200,
-                content_type="text/event-stream; charset=utf-8",
-                headers={**SSE_HEADERS, "X-Request-ID": stream.request_id},
-            )
-            response.timeout = None  # as for /v1/stream
-            return response
-        with stream:
-            text, _, finish = await _collect(stream, timer)
-        return _json(
-            completion_object(stream.request_id, model, text, finish),
-            headers={"X-Request-ID": stream.request_id},
-        )
 
     @bp.get("/v1/requests/<request_id>")
     async def finished_request(request_id: str) -> Response:

@@ -45,6 +45,10 @@ class Settings:
     model: str = field(default="smollm2", metadata=_doc(
         "smollm2 (embedded SmolLM2-135M), tiny-gpt2, tiny-llama (random, for tests) "
         "or a local transformers folder"))
+    model_name: str | None = field(default=None, metadata={**_doc(
+        "another name for the model on the OpenAI routes: /v1/models lists it after the "
+        "model setting's value, and a request's `model` may be either (else 404 "
+        "model_not_found); `*` accepts any `model`"), "shown": "(none)"})
     device: str | None = field(default=None, metadata=_doc(
         "cpu or cuda (cuda:N); unset: cuda if available, else cpu"))
     policy: PolicyName = field(default=PolicyName.PAUSE_DROP, metadata=_doc(
@@ -234,6 +238,17 @@ def _device(raw: str) -> str:
     raise ValueError("expected cpu, cuda or cuda:N")
 
 
+# A model name is an identifier in JSON and in URLs: printable ASCII, no spaces.
+MAX_MODEL_NAME_CHARS = 256
+
+
+def _model_name(raw: str) -> str:
+    if len(raw) <= MAX_MODEL_NAME_CHARS and all("!" <= c <= "~" for c in raw):
+        return raw
+    raise ValueError(f"expected printable ASCII without spaces, at most "
+                     f"{MAX_MODEL_NAME_CHARS} characters, or *")
+
+
 def _model(raw: str) -> str:
     if raw in BUILTIN_MODELS or Path(raw).is_dir():
         return raw
@@ -242,6 +257,7 @@ def _model(raw: str) -> str:
 
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "model": _model,
+    "model_name": _model_name,
     "device": _device,
     "policy": _policy,
     "request_policies": _request_policies,
@@ -281,6 +297,11 @@ def _range_problems(s: Settings) -> list[str]:
         # naive makes the step loop wait for this stream's reader: one client that stops
         # reading would stall every stream. Only the operator may choose it, server-wide.
         problems.append(f"{_env_name('request_policies')} may not include naive")
+    if s.model_name is not None:
+        try:
+            _model_name(s.model_name)
+        except ValueError as exc:
+            problems.append(f"{_env_name('model_name')}: {exc}")
     if s.api_key is not None and not _is_api_key(s.api_key):
         problems.append(f"{_env_name('api_key')} must be visible ASCII characters (no "
                         "spaces), at least one")

@@ -16,6 +16,7 @@ os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 
 from typing import TYPE_CHECKING, Any
 
+from .errors import ChatTemplateError as ChatTemplateError
 from .errors import DoubleRelease as DoubleRelease
 from .errors import DuplicateRequestId as DuplicateRequestId
 from .errors import EmptyPrompt as EmptyPrompt
@@ -51,6 +52,7 @@ def load_engine(
 
 
 __all__ = [
+    "ChatTemplateError",
     "DoubleRelease",
     "DuplicateRequestId",
     "EmptyPrompt",

@@ -42,7 +42,8 @@ import statistics as stats
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from collections.abc import Sequence as Seq
 
 import torch
 
@@ -152,6 +153,18 @@ class Engine:
         in a worker thread.
         """
         return self._encoder.encode(prompt)
+
+    def render_chat(
+        self, messages: Seq[Mapping[str, str]], add_generation_prompt: bool = True
+    ) -> tuple[str, list[int]]:
+        """Chat messages (``{"role", "content"}``) rendered by the tokenizer's own chat
+        template: the prompt text and its token ids, for ``GenerationRequest.prompt`` and
+        ``prompt_token_ids``. Thread-safe and blocking, like ``tokenize``.
+
+        Raises:
+            ChatTemplateError: the model has no chat template, or it refused the messages.
+        """
+        return self._encoder.render_chat(messages, add_generation_prompt)
 
     def submit(self, request: GenerationRequest) -> int:
         """Validate and queue a request; return its prompt's token count.

@@ -6,7 +6,8 @@ EngineError
 │   ├── InvalidMaxNewTokens   max_new_tokens < 1
 │   ├── PromptTooLong         prompt + max_new_tokens exceed the cache or the model's context
 │   ├── InvalidSampling       temperature, top_p, top_k or seed out of range
-│   └── DuplicateRequestId    the id is already in the engine
+│   ├── DuplicateRequestId    the id is already in the engine
+│   └── ChatTemplateError     the model has no chat template, or it refused the messages
 ├── DoubleRelease             a sequence's blocks were released twice (a bug, never input)
 └── StepReentered             step() was called while another step ran (a bug)
 """
@@ -40,6 +41,11 @@ class InvalidSampling(InvalidRequest):
 
 class DuplicateRequestId(InvalidRequest):
     pass
+
+
+class ChatTemplateError(InvalidRequest):
+    """Chat messages cannot become a prompt: the tokenizer has no chat template, or
+    the template refused them (many raise on an unexpected role order)."""
 
 
 class DoubleRelease(EngineError, RuntimeError):

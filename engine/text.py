@@ -15,15 +15,21 @@ stop string split over two tokens is never partly emitted.
 library raises ``RuntimeError: Already borrowed`` when a call that changes its
 settings meets another call), and the step thread decodes with the model's
 tokenizer all the time; so prompts are encoded with a copy of it, one call at
-a time under the encoder's own lock. The step never waits for an encode.
+a time under the encoder's own lock. The step never waits for an encode. Chat
+messages become a prompt there too (``render_chat``): the tokenizer's own chat
+template (Jinja, in the tokenizer's config or the GGUF file) renders them.
 """
 
 from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Mapping, Sequence
 
+import jinja2
 from transformers import PreTrainedTokenizerBase
+
+from .errors import ChatTemplateError
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -116,3 +122,36 @@ class PromptEncoder:
             ids = self._tokenizer.encode(text)
         assert isinstance(ids, list)
         return ids
+
+    def render_chat(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
+    ) -> tuple[str, list[int]]:
+        """The prompt text the chat template makes of ``messages`` (``{"role",
+        "content"}`` each), and its token ids.
+
+        The ids are encoded without the tokenizer's added special tokens: the template
+        writes every special token the model expects (a BOS among them), as
+        ``apply_chat_template(tokenize=True)`` does.
+
+        Raises:
+            ChatTemplateError: the tokenizer has no chat template, or rendering failed
+                (a template may raise on roles in an order it does not accept).
+        """
+        with self._lock:
+            if not getattr(self._tokenizer, "chat_template", None):
+                raise ChatTemplateError(
+                    "this model has no chat template, so it cannot serve chat messages; "
+                    "send a plain prompt instead"
+                )
+            try:
+                text = self._tokenizer.apply_chat_template(
+                    [dict(m) for m in messages],
+                    tokenize=False,
+                    add_generation_prompt=add_generation_prompt,
+                )
+            except jinja2.TemplateError as exc:
+                raise ChatTemplateError(f"the chat template refused the messages: {exc}") from None
+            assert isinstance(text, str)  # tokenize=False renders one conversation as text
+            ids = self._tokenizer.encode(text, add_special_tokens=False)
+        assert isinstance(ids, list)
+        return text, ids

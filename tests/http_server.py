@@ -15,7 +15,7 @@ The clients the tests use against it are in ``http_clients.py``.
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -101,6 +101,11 @@ class RecordingEngine:
 
     def tokenize(self, prompt: str) -> list[int]:
         return self._engine.tokenize(prompt)
+
+    def render_chat(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
+    ) -> tuple[str, list[int]]:
+        return self._engine.render_chat(messages, add_generation_prompt)
 
     def statistics(self) -> EngineStatistics:
         return self._engine.statistics()

@@ -13,7 +13,7 @@ from tests.http_server import RunningServer
 
 
 def completions_body(**fields: object) -> dict[str, object]:
-    return {"model": "tiny", "prompt": stream_body()["prompt"], "temperature": 0, **fields}
+    return {"model": "tiny-gpt2", "prompt": stream_body()["prompt"], "temperature": 0, **fields}
 
 
 async def test_whole_completion_matches_generate(server: RunningServer) -> None:
@@ -24,7 +24,7 @@ async def test_whole_completion_matches_generate(server: RunningServer) -> None:
     answer = response.json()
     assert response.status_code == 200
     assert answer["object"] == "text_completion"
-    assert answer["model"] == "tiny"
+    assert answer["model"] == "tiny-gpt2"
     assert answer["choices"] == [
         {"index": 0, "text": ours["text"], "logprobs": None, "finish_reason": "length"}
     ]
@@ -65,18 +65,30 @@ async def test_stop_string_reports_stop(server: RunningServer) -> None:
     assert choice["text"] == text[: text.index(stop)]
 
 
-async def test_unsupported_fields_are_refused_with_the_envelope(server: RunningServer) -> None:
+async def test_unsupported_fields_are_refused_with_openais_400(server: RunningServer) -> None:
+    cases = [({"n": 2}, "n"), ({"echo": True}, "echo"), ({"max_tokens": 0}, "max_tokens"),
+             ({"frequency_penalty": 0.5}, "frequency_penalty"), ({"min_tokens": 3}, "min_tokens"),
+             ({"prompt": None}, "prompt")]
     async with server.client() as client:
-        responses = [
-            await client.post("/v1/completions", json=completions_body(n=2)),
-            await client.post("/v1/completions", json=completions_body(echo=True)),
-            await client.post("/v1/completions", json=completions_body(max_tokens=0)),
-            await client.post("/v1/completions", json={"model": "tiny"}),
-        ]
+        for fields, param in cases:
+            response = await client.post("/v1/completions", json=completions_body(**fields))
 
-    for response in responses:
-        assert response.status_code == 422
-        assert response.json()["error"]["type"] == "invalid_request"
+            assert response.status_code == 400, fields
+            assert response.headers["x-should-retry"] == "false"
+            error = response.json()["error"]
+            assert error["param"] == param
+            assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_request")
+            assert set(error) == {"message", "type", "param", "code"}
+
+
+async def test_neutral_values_of_unsupported_fields_are_accepted(server: RunningServer) -> None:
+    neutral = {"n": 1, "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {},
+               "echo": False, "best_of": 1, "min_tokens": 0, "logprobs": None}
+    async with server.client() as client:
+        response = await client.post("/v1/completions", json=completions_body(max_tokens=2,
+                                                                                **neutral))
+
+    assert response.status_code == 200, response.text
 
 
 async def test_unknown_fields_are_ignored_like_openai_clients_expect(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import FinishEvent, GenerationRequest, TokenEvent
+from engine import FinishEvent, FinishReason, GenerationRequest, TokenEvent
 from engine.engine import Engine
 from engine.model import converted_cache_dir, load_model
 
@@ -47,6 +47,23 @@ def greedy_text(engine: Engine, prompt: str) -> str:
 
 def test_smollm2_greedy_answer_names_paris(converted_engine: Engine) -> None:
     assert "Paris" in greedy_text(converted_engine, "The capital of France is")
+
+
+def test_smollm2_chat_template_renders_chatml_and_the_answer_ends_at_eos(
+    converted_engine: Engine,
+) -> None:
+    text, ids = converted_engine.render_chat(
+        [{"role": "user", "content": "What is the capital of France?"}], True)
+    converted_engine.submit(GenerationRequest("chat", text, 24, prompt_token_ids=tuple(ids)))
+    events = []
+    while converted_engine.has_work():
+        events += converted_engine.step()
+
+    assert text.startswith("<|im_start|>system\n")  # the GGUF template's default system
+    assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+    assert ids == converted_engine.tokenizer.encode(text, add_special_tokens=False)
+    assert "Paris" in "".join(e.text for e in events if isinstance(e, TokenEvent))
+    assert isinstance(events[-1], FinishEvent) and events[-1].reason is FinishReason.EOS
 
 
 def test_converted_copy_answers_like_the_gguf_file(

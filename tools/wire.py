@@ -4,9 +4,10 @@ Protocols. ``streamscope``: ``POST /v1/stream``, events start/token/done/error (
 events are ignored, as a tolerant reader should). ``openai``: the streaming completions
 protocol that vLLM, llama.cpp's server and ``transformers serve`` speak, ``POST
 /v1/completions`` with ``{"model", "prompt", "max_tokens", "temperature": 0, "stream":
-true}`` (and ``"ignore_eos": true`` when asked, an extension vLLM and llama.cpp accept),
-answered with ``data: {chunk}`` events until ``data: [DONE]``. Caveat: that protocol has
-no token ids and no event per token, so a token here is a chunk: one that carries text,
+true}`` (``model`` only when given; ``"ignore_eos": true`` when asked, an extension vLLM
+and llama.cpp accept), answered with ``data: {chunk}`` events until ``data: [DONE]``.
+Caveat: that protocol has no token ids and no event per token, so a token here is a
+chunk: one that carries text,
 or empty text without a finish reason (a token whose bytes are held back). A closing
 chunk with only a finish reason is not counted. A server that puts several tokens in one
 chunk is under-counted and its gaps look longer; when it sends ``usage``, the record
@@ -74,12 +75,13 @@ class OpenAIWire:
 
     def body(self, request: StreamRequest, model: str | None) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "model": model or "default",
             "prompt": request.prompt,
             "max_tokens": request.max_new_tokens,
             "temperature": 0,
             "stream": True,
         }
+        if model:  # else the server's own (streamscope and vLLM accept a body without one)
+            body["model"] = model
         if request.ignore_eos:
             body["ignore_eos"] = True
         return body
