@@ -11,8 +11,10 @@ One Trio task (``run``, started with ``nursery.start``) steps the engine through
 uncancellable critical section that mutates the cache). Each step's events go to
 their streams through each stream's policy, synchronously: the loop never waits for
 a reader (except under ``naive``, kept to be measured). Events a prefill produces are
-delivered as soon as that prefill is done, through ``on_prefill``; in production it
-runs in the worker thread and hops into Trio with ``trio.from_thread.run_sync``.
+delivered as soon as that prefill is done, through ``on_prefill`` (and before them the
+finishes of the cancels the step applied); in production it runs in the worker thread
+and hops into Trio with ``trio.from_thread.run_sync``. A step whose ``on_prefill``
+raised has handed it every event it made, so none is lost before the hub fails.
 
     NEW ──run()──> RUNNING ──drain()──> DRAINING ──engine holds nothing──> STOPPED
                       └──────── a step raised ─────────> FAILED

@@ -25,7 +25,12 @@ class StepEngine(Protocol):
     Beyond the signatures: submit/cancel/pause/resume are thread-safe wishes applied at
     the next step, and the last three ignore unknown or finished ids; each submitted
     request yields exactly one FinishEvent; ``on_prefill`` runs in the stepping thread
-    with no engine lock held (the hub may call cancel or pause while handling it).
+    with no engine lock held (the hub may call cancel or pause while handling it). Every
+    event is handed out once, to ``on_prefill`` (the finishes of cancels applied at the
+    step's start, then each prefill's) or in the return value; if ``on_prefill`` raises,
+    the step raises that after handing it everything made so far, and makes no more.
+    A failure tied to one request ends it alone (FinishEvent ``ERROR``); a step raises
+    only for a raising ``on_prefill`` or a bug.
     """
 
     def submit(self, request: GenerationRequest) -> int: ...
