@@ -1,0 +1,162 @@
+"""Fixes at hypercorn's HTTP/1.1 edge under trio: connections that end when they should.
+
+Known for hypercorn 0.18.0 with h11 0.16 (pinned in ``pyproject.toml``). Upstream:
+pgjones/hypercorn#330 ("Connection:close ignored?", open; related: #106). Drop
+``ClosingTCPServer`` when upstream fixes it, and check ``tests/test_http_connection.py``
+still passes without it.
+
+The cause (hypercorn 0.18, ``protocol/h11.py`` and ``trio/tcp_server.py``): a response's
+end runs in the ASGI app's own task, inside quart-trio's per-request nursery:
+``send(last body)`` -> ``HTTPStream._send_closed`` -> ``H11Protocol._maybe_recycle``.
+That first puts ``http.disconnect`` in the app's queue (a checkpoint), and quart-trio's
+receive loop, seeing it, cancels the request's nursery: the disconnect signal this server
+relies on. ``_maybe_recycle`` goes on in the now cancelled task and sends either
+``Closed`` (``Connection: close``, HTTP/1.0, an unread request body) -> ``TCPServer._close``
+-> ``send_eof``, whose first checkpoint raises ``Cancelled`` before the socket is shut
+down or closed; or ``Updated(idle=True)`` -> the keep-alive timer's restart, whose lock
+raises ``Cancelled`` the same way. So: no EOF after ``Connection: close`` or HTTP/1.0, an
+idle keep-alive connection never times out, and a connection that should close stays open
+with no request in it, holding the next request sent on it unanswered forever (its bytes
+are parsed, but ``_handle_events`` only breaks or waits for a cycle that never starts).
+``ClosingTCPServer`` shields those two steps: a shutdown and a timer restart never block.
+
+The other half, ``settle_request_body`` (which ``ClosingTCPServer`` wraps around the app
+for every HTTP/1 request), is ours: a response that goes out before its
+request body arrived (a 404 or 413 that never reads the body) leaves h11 unable to reuse
+the connection (hypercorn closes it, at the fix above). It would come down to a race
+whether the client's next request on it got through: httpx writes a request's head and
+its body separately, and a 404 could finish between the two. So before a response
+starts, a small request body is waited for (drained, by Quart's receive loop that reads
+the body anyway, to at most ``DRAIN_LIMIT_BYTES`` for at most ``DRAIN_TIMEOUT_S``) and the
+connection is reused; a larger, chunked or late one gets ``Connection: close`` in the
+response, so the client knows not to reuse it, and the connection closes after it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import hypercorn.trio.run
+import trio
+from hypercorn.config import Config
+from hypercorn.events import Event, Updated
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import (
+    AppWrapper,
+    ASGIReceiveCallable,
+    ASGIReceiveEvent,
+    ASGISendCallable,
+    ASGISendEvent,
+    LifespanState,
+    Scope,
+)
+
+# A request body this small is read rather than thrown away with its connection: a few
+# TCP segments, less than a new connection costs (Go's net/http drains 256 KiB).
+DRAIN_LIMIT_BYTES = 64 * 1024
+# How long a response waits for such a body to arrive before it closes the connection
+# instead: enough for a body already sent, short for one that is not coming.
+DRAIN_TIMEOUT_S = 1.0
+_HTTP1 = {"1.0", "1.1"}
+
+
+class ClosingTCPServer(TCPServer):
+    """hypercorn's trio connection, whose close and keep-alive timer survive a cancel,
+    serving the app with ``settle_request_body``.
+
+    Both run shielded: ``_close`` is a ``shutdown(SHUT_WR)`` and a ``close()``, the
+    timer's restart a lock held for no I/O, so neither can block.
+    """
+
+    def __init__(
+        self,
+        app: AppWrapper,
+        config: Config,
+        context: WorkerContext,
+        state: LifespanState,
+        stream: trio.SSLStream[trio.SocketStream],
+    ) -> None:
+        super().__init__(_SettlingApp(app), config, context, state, stream)
+
+    async def _close(self) -> None:
+        with trio.CancelScope(shield=True):
+            await super()._close()
+
+    async def protocol_send(self, event: Event) -> None:
+        if isinstance(event, Updated):
+            with trio.CancelScope(shield=True):
+                await super().protocol_send(event)
+        else:
+            await super().protocol_send(event)
+
+
+def install() -> None:
+    """Make hypercorn's trio worker (the CLI's ``-k trio`` and ``hypercorn.trio.serve``)
+    build ``ClosingTCPServer``s: ``worker_serve`` looks ``TCPServer`` up when it runs.
+    Idempotent."""
+    hypercorn.trio.run.TCPServer = ClosingTCPServer  # type: ignore[misc]
+
+
+def settle_request_body(
+    scope: dict[str, Any], receive: ASGIReceiveCallable, send: ASGISendCallable
+) -> tuple[ASGIReceiveCallable, ASGISendCallable]:
+    """Wrap one HTTP/1 request's ``receive`` and ``send`` so its response starts only once
+    its body has arrived, or says ``Connection: close`` (see the module docstring).
+
+    The app must read ``receive`` to the end concurrently with its response (quart-trio
+    does: its receive loop runs until ``http.disconnect``).
+    """
+    if scope.get("type") != "http" or scope.get("http_version") not in _HTTP1:
+        return receive, send
+    declared = _declared_length(scope)
+    body_done = trio.Event()
+
+    async def watched_receive() -> ASGIReceiveEvent:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            body_done.set()  # the body's end, or a disconnect: nothing more will come
+        return message
+
+    async def settled_send(message: ASGISendEvent) -> None:
+        """Cancellation: while waiting for the body, propagates; nothing was sent."""
+        if message["type"] == "http.response.start" and not body_done.is_set():
+            if declared is not None and declared <= DRAIN_LIMIT_BYTES:
+                with trio.move_on_after(DRAIN_TIMEOUT_S):
+                    await body_done.wait()
+            if not body_done.is_set():
+                headers = [*message.get("headers", []), (b"connection", b"close")]
+                message = cast(ASGISendEvent, {**message, "headers": headers})
+        await send(message)
+
+    return watched_receive, settled_send
+
+
+class _SettlingApp:
+    """hypercorn's app wrapper, with ``settle_request_body`` around each request."""
+
+    def __init__(self, app: AppWrapper) -> None:
+        self.app = app
+
+    async def __call__(
+        self,
+        scope: Scope,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+        sync_spawn: Any,
+        call_soon: Any,
+    ) -> None:
+        receive, send = settle_request_body(cast(dict[str, Any], scope), receive, send)
+        await self.app(scope, receive, send, sync_spawn, call_soon)
+
+
+def _declared_length(scope: dict[str, Any]) -> int | None:
+    """The request body's Content-Length; 0 without one; None when chunked (unknown)."""
+    length = 0
+    for name, value in scope.get("headers", []):
+        name = bytes(name).lower()
+        if name == b"transfer-encoding":
+            return None
+        if name == b"content-length":
+            length = int(value)  # h11 has validated it
+    return length
