@@ -246,7 +246,8 @@ def cases(
         return _replace(case, chunks=tuple(draw(st.lists(st.integers(1, 64), max_size=8))),
                         bad_chunk=draw(st.integers(0, 5)) == 0)
     if framing is Framing.SHORT:
-        return _replace(case, missing=draw(st.integers(1, 10_000)))
+        # Past 64 KiB declared, hypercorn 0.18 (trio) has crashed (tests/test_fuzz_http.py).
+        return _replace(case, missing=draw(st.integers(1, 10_000) | st.integers(10_000, 2**20)))
     if framing is Framing.SLOWLORIS:
         head_size = len(case.head("127.0.0.1"))
         return _replace(case, cut=draw(st.integers(1, min(max_cut, head_size - 1))),

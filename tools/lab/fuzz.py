@@ -21,9 +21,9 @@ response, ``none``: neither), ``five_xx``, ``hangs``, ``internal_errors`` (200 s
 that carried one), ``protocol_errors`` (responses that were not valid HTTP),
 ``close_ignored`` (``Connection: close`` answered without EOF), ``server_deaths``,
 ``blocks_leaked``, ``double_releases``, ``streams_registered_after``, ``fds_leaked``
-(the server's open files after minus before, over each server's life), ``by_kind`` and
-``by_framing`` (cases and their findings). Raw: every finding's case as a reproducer
-(its exact bytes in base64), and each server's figures.
+(the server's open files after minus before, over each server's life), ``by_kind``,
+``by_framing`` and ``by_route`` (cases and their findings). Raw: every finding's case as
+a reproducer (its exact bytes in base64), and each server's figures.
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ async def fuzz(lab: Lab) -> Report:
         "fds_leaked": _fds_leaked(alive),
         "by_kind": _breakdown(results, lambda c: c.kind),
         "by_framing": _breakdown(results, lambda c: c.framing.value),
+        "by_route": _breakdown(results, lambda c: c.path),
         "concurrency": concurrency,
         "draw_s": round(draw_s, 2),
     }
@@ -157,7 +158,7 @@ async def _run_epoch(
                 host, port, case, timeout_s=CASE_TIMEOUT_S, silent_timeout_s=SILENT_TIMEOUT_S,
                 eof_wait_s=EOF_WAIT_S)
         except OSError:  # refused: is the server still there?
-            if not await _alive(lab, epoch.url):
+            if not epoch.died and not await _alive(lab, epoch.url):
                 epoch.died = True
                 epoch.in_flight_at_death = list(in_flight.values())
                 nursery.cancel_scope.cancel(reason="the server died")
