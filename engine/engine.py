@@ -20,7 +20,8 @@ cache happens inside ``step()``, which one caller runs repeatedly:
 A sequence is therefore never removed while its tensors are in use, and its
 blocks are released in one place (``BlockAllocator.release``, which raises on
 a second release). ``statistics()`` is a snapshot taken at the last step
-boundary, so reading it never waits for a step.
+boundary (and before events are handed to ``on_prefill``, so a finish its reader
+has seen is always counted), so reading it never waits for a step.
 
 Failures. A failure tied to one sequence (its prefill, its sampling, its
 detokenizer or stop matcher) finishes that sequence alone with ``ERROR`` and a
@@ -44,6 +45,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
+from functools import partial
 
 import torch
 
@@ -243,11 +245,13 @@ class Engine:
         try:
             started = time.perf_counter()
             events = self._apply_inbox()
-            if on_prefill is not None and events:
-                # Out first: once these are handed over, nothing made later can lose them.
-                handed, events = events, []
-                on_prefill(handed)
-            deliver = on_prefill if on_prefill is not None else events.extend
+            deliver = events.extend
+            if on_prefill is not None:
+                deliver = partial(self._hand_over, on_prefill)
+                if events:
+                    # Out first: once these are handed over, nothing made later can lose them.
+                    handed, events = events, []
+                    deliver(handed)
             self.scheduler.admit()
             fresh = self._prefills_this_step()
             for seq in fresh:
@@ -259,6 +263,12 @@ class Engine:
             return events
         finally:
             self._step_lock.release()
+
+    def _hand_over(self, on_prefill: PrefillCallback, events: list[EngineEvent]) -> None:
+        """Give ``events`` to ``on_prefill`` with the statistics brought up to date first:
+        whoever sees a finish then also sees its blocks released in ``statistics()``."""
+        self._snapshot = self._take_snapshot()
+        on_prefill(events)
 
     def _prefills_this_step(self) -> list[Sequence]:
         """Admitted sequences to prefill now, in arrival order, within the token budget.
