@@ -9,8 +9,13 @@ library hands keyword arguments down to the attention function, and
 
 A call is one of two shapes:
 
-* prefill: one sequence, all its prompt positions. Keys and values are written
-  into the cache and attention is causal over the new positions themselves.
+* prefill: one or more prompts packed into one row (varlen: positions restart
+  at 0 for each prompt). Keys and values are written into each prompt's own
+  blocks, and attention is causal within each prompt and never across prompts:
+  one causal ``scaled_dot_product_attention`` per prompt, on exactly the shapes
+  a prompt prefilled alone would see, so a packed prefill is bit for bit the
+  solo one (a single call with a block-diagonal mask is not: the kernel then
+  splits and accumulates each prompt's keys differently).
 * decode: a batch of sequences, one new position each. The new keys and values
   are written first, then every sequence's positions are gathered through its
   block table into a padded tensor, and padding is masked out with -inf.
@@ -40,11 +45,25 @@ class PagedBatch:
     write_slots: torch.Tensor  # (batch * new_positions,) slots for the new keys/values
     read_slots: torch.Tensor | None  # decode: (batch * max_len,) slots to gather; prefill: None
     read_bias: torch.Tensor | None  # decode: (batch, 1, 1, max_len) 0 where real, -inf padding
+    prompt_lengths: tuple[int, ...] = ()  # prefill: the packed prompts' lengths, in order
 
 
-def prefill_batch(cache: PagedKVCache, tables: torch.Tensor, positions: torch.Tensor) -> PagedBatch:
-    """A prefill of one sequence: ``tables`` (1, blocks), ``positions`` (1, n)."""
-    return PagedBatch(cache, cache.slots(tables, positions).flatten(), None, None)
+def prefill_batch(
+    cache: PagedKVCache, tables: torch.Tensor, lengths: list[int]
+) -> tuple[PagedBatch, torch.Tensor]:
+    """A packed prefill of ``len(lengths)`` prompts, and its position ids (1, total).
+
+    ``tables`` (prompts, blocks) holds each prompt's block table, padded with any
+    valid block id; prompt ``i`` occupies ``lengths[i]`` consecutive tokens of the row.
+    """
+    device = tables.device
+    counts = torch.tensor(lengths, device=device)
+    rows = torch.repeat_interleave(torch.arange(len(lengths), device=device), counts)
+    starts = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    positions = torch.arange(int(counts.sum()), device=device) - starts
+    blocks = tables[rows, torch.div(positions, cache.block_size, rounding_mode="floor")]
+    slots = blocks * cache.block_size + positions % cache.block_size
+    return PagedBatch(cache, slots, None, None, tuple(lengths)), positions.unsqueeze(0)
 
 
 def decode_batch(
@@ -95,10 +114,7 @@ def paged_attention(
         0, paged.write_slots, value.transpose(1, 2).reshape(-1, num_kv_heads, head_dim)
     )
     if paged.read_slots is None or paged.read_bias is None:
-        out = F.scaled_dot_product_attention(
-            query, key, value, is_causal=True, scale=scaling, enable_gqa=num_heads != num_kv_heads
-        )
-        return out.transpose(1, 2).contiguous(), None
+        return _packed_causal(query, key, value, paged.prompt_lengths, scaling), None
     # Decode: one new position per row. The query heads that share a kv head are
     # laid out as that kv head's "positions" (as transformers' pack_gqa does), so
     # grouped-query attention needs no copy of the keys per query head.
@@ -111,6 +127,34 @@ def paged_attention(
         grouped, keys, values, attn_mask=paged.read_bias, scale=scaling
     )
     return out.reshape(batch, 1, num_heads, head_dim), None
+
+
+def _packed_causal(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    lengths: tuple[int, ...],
+    scaling: float | None,
+) -> torch.Tensor:
+    """Causal attention within each packed prompt.
+
+    (1, heads, total, dim) in, (1, total, heads, dim) out.
+    """
+    gqa = query.shape[1] != key.shape[1]
+    if len(lengths) <= 1:
+        out = F.scaled_dot_product_attention(
+            query, key, value, is_causal=True, scale=scaling, enable_gqa=gqa
+        )
+        return out.transpose(1, 2).contiguous()
+    parts = []
+    start = 0
+    for n in lengths:  # a contiguous copy per prompt: the solo call's exact inputs
+        q, k, v = (x[:, :, start : start + n].contiguous() for x in (query, key, value))
+        parts.append(
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=gqa)
+        )
+        start += n
+    return torch.cat(parts, dim=2).transpose(1, 2).contiguous()
 
 
 AttentionInterface.register(ATTENTION_NAME, paged_attention)

@@ -7,28 +7,11 @@ its own logits: its tokens do not depend on which other rows share the batch.
 
 from __future__ import annotations
 
-import math
 import random
 
 import torch
 
-from .errors import InvalidSampling
 from .types import SamplingParams
-
-
-def validate(params: SamplingParams) -> None:
-    """Raise InvalidSampling for values no sampler can honour."""
-    t, p, k, seed = params.temperature, params.top_p, params.top_k, params.seed
-    if not (isinstance(t, int | float) and math.isfinite(t) and 0.0 <= t <= 100.0):
-        raise InvalidSampling(f"temperature must be a number in [0, 100], got {t!r}")
-    if not (isinstance(p, int | float) and math.isfinite(p) and 0.0 < p <= 1.0):
-        raise InvalidSampling(f"top_p must be in (0, 1], got {p!r}")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise InvalidSampling(f"top_k must be an integer >= 0, got {k!r}")
-    if seed is not None and (
-        isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63
-    ):
-        raise InvalidSampling(f"seed must be an integer in [0, 2**63), got {seed!r}")
 
 
 def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:

@@ -1,41 +1,204 @@
-"""Who waits, who runs: admission in arrival order under slot and block limits.
+"""Who waits, who runs, what a step carries, and when a sequence ends.
 
-Theory of operation. A sequence waits in arrival order until there is a batch
-slot for it and enough free blocks for everything it can ever need (prompt
-plus max new tokens); then it is admitted and holds that reservation until it
-finishes. Admission stops at the first waiting sequence that does not fit, so
-a long request is never overtaken forever by short ones (arrival order holds).
-Finishing is the only way out of the running set, and it releases the blocks
-through the allocator: the one place they are freed. Pure Python: no torch.
+Theory of operation. Other threads only post wishes (``post_submit``, ``post``)
+into the inbox; the stepping thread applies them at the start of a step
+(``apply_inbox``): submits join the waiting queue, cancels finish a waiting
+sequence (never admitted) or a running one, pauses and resumes flip a flag.
+
+``schedule`` then admits waiting sequences in arrival order while there is a
+batch slot and enough free blocks for everything a sequence can ever need
+(prompt plus max new tokens); admission stops at the first one that does not
+fit, so a long request is never overtaken forever by short ones. It chooses the
+admitted prompts to prefill in this step, in arrival order, up to
+``max_prefill_tokens`` prompt tokens (at least one prompt, so a long one still
+runs), and the decode rows: every running, unpaused sequence that already has a
+token to feed back.
+
+``record_token`` is the per-sequence error boundary: it turns one sampled token
+(or the exception its sampling raised) into events, running the detokenizer and
+the stop matcher and deciding whether the sequence ends (stop string, eos,
+length); any exception there finishes that sequence alone with ``ERROR``.
+``finish`` is the only way out, and it releases the blocks through the
+allocator, the one place they are freed. Pure Python: no torch.
 """
 
 from __future__ import annotations
 
+import enum
+import threading
+import time
 from collections import deque
+from dataclasses import dataclass
 
-from .kv_cache import BlockAllocator
+from .block_manager import BlockAllocator
+from .errors import DuplicateRequestId
 from .sequence import Sequence, SequenceState
+from .types import EngineEvent, FinishEvent, FinishReason, TokenEvent
+
+
+class Op(enum.Enum):
+    """A wish posted to the inbox, applied at the next step boundary."""
+
+    CANCEL = "cancel"  # end the request: finish it waiting or running
+    PAUSE = "pause"  # leave it out of the decode batch; it keeps blocks and slot
+    RESUME = "resume"  # take it back into the decode batch
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """What one step runs: prompts to prefill and sequences to decode, disjoint."""
+
+    prefill: list[Sequence]  # admitted, unpaused, prompt not run yet; arrival order
+    decode: list[Sequence]  # running, unpaused, with a token to feed back
 
 
 class Scheduler:
-    def __init__(self, allocator: BlockAllocator, max_batch: int) -> None:
+    """Admission, the per-step prefill budget and finishing, over one allocator.
+
+    Args:
+        allocator: the block pool.
+        max_batch: most sequences running at once (batch slots).
+        max_prefill_tokens: prompt tokens prefilled per step (at least one prompt).
+        eos_token_ids: tokens that end a sequence (unless its request ignores eos).
+    """
+
+    def __init__(
+        self,
+        allocator: BlockAllocator,
+        *,
+        max_batch: int,
+        max_prefill_tokens: int,
+        eos_token_ids: frozenset[int],
+    ) -> None:
+        if max_batch < 1 or max_prefill_tokens < 1:
+            raise ValueError(
+                f"max_batch ({max_batch}) and max_prefill_tokens "
+                f"({max_prefill_tokens}) must be at least 1"
+            )
         self.allocator = allocator
         self.max_batch = max_batch
+        self.max_prefill_tokens = max_prefill_tokens
+        self.eos_token_ids = eos_token_ids
         self.waiting: deque[Sequence] = deque()
         self.running: dict[str, Sequence] = {}  # insertion order = admission order
         self.num_admitted = 0
+        self._inbox: list[Sequence | tuple[Op, str]] = []
+        self._live_ids: set[str] = set()  # submitted and not yet finished
+        self._inbox_lock = threading.Lock()  # guards _inbox and _live_ids
 
-    def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+    # -- wishes: any thread ------------------------------------------------------
+
+    def post_submit(self, seq: Sequence) -> None:
+        """Queue a new sequence. Raises DuplicateRequestId if its id is live."""
+        with self._inbox_lock:
+            if seq.request_id in self._live_ids:
+                raise DuplicateRequestId(f"request id {seq.request_id!r} is in use")
+            self._live_ids.add(seq.request_id)
+            self._inbox.append(seq)
+
+    def post(self, op: Op, request_id: str) -> None:
+        with self._inbox_lock:
+            self._inbox.append((op, request_id))
+
+    def has_work(self) -> bool:
+        """Whether a step would do anything. For the step's caller, between steps."""
+        with self._inbox_lock:
+            if self._inbox:
+                return True
+        can_admit = bool(self.waiting) and (
+            len(self.running) < self.max_batch
+            and self.allocator.can_reserve(self.waiting[0].max_tokens)
+        )
+        return can_admit or any(not s.is_paused for s in self.running.values())
+
+    # -- the step's phases: the stepping thread only ------------------------------
+
+    def apply_inbox(self) -> list[EngineEvent]:
+        """Apply the posted wishes in order; return the finishes of cancels."""
+        with self._inbox_lock:
+            wishes, self._inbox = self._inbox, []
+        events: list[EngineEvent] = []
+        for wish in wishes:
+            if isinstance(wish, Sequence):
+                self.waiting.append(wish)
+                continue
+            op, request_id = wish
+            seq = self.find(request_id)
+            if seq is None:
+                continue  # unknown or already finished: nothing to do
+            if op is Op.CANCEL:
+                events.append(self.finish(seq, FinishReason.CANCELLED))
+            else:
+                seq.is_paused = op is Op.PAUSE
+        return events
+
+    def schedule(self) -> StepPlan:
+        """Admit what fits, then choose this step's prefills and decode rows."""
+        self._admit()
+        prefill: list[Sequence] = []
+        used = 0
+        for seq in self.running.values():
+            if seq.is_paused or seq.generated_ids:
+                continue
+            if prefill and used + seq.num_prompt_tokens > self.max_prefill_tokens:
+                break
+            prefill.append(seq)
+            used += seq.num_prompt_tokens
+        decode = [s for s in self.running.values() if not s.is_paused and s.generated_ids]
+        return StepPlan(prefill, decode)
+
+    def record_token(self, seq: Sequence, token: int | Exception) -> list[EngineEvent]:
+        """The events of one sequence's new token (or of the exception that sampling it raised).
+
+        The per-sequence error boundary: an exception from sampling, the detokenizer or
+        the stop matcher finishes this sequence alone (ERROR, blocks released once), and
+        the token it was making is not counted.
+        """
+        index = len(seq.generated_ids)
+        try:
+            if isinstance(token, Exception):
+                raise token
+            text, reason = self._text_of(seq, token, index)
+        except Exception as exc:
+            return [self.finish(seq, FinishReason.ERROR, error=f"token {index} failed: {exc!r}")]
+        seq.generated_ids.append(token)
+        events: list[EngineEvent] = [TokenEvent(seq.request_id, index, token, text)]
+        if reason is not None:
+            events.append(self.finish(seq, reason))
+        return events
+
+    def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> FinishEvent:
+        """Take a sequence out for good, releasing its blocks if it held any."""
+        if seq.state is SequenceState.RUNNING:
+            del self.running[seq.request_id]
+            assert seq.block_table is not None
+            self.allocator.release(seq.block_table)
+        elif seq.state is SequenceState.WAITING:
+            self.waiting.remove(seq)
+        seq.state = SequenceState.FINISHED
+        with self._inbox_lock:
+            self._live_ids.discard(seq.request_id)
+        return FinishEvent(
+            seq.request_id,
+            reason,
+            seq.num_prompt_tokens,
+            len(seq.generated_ids),
+            error,
+            finished_at=time.time(),
+        )
+
+    # -- helpers ---------------------------------------------------------------------
 
     def find(self, request_id: str) -> Sequence | None:
         if request_id in self.running:
             return self.running[request_id]
         return next((s for s in self.waiting if s.request_id == request_id), None)
 
-    def admit(self) -> list[Sequence]:
-        """Admit waiting sequences in arrival order while slots and blocks allow."""
-        admitted = []
+    @property
+    def num_paused(self) -> int:
+        return sum(s.is_paused for s in self.running.values())
+
+    def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_batch:
             head = self.waiting[0]
             if not self.allocator.can_reserve(head.max_tokens):
@@ -45,27 +208,17 @@ class Scheduler:
             head.state = SequenceState.RUNNING
             self.running[head.request_id] = head
             self.num_admitted += 1
-            admitted.append(head)
-        return admitted
 
-    def prefillable(self) -> list[Sequence]:
-        """Admitted, unpaused sequences whose prompt has not been run yet."""
-        return [s for s in self.running.values() if not s.is_paused and not s.generated_ids]
-
-    def decodable(self) -> list[Sequence]:
-        """Running, unpaused sequences that already have a token to feed back."""
-        return [s for s in self.running.values() if not s.is_paused and s.generated_ids]
-
-    def finish(self, seq: Sequence) -> None:
-        """Take a sequence out for good; release its blocks if it held any."""
-        if seq.state is SequenceState.RUNNING:
-            del self.running[seq.request_id]
-            assert seq.block_table is not None
-            self.allocator.release(seq.block_table)
-        elif seq.state is SequenceState.WAITING:
-            self.waiting.remove(seq)
-        seq.state = SequenceState.FINISHED
-
-    @property
-    def num_paused(self) -> int:
-        return sum(s.is_paused for s in self.running.values())
+    def _text_of(self, seq: Sequence, token_id: int, index: int) -> tuple[str, FinishReason | None]:
+        """The text token ``index`` adds, and why the sequence ends with it (or None)."""
+        text, stopped = seq.stop_matcher.feed(seq.detokenizer.add(token_id))
+        if stopped:
+            return text, FinishReason.STOP
+        is_eos = token_id in self.eos_token_ids and not seq.request.sampling.ignore_eos
+        if not (is_eos or index + 1 == seq.request.max_new_tokens):
+            return text, None
+        tail, stopped = seq.stop_matcher.feed(seq.detokenizer.flush())
+        if stopped:
+            return text + tail, FinishReason.STOP
+        text += tail + seq.stop_matcher.flush()
+        return text, FinishReason.EOS if is_eos else FinishReason.LENGTH

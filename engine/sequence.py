@@ -1,19 +1,21 @@
 """One request's life inside the engine.
 
-A ``Sequence`` is created when the step applies a submit, and lives in the
-scheduler until it finishes. Only the thread running ``step()`` touches it.
+A ``Sequence`` is created when a request is submitted, and lives in the
+scheduler until it finishes. Only the thread running ``step()`` touches it once
+the step has applied its submit. Pure Python: the generator is the model
+runner's (a ``torch.Generator`` for the real one), opaque here.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-
-from .kv_cache import BlockTable
-from .text import IncrementalDetokenizer, StopMatcher
-from .types import GenerationRequest
+if TYPE_CHECKING:
+    from .block_manager import BlockTable
+    from .text import IncrementalDetokenizer, StopMatcher
+    from .types import GenerationRequest
 
 
 class SequenceState(enum.Enum):
@@ -28,7 +30,7 @@ class Sequence:
     prompt_ids: list[int]
     detokenizer: IncrementalDetokenizer
     stop_matcher: StopMatcher
-    generator: torch.Generator | None
+    generator: object | None  # the runner's random source for a sampled request
     state: SequenceState = SequenceState.WAITING
     generated_ids: list[int] = field(default_factory=list)
     block_table: BlockTable | None = None

@@ -39,6 +39,7 @@ from engine import (
     TokenEvent,
 )
 from engine.engine import Engine
+from engine.model_runner import ModelRunner
 
 MakeEngine = Callable[..., Engine]
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -330,21 +331,24 @@ def _break_forward(
     monkeypatch: pytest.MonkeyPatch, engine: Engine, fails: Callable[[torch.Tensor], bool]
 ) -> None:
     """Make this engine's forward pass raise for the inputs ``fails`` picks."""
-    forward = engine._forward
+    runner = engine.runner
+    assert isinstance(runner, ModelRunner)
+    forward = runner.forward
 
     def broken(input_ids: torch.Tensor, *args: object) -> torch.Tensor:
         if fails(input_ids):
             raise RuntimeError("injected failure")
         return forward(input_ids, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(engine, "_forward", broken)
+    monkeypatch.setattr(runner, "forward", broken)
 
 
 def test_failed_prefill_ends_only_that_request(
     make_tiny_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Both prompts are packed into one prefill, which fails; each is retried alone.
     engine = make_tiny_engine()
-    _break_forward(monkeypatch, engine, lambda ids: ids.shape[1] == 8)  # PROMPT's prefill
+    _break_forward(monkeypatch, engine, lambda ids: ids.shape[1] >= 8)  # any with PROMPT
     engine.submit(_request("bad"))
     engine.submit(_request("good", 3, "A"))
     events = _run_until_idle(engine)
@@ -468,27 +472,28 @@ def test_step_entered_from_a_second_thread_raises(make_tiny_engine: MakeEngine) 
 # -- on_prefill -----------------------------------------------------------------------------
 
 
-def test_on_prefill_gets_each_first_token_in_arrival_order(make_tiny_engine: MakeEngine) -> None:
+def test_on_prefill_gets_the_first_tokens_in_arrival_order_before_the_decode(
+    make_tiny_engine: MakeEngine,
+) -> None:
     engine = make_tiny_engine()
     engine.submit(_request("early", 4))
     engine.step()
     for request_id in ("r0", "r1", "r2"):
         engine.submit(_request(request_id, 3))
-    calls: list[tuple[list[EngineEvent], list[int]]] = []
+    calls: list[tuple[list[EngineEvent], int]] = []
 
     def on_prefill(events: list[EngineEvent]) -> None:
-        # How far each new request is when this call comes: later ones not yet prefilled.
-        progress = [len(engine.scheduler.running[r].generated_ids) for r in ("r0", "r1", "r2")]
-        calls.append((events, progress))
+        # How far "early" is when this call comes: its decode has not run yet.
+        calls.append((events, len(engine.scheduler.running["early"].generated_ids)))
 
     returned = engine.step(on_prefill=on_prefill)
     first_tokens = [
         [(e.request_id, e.index) for e in events if isinstance(e, TokenEvent)]
         for events, _ in calls
     ]
-    assert first_tokens == [[("r0", 0)], [("r1", 0)], [("r2", 0)]]
-    assert [len(events) for events, _ in calls] == [1, 1, 1]  # the token and nothing else
-    assert [progress for _, progress in calls] == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    assert first_tokens == [[("r0", 0), ("r1", 0), ("r2", 0)]]  # one packed prefill
+    assert [len(events) for events, _ in calls] == [3]  # the tokens and nothing else
+    assert [progress for _, progress in calls] == [1]
     assert [(e.request_id, e.index) for e in returned if isinstance(e, TokenEvent)] == [
         ("early", 1)
     ]

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from engine import DoubleRelease, GenerationRequest, SamplingParams
 from engine.engine import Engine
-from engine.kv_cache import BlockAllocator, BlockTable, PagedKVCache
+from engine.block_manager import BlockAllocator, BlockTable
+from engine.kv_cache import PagedKVCache
 
 MakeEngine = Callable[..., Engine]
 
