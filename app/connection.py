@@ -22,6 +22,45 @@ response body). ``StreamingConnection`` keeps that shape and adds four things:
    timer is owned the same way (it records ``cancelled`` unless its stream ended).
 
 It also counts a client that left before its response was complete (``metrics.py``).
+
+The disconnect path, step by step
+---------------------------------
+This is the one place that tells it; the other modules point here. A stream opened by a
+view belongs to the request's connection from the moment it exists
+(``serving.open_owned_stream``: ``Runtime.open_stream`` hands it to its owner before any
+checkpoint). Quart sends a streaming body as (``quart/asgi.py``, ``_send_response``)::
+
+    async with response.response as body:      # EventStreamBody.__aenter__
+        async for chunk in body:                 # EventStreamBody.__anext__, once per event
+            await send(chunk)                    # hypercorn writes it to the socket now
+                                                 # EventStreamBody.__aexit__: stream.close()
+
+1. The client goes: a FIN (clean close) or an RST (abortive close). hypercorn's reader
+   sees EOF or a reset (or its next write fails) and puts ``http.disconnect`` into the
+   request's ASGI queue.
+2. ``handle_messages``, the receive loop and a sibling of the handler in the request's
+   nursery, gets it and cancels that nursery's scope with the reason
+   ``"client disconnected"``.
+3. ``trio.Cancelled`` is raised in the handler task at its current await: usually
+   ``stream.receive()`` inside ``EventStreamBody.__anext__``, or a ``send``.
+4. It unwinds through Quart's ``async with response.response``, so
+   ``EventStreamBody.__aexit__`` calls ``stream.close()``: synchronous, idempotent, never
+   a checkpoint, so it runs inside the already-cancelled scope. (``/v1/generate`` closes
+   it with ``with stream:``; a cancel between the view's return and Quart entering the
+   body is caught by ``__call__``'s backstop.)
+5. ``close()`` unregisters the stream, posts ``engine.cancel(id)`` (only a wish, in the
+   engine's inbox) and wakes the hub. Cancelled goes on up; nobody swallows it.
+6. The hub's step loop wakes (or finishes the step in flight, which may add at most one
+   more token) and runs the next step, which applies the cancel at its start.
+7. The engine finishes the sequence CANCELLED and releases its cache blocks, once
+   (``BlockAllocator.release`` raises on a second release); its FinishEvent reaches the
+   hub, which finds no stream and counts it in ``events_dropped``.
+
+A request still waiting for a batch slot takes the same path; at step 7 it leaves the
+waiting queue without ever being admitted, so it never held a block. A resumable
+stream's connection owns only its reader's lease: at step 4 the lease's ``close()``
+hands the stream to the resumption registry instead (``streams/resumption.py``), and
+steps 5-7 happen only if no reader comes back within the grace period.
 """
 
 from __future__ import annotations

@@ -53,10 +53,11 @@ from types import TracebackType
 
 import trio
 from pydantic import BaseModel, ConfigDict, Field
-from quart import Blueprint, Quart, Response, request
+from quart import Blueprint, Quart, Response
 from quart.wrappers.response import ResponseBody
 
 from .errors import ApiError, ErrorType
+from .serving import read_body, sse_response
 from .settings import Settings
 
 # A write handed out this long ago and not accepted is blocked: a loopback write that is
@@ -235,20 +236,12 @@ def make_lab_blueprint() -> Blueprint:
         Raises: pydantic.ValidationError (422), ApiError for an id in use (422).
         Cancellation: before the body, nothing registered; after, ``__aexit__`` ends it.
         """
-        raw = await request.get_data(cache=False, as_text=False, parse_form_data=False)
-        spec = FloodRequest.model_validate_json(raw)
+        spec = FloodRequest.model_validate_json(await read_body())
         floods.check(spec)
         flood = Flood(spec.id, spec.event_bytes, spec.max_bytes, spec.max_seconds,
                       started_at=trio.current_time())
         body = FloodBody(flood, floods)
-        response = Response(
-            body,
-            status=200,
-            content_type="text/event-stream; charset=utf-8",
-            headers={"Cache-Control": "no-cache", "X-Flood-ID": spec.id},
-        )
-        response.timeout = None  # max_seconds bounds the flood, not Quart's 60 s
-        return response
+        return sse_response(body, None, headers={"X-Flood-ID": spec.id})  # max_seconds bounds it
 
     @bp.get("/v1/lab/flood/<flood_id>")
     async def flood_status(flood_id: str) -> Response:

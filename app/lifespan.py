@@ -94,6 +94,15 @@ class ServingEngine(streams.StepEngine, Protocol):
 MakeEngine = Callable[[Settings], ServingEngine]
 
 
+class StreamHolder(Protocol):
+    """Who owns a stream from the moment it opens: the request's connection
+    (``serving.ConnectionOwner``) or the resumption registry (``resumable.py``)."""
+
+    def own(self, stream: streams.TokenStream) -> None:
+        """Take ``stream``: close it on every way out. Sync, never a checkpoint."""
+        ...
+
+
 def load_engine_from_settings(settings: Settings) -> ServingEngine:
     """The production ``make_engine``: load the model (imports torch, blocks for seconds)."""
     return engine.load_engine(
@@ -222,11 +231,16 @@ class Runtime:
     # -- for the routes --------------------------------------------------------------
 
     async def open_stream(
-        self, request: engine.GenerationRequest, policy: streams.PolicyName | None
+        self,
+        request: engine.GenerationRequest,
+        policy: streams.PolicyName | None,
+        *,
+        owner: StreamHolder,
     ) -> streams.TokenStream:
         """Encode the prompt (unless ``request.prompt_token_ids`` holds it), then submit
         ``request`` to the hub and open its stream, or refuse (the engine checks the
-        prompt's token budget at the submit).
+        prompt's token budget at the submit). ``owner`` takes the stream in the same
+        call, before any checkpoint: no caller can forget to own what it opened.
 
         The prompt is encoded in a worker thread (a 32k-character prompt takes tens of
         milliseconds: never on the event loop), ``TOKENIZE_THREADS`` at a time, by the
@@ -239,7 +253,8 @@ class Runtime:
 
         Cancellation: while queued for a tokenizer thread, or while an encode runs (it
         is never abandoned; it takes milliseconds): nothing was submitted. The open
-        itself has no checkpoint, so the caller owns the stream as soon as it returns.
+        itself and the hand-over to ``owner`` have no checkpoint: the owner holds the
+        stream as soon as it exists.
         """
         self._raise_refusal()
         assert self.engine is not None  # READY: built
@@ -248,7 +263,9 @@ class Runtime:
             prompt_ids = await trio.to_thread.run_sync(tokenize, limiter=self._tokenize_limiter)
             request = replace(request, prompt_token_ids=prompt_ids)
         hub = self._raise_refusal()  # the phase may have changed meanwhile
-        return hub.open_stream(request, policy=policy)
+        stream = hub.open_stream(request, policy=policy)
+        owner.own(stream)
+        return stream
 
     async def render_chat(
         self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool

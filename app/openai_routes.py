@@ -5,19 +5,18 @@ in OpenAI's shape (``openai_compat.OpenAIError``), the API key's 401 included; t
 routes keep our envelope. A request is read and validated (``openai_schemas.py``), its
 ``model`` checked, chat messages rendered by the model's own chat template (in a worker
 thread, by the engine: ``Runtime.render_chat``), and then it runs exactly like
-``/v1/stream`` or ``/v1/generate``: the same ``open_stream``, owner, timer and disconnect
-path (``routes.py`` walks through it); only the body's bytes differ.
+``/v1/stream`` or ``/v1/generate``: the same ``serving.open_owned_stream``, owner, timer
+and disconnect path (``connection.py`` walks through it); only the body's bytes differ.
 """
 
 from __future__ import annotations
 
 import time
 
-from quart import Blueprint, Response, request
+from quart import Blueprint, Response
 
 from engine import GenerationRequest
 
-from .connection import own_stream
 from .lifespan import Runtime
 from .metrics import Metrics, RequestTimer
 from .openai_compat import (
@@ -30,11 +29,8 @@ from .openai_compat import (
     whole_answer,
 )
 from .openai_schemas import ChatBody, CompletionsBody, OpenAIBody
-from .routes import SSE_HEADERS
-from .routes import _collect as collect
-from .routes import _json as json_response
-from .routes import _submitted as submitted
 from .schemas import RequestLimits
+from .serving import collect, json_response, open_owned_stream, read_body, sse_response
 
 
 def make_openai_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
@@ -49,10 +45,6 @@ def make_openai_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     )
     models = ServedModels(settings.model, settings.model_name, created=int(time.time()))
 
-    async def read_raw() -> bytes:
-        """At most MAX_BODY_BYTES (413 above). Cancellation: nothing is open yet."""
-        return await request.get_data(cache=False, as_text=False, parse_form_data=False)
-
     async def answer(
         timer: RequestTimer,
         body: OpenAIBody,
@@ -66,22 +58,13 @@ def make_openai_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
         nothing to undo; after, the body, ``with stream`` or the connection's backstop
         closes it.
         """
-        stream = await runtime.open_stream(generation, None)
-        own_stream(request.scope, stream)
-        submitted(timer, stream)
+        stream = await open_owned_stream(runtime, generation, None, timer)
         if body.is_streaming:
             chunks = OpenAIChunksBody(
                 stream, keepalive_s=settings.keepalive_s, shape=shape, model=model,
                 include_usage=body.include_usage, timer=timer,
             )
-            response = Response(
-                chunks,
-                status=200,
-                content_type="text/event-stream; charset=utf-8",
-                headers={**SSE_HEADERS, "X-Request-ID": stream.request_id},
-            )
-            response.timeout = None  # Quart's RESPONSE_TIMEOUT (60 s) would cut the stream
-            return response
+            return sse_response(chunks, stream.request_id)
         with stream:
             text, _, finish = await collect(stream, timer)
         return json_response(
@@ -104,7 +87,7 @@ def make_openai_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     async def completions() -> Response:
         """A prompt, continued. Cancellation: see ``answer``."""
         timer = metrics.start_request()
-        body = CompletionsBody.model_validate_json(await read_raw(), context=limits)
+        body = CompletionsBody.model_validate_json(await read_body(), context=limits)
         model = models.check(body.model)
         generation = body.generation_request(body.prompt, limits)
         return await answer(timer, body, generation, model, COMPLETION)
@@ -117,7 +100,7 @@ def make_openai_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
         nothing was made; then see ``answer``.
         """
         timer = metrics.start_request()
-        body = ChatBody.model_validate_json(await read_raw(), context=limits)
+        body = ChatBody.model_validate_json(await read_body(), context=limits)
         model = models.check(body.model)
         text, prompt_ids = await runtime.render_chat(
             body.template_input(), body.add_generation_prompt

@@ -1,5 +1,5 @@
 """HTTP routes: streaming and whole-answer generation, health, readiness and statistics.
-(The OpenAI-compatible routes are in ``openai_routes.py``; they share these helpers.)
+(The OpenAI-compatible routes are in ``openai_routes.py``; both use ``serving.py``.)
 
 ``GET /v1/requests/<id>`` says how the engine let a request go, for as long as the hub
 remembers it (the most recent ``streams.hub.RECENT_FINISHES`` finishes): the finish
@@ -15,59 +15,21 @@ from ``errors.py``) BEFORE a stream opens; after the first byte of a stream a fa
 an SSE ``error`` event and the stream ends. Views know the engine and hub only through
 ``Runtime``.
 
-Ownership. A stream opened here belongs to the request's connection: quart-trio runs
-each request in its own nursery (``StreamingConnection``), whose cancel scope is the
-stream's; the stream is a Trio task there (the handler task, which iterates the body)
-and its ``close()`` runs on every way out: ``EventStreamBody.__aexit__`` for a stream,
-``with stream:`` for ``/v1/generate``, and the connection's backstop for a cancel that
-lands between the view's return and Quart entering the body.
-
-The disconnect path, step by step:
-
-1. The client goes: a FIN (clean close) or an RST (abortive close). hypercorn's reader
-   sees EOF or a reset (or its next write fails) and puts ``http.disconnect`` into the
-   request's ASGI queue.
-2. quart-trio's receive loop (``StreamingConnection.handle_messages``), a sibling of the
-   handler in the request's nursery, gets it and cancels that nursery's scope with the
-   reason ``"client disconnected"``.
-3. ``trio.Cancelled`` is raised in the handler task at its current await: usually
-   ``stream.receive()`` inside ``EventStreamBody.__anext__``, or a ``send``.
-4. It unwinds through Quart's ``async with response.response``, so
-   ``EventStreamBody.__aexit__`` calls ``stream.close()``: synchronous, idempotent, never
-   a checkpoint, so it runs inside the already-cancelled scope.
-5. ``close()`` unregisters the stream, posts ``engine.cancel(id)`` (only a wish, in the
-   engine's inbox) and wakes the hub. Cancelled goes on up; nobody swallows it.
-6. The hub's step loop wakes (or finishes the step in flight, which may add at most one
-   more token) and runs the next step, which applies the cancel at its start.
-7. The engine finishes the sequence CANCELLED and releases its cache blocks, once
-   (``BlockAllocator.release`` raises on a second release); its FinishEvent reaches the
-   hub, which finds no stream and counts it in ``events_dropped``.
-
-A request still waiting for a batch slot takes the same path; at step 7 it leaves the
-waiting queue without ever being admitted, so it never held a block.
+Ownership: ``serving.open_owned_stream`` opens every stream with its owner (the
+request's connection) registered in the same call; ``connection.py``'s docstring walks
+through what happens when the client goes, step by step.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from quart import Blueprint, Response
 
-from quart import Blueprint, Response, request
-
-from engine import FinishEvent, TokenEvent
-from streams import StreamError, TokenStream
-
-from .connection import own_stream
 from .errors import ApiError, ErrorType
 from .lifespan import Phase, Runtime
-from .metrics import Metrics, RequestTimer
+from .metrics import Metrics
 from .schemas import GenerateBody, RequestLimits, parse_generate_body
+from .serving import collect, json_response, open_owned_stream, read_body, sse_response
 from .sse_body import EventStreamBody
-
-SSE_HEADERS = {
-    "Cache-Control": "no-cache",  # no cache may hold an event back
-    "X-Accel-Buffering": "no",  # nor a buffering proxy (nginx honours this header)
-}
 
 
 def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
@@ -81,14 +43,13 @@ def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
         request_policies=settings.request_policies,
     )
 
-    async def read_body() -> GenerateBody:
-        """Read (at most MAX_BODY_BYTES: Quart's MAX_CONTENT_LENGTH) and validate.
+    async def read_generate_body() -> GenerateBody:
+        """Read (``serving.read_body``) and validate.
 
         Raises: RequestEntityTooLarge (413), pydantic.ValidationError (422).
         Cancellation: while the body arrives; nothing is open yet.
         """
-        raw = await request.get_data(cache=False, as_text=False, parse_form_data=False)
-        return parse_generate_body(raw, limits)
+        return parse_generate_body(await read_body(), limits)
 
     @bp.post("/v1/stream")
     async def stream_tokens() -> Response:
@@ -98,21 +59,16 @@ def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
         connection's backstop) closes it.
         """
         timer = metrics.start_request()
-        body = await read_body()
-        stream = await runtime.open_stream(body.to_generation_request(), body.policy)
-        own_stream(request.scope, stream)
-        _submitted(timer, stream)
-        response = Response(
+        body = await read_generate_body()
+        generation = body.to_generation_request()
+        stream = await open_owned_stream(runtime, generation, body.policy, timer)
+        return sse_response(
             EventStreamBody(
                 stream, keepalive_s=settings.keepalive_s, pad_bytes=settings.lab_pad_bytes,
                 timer=timer,
             ),
-            status=200,
-            content_type="text/event-stream; charset=utf-8",
-            headers={**SSE_HEADERS, "X-Request-ID": stream.request_id},
+            stream.request_id,
         )
-        response.timeout = None  # Quart's RESPONSE_TIMEOUT (60 s) would cut the stream
-        return response
 
     @bp.post("/v1/generate")
     async def generate() -> Response:
@@ -122,11 +78,10 @@ def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
         asks the engine to cancel, as for a stream.
         """
         timer = metrics.start_request()
-        body = await read_body()
-        with await runtime.open_stream(body.to_generation_request(), body.policy) as stream:
-            own_stream(request.scope, stream)
-            _submitted(timer, stream)
-            text, token_ids, finish = await _collect(stream, timer)
+        body = await read_generate_body()
+        generation = body.to_generation_request()
+        with await open_owned_stream(runtime, generation, body.policy, timer) as stream:
+            text, token_ids, finish = await collect(stream, timer)
         answer = {
             "id": stream.request_id,
             "text": text,
@@ -137,7 +92,7 @@ def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
                 "completion_tokens": finish.completion_tokens,
             },
         }
-        return _json(answer, headers={"X-Request-ID": stream.request_id})
+        return json_response(answer, headers={"X-Request-ID": stream.request_id})
 
     @bp.get("/v1/requests/<request_id>")
     async def finished_request(request_id: str) -> Response:
@@ -150,7 +105,7 @@ def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
                 ErrorType.NOT_FOUND,
                 f"no finished request {request_id[:64]!r}: unknown, still running, or forgotten",
             )
-        return _json({
+        return json_response({
             "id": finish.request_id,
             "finish_reason": finish.reason.value,
             "prompt_tokens": finish.prompt_tokens,
@@ -169,7 +124,7 @@ def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
             refusal = runtime.refusal()
             assert refusal is not None
             raise refusal
-        return _json({"status": "ok", "phase": runtime.phase.value})
+        return json_response({"status": "ok", "phase": runtime.phase.value})
 
     @bp.get("/ready")
     async def ready() -> Response:
@@ -179,44 +134,12 @@ def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
         refusal = runtime.refusal()
         if refusal is not None:
             raise refusal
-        return _json({"status": "ready", "phase": runtime.phase.value})
+        return json_response({"status": "ready", "phase": runtime.phase.value})
 
     @bp.get("/stats")
     async def stats() -> Response:
         """The engine's and hub's counters (``Runtime.statistics``). Cancellation: none."""
-        return _json(runtime.statistics())
+        return json_response(runtime.statistics())
 
     return bp
 
-
-def _submitted(timer: RequestTimer, stream: TokenStream) -> None:
-    """The engine accepted the request: start its timer's queue time; the connection
-    closes the timer (``cancelled`` unless the stream ended) however the request ends."""
-    timer.submitted(stream.prompt_tokens)
-    own_stream(request.scope, timer)
-
-
-async def _collect(
-    stream: TokenStream, timer: RequestTimer
-) -> tuple[str, list[int], FinishEvent]:
-    """Read a stream to its end: (text, token ids, finish), or ApiError for a StreamError.
-
-    Cancellation: at ``stream.receive()``; the stream is unchanged.
-    """
-    text: list[str] = []
-    token_ids: list[int] = []
-    async for item in stream:
-        timer.observe(item)
-        match item:
-            case TokenEvent():
-                text.append(item.text)
-                token_ids.append(item.token_id)
-            case FinishEvent():
-                return "".join(text), token_ids, item
-            case StreamError():
-                raise ApiError(ErrorType(item.type), item.message)
-    raise ApiError(ErrorType.INTERNAL_ERROR, "the stream ended without a result")
-
-
-def _json(data: dict[str, Any], *, headers: dict[str, str] | None = None) -> Response:
-    return Response(json.dumps(data), status=200, content_type="application/json", headers=headers)

@@ -14,18 +14,13 @@ Events, with SSE ids counting events from 1 (keep-alive comments carry no id)::
 
 Theory of operation
 -------------------
-Quart sends a response body as (``quart/asgi.py``, ``ASGIHTTPConnection._send_response``)::
-
-    async with response.response as body:      # EventStreamBody.__aenter__
-        async for chunk in body:                 # EventStreamBody.__anext__, once per event
-            await send(chunk)                    # hypercorn writes it to the socket now
-                                                 # EventStreamBody.__aexit__: stream.close()
-
-``__aexit__`` runs on every way out of that block: the terminal event was sent, a send
-raised, or ``trio.Cancelled`` (client gone, server stopping) arrived at an await inside
-it. It is an object, not an async generator, on purpose: a generator's ``finally`` runs
-only when the generator is finalised (later, and already cancelled), and Trio forbids a
-``yield`` inside a cancel scope, which the keep-alive needs.
+Quart enters the body, iterates it (one ``__anext__`` per event, each written at once)
+and exits it; ``__aexit__`` closes the stream on every way out of that block: the
+terminal event was sent, a send raised, or ``trio.Cancelled`` (client gone, server
+stopping) arrived at an await inside it (``connection.py`` walks through the disconnect
+path). It is an object, not an async generator, on purpose: a generator's ``finally``
+runs only when the generator is finalised (later, and already cancelled), and Trio
+forbids a ``yield`` inside a cancel scope, which the keep-alive needs.
 
 Laboratory padding (``STREAMSCOPE_LAB_PAD_BYTES``, 0 in service): each token event is
 followed by an SSE comment of that many bytes (``lab_padding``), so that a slow reader

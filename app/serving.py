@@ -1,0 +1,127 @@
+"""What every route does to serve a request, in one place each.
+
+* ``read_body``: the request body, read once (at most ``MAX_BODY_BYTES``); the only
+  place a view reads a body.
+* ``open_owned_stream``: open a stream with its owner registered in the same call
+  (``Runtime.open_stream`` takes the owner as a required argument and hands it the
+  stream before any checkpoint), so no route can forget to own what it opened. The
+  owner is the request's connection (``connection.py`` tells the disconnect path);
+  a resumable stream's owner is the resumption registry (``resumable.py``).
+* ``sse_response``: every ``text/event-stream`` answer, with its headers and no
+  response timeout.
+* ``collect`` and ``json_response``: a whole answer.
+
+Knows Quart's request context and the ``Runtime``; knows no route.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from quart import Response, request
+from quart.wrappers.response import ResponseBody
+
+from engine import FinishEvent, GenerationRequest, TokenEvent
+from streams import PolicyName, StreamError, TokenStream
+
+from .connection import own_stream
+from .errors import ApiError, ErrorType
+from .lifespan import Runtime
+from .metrics import RequestTimer
+
+SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
+SSE_HEADERS = {
+    "Cache-Control": "no-cache",  # no cache may hold an event back
+    "X-Accel-Buffering": "no",  # nor a buffering proxy (nginx honours this header)
+}
+
+
+async def read_body() -> bytes:
+    """The request's body, at most MAX_BODY_BYTES (Quart's MAX_CONTENT_LENGTH).
+
+    Raises: RequestEntityTooLarge (413).
+    Cancellation: while the body arrives; nothing is open yet.
+    """
+    return await request.get_data(cache=False, as_text=False, parse_form_data=False)
+
+
+class ConnectionOwner:
+    """The request's connection as a stream's owner: it closes the stream, and the
+    request's metrics timer, when the connection ends (``connection.py``)."""
+
+    def __init__(self, timer: RequestTimer) -> None:
+        self._timer = timer
+
+    def own(self, stream: TokenStream) -> None:
+        """Sync, never a checkpoint: called by ``Runtime.open_stream`` as it opens."""
+        own_stream(request.scope, stream)
+        submitted(self._timer, stream)
+
+
+async def open_owned_stream(
+    runtime: Runtime,
+    generation: GenerationRequest,
+    policy: PolicyName | None,
+    timer: RequestTimer,
+) -> TokenStream:
+    """Open a stream owned by this request's connection (see ``Runtime.open_stream``).
+
+    Cancellation: before the stream opens, nothing to undo; once it returns the
+    connection owns the stream, and closes it however the request ends.
+    """
+    return await runtime.open_stream(generation, policy, owner=ConnectionOwner(timer))
+
+
+def submitted(timer: RequestTimer, stream: TokenStream) -> None:
+    """The engine accepted the request: start its timer's queue time; the connection
+    closes the timer (``cancelled`` unless the stream ended) however the request ends."""
+    timer.submitted(stream.prompt_tokens)
+    own_stream(request.scope, timer)
+
+
+def sse_response(
+    body: ResponseBody, request_id: str | None, *, headers: dict[str, str] | None = None
+) -> Response:
+    """A ``text/event-stream`` response around ``body``, which owns what it reads.
+
+    No response timeout: Quart's RESPONSE_TIMEOUT (60 s) would cut the stream; the
+    stream's own limits (max_new_tokens, the drain deadline) bound it.
+    """
+    all_headers = dict(SSE_HEADERS)
+    if request_id is not None:
+        all_headers["X-Request-ID"] = request_id
+    all_headers.update(headers or {})
+    response = Response(body, status=200, content_type=SSE_CONTENT_TYPE, headers=all_headers)
+    response.timeout = None
+    return response
+
+
+async def collect(
+    stream: TokenStream, timer: RequestTimer
+) -> tuple[str, list[int], FinishEvent]:
+    """Read a stream to its end: (text, token ids, finish), or ApiError for a StreamError.
+
+    Cancellation: at ``stream.receive()``; the stream is unchanged.
+    """
+    text: list[str] = []
+    token_ids: list[int] = []
+    async for item in stream:
+        timer.observe(item)
+        match item:
+            case TokenEvent():
+                text.append(item.text)
+                token_ids.append(item.token_id)
+            case FinishEvent():
+                return "".join(text), token_ids, item
+            case StreamError():
+                raise ApiError(ErrorType(item.type), item.message)
+    raise ApiError(ErrorType.INTERNAL_ERROR, "the stream ended without a result")
+
+
+def json_response(
+    data: dict[str, Any], *, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    """One JSON document."""
+    return Response(json.dumps(data), status=status, content_type="application/json",
+                    headers=headers)
