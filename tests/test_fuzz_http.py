@@ -37,16 +37,6 @@ FRAMINGS = tuple(f for f in Framing if f is not Framing.SHORT)
 EARLY_END_ROUNDS = 10  # 90 requests: the crash came within 5 to 25
 
 
-async def settle(server: RunningServer) -> None:
-    """``assert_settled``, after the engine's statistics have caught up with its last
-    step: a request finished at its prefill reaches its client before the step ends and
-    its statistics are taken, so they can still show the step before."""
-    engine = server.recorder
-    await server.wait_for(lambda: engine.statistics().releases == len(engine.admitted()),
-                          "the engine's statistics to show every admitted sequence released")
-    await server.assert_settled()
-
-
 def check_outcome(case: HostileCase, outcome: hostile.Outcome) -> None:
     where = f"{outcome!r} for {case!r}"
     assert not outcome.five_xx, where
@@ -71,7 +61,7 @@ async def test_hostile_requests_are_answered_without_5xx_and_leave_nothing(
         outcome = trio.from_thread.run(partial(
             hostile.send_case, server.host, server.port, case, timeout_s=CASE_TIMEOUT_S))
         check_outcome(case, outcome)
-        trio.from_thread.run(settle, server)
+        trio.from_thread.run(server.assert_settled)
 
     await trio.to_thread.run_sync(one_case)
 
@@ -105,7 +95,7 @@ async def test_silent_slowloris_connections_are_closed_and_do_not_stall_others(
     for case, outcome in zip(abandoned, outcomes, strict=False):
         assert outcome.closed and not outcome.hang and outcome.status in (None, 408), \
             (case, outcome)
-    await settle(server)
+    await server.assert_settled()
 
 
 # Found by this fuzz (issue 8): hypercorn 0.18's trio TCPServer answers h11's "peer
@@ -129,7 +119,7 @@ async def test_bodies_that_end_early_then_fin_are_answered_or_closed(
                 outcome = await hostile.send_case(server.host, server.port, case)
                 check_outcome(case, outcome)
                 assert outcome.status in (None, 400, 413), (case, outcome)
-    await settle(server)
+    await server.assert_settled()
 
 
 def test_every_case_is_sent_as_its_framing_says() -> None:

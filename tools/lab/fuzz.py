@@ -12,8 +12,8 @@ Each goes on its own connection, ``--concurrency`` at a time; a request that car
 
 The server is the tiny model (``server`` below), started by the experiment itself with
 ``lab.server()``, so that a crash of it is a finding rather than the end of the run: a
-connection refused, then ``/stats`` unanswered, means the server died; the cases in
-flight then are kept as reproducers, and a fresh server takes the remaining cases (at
+connection refused, then ``/stats`` unanswered, means the server died; the last cases
+started before then are kept as reproducers, and a fresh server takes the remaining cases (at
 most ``--max-restarts`` times). With ``--url`` there is no restart.
 
 Summary: ``cases`` (sent), ``status_counts`` (by status; ``closed``: closed with no
@@ -21,7 +21,7 @@ response, ``none``: neither), ``five_xx``, ``hangs``, ``internal_errors`` (200 s
 that carried one), ``protocol_errors`` (responses that were not valid HTTP),
 ``close_ignored`` (``Connection: close`` answered without EOF), ``server_deaths``,
 ``blocks_leaked``, ``double_releases``, ``streams_registered_after``, ``fds_leaked``
-(the server's open files after minus before, over each server's life), ``by_kind``,
+(how many more files each server had open after its cases than before, summed), ``by_kind``,
 ``by_framing`` and ``by_route`` (cases and their findings). Raw: every finding's case as
 a reproducer (its exact bytes in base64), and each server's figures.
 """
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -49,13 +50,14 @@ EOF_WAIT_S = 1.0
 SILENT_POOL = 256  # silent slowloris connections held at once
 FDS_SETTLE_S = 10.0  # for the server to close what its clients closed
 MAX_REPRODUCERS = 50  # per finding
+LAST_CASES = 64  # kept at a server's death: more than the cases in flight at once
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cases", type=int, help="default 10000 (quick 150)")
     parser.add_argument("--concurrency", type=int, help="default 16 (quick 8)")
-    parser.add_argument("--max-restarts", type=int, default=3,
-                        help="fresh servers after a crash (default 3)")
+    parser.add_argument("--max-restarts", type=int, default=20,
+                        help="fresh servers after a crash (default 20)")
 
 
 @dataclass
@@ -65,7 +67,9 @@ class Epoch:
     url: str
     results: list[tuple[HostileCase, Outcome]] = field(default_factory=list)
     died: bool = False
-    in_flight_at_death: list[HostileCase] = field(default_factory=list)
+    # The cases started last before the death was seen (the one that killed it has
+    # usually finished by then, its connection closed): the reproducers to try first.
+    last_cases: list[HostileCase] = field(default_factory=list)
     fds_before: dict[int, int] = field(default_factory=dict)
     fds_after: dict[int, int] = field(default_factory=dict)
     stats_after: dict[str, Any] | None = None
@@ -117,7 +121,8 @@ async def fuzz(lab: Lab) -> Report:
     }
     raw = {
         "reproducers": _reproducers(results),
-        "in_flight_at_death": [[c.to_json() for c in e.in_flight_at_death] for e in epochs],
+        "last_cases_before_death": [[c.to_json() for c in e.last_cases] for e in epochs
+                                    if e.died],
         "servers": [{"url": e.url, "cases": len(e.results), "died": e.died,
                      "fds_before": e.fds_before, "fds_after": e.fds_after,
                      "stats_after": e.stats_after} for e in epochs],
@@ -148,11 +153,11 @@ async def _run_epoch(
     epoch.fds_before = await hostile.settled_fds(pids)
     queue = iter(enumerate(cases))
     finished: set[int] = set()
-    in_flight: dict[int, HostileCase] = {}
+    started: deque[HostileCase] = deque(maxlen=LAST_CASES)
     silent = trio.CapacityLimiter(SILENT_POOL)
 
     async def one(index: int, case: HostileCase) -> None:
-        in_flight[index] = case
+        started.append(case)
         try:
             outcome = await hostile.send_case(
                 host, port, case, timeout_s=CASE_TIMEOUT_S, silent_timeout_s=SILENT_TIMEOUT_S,
@@ -160,11 +165,9 @@ async def _run_epoch(
         except OSError:  # refused: is the server still there?
             if not epoch.died and not await _alive(lab, epoch.url):
                 epoch.died = True
-                epoch.in_flight_at_death = list(in_flight.values())
+                epoch.last_cases = list(started)
                 nursery.cancel_scope.cancel(reason="the server died")
             return
-        finally:
-            in_flight.pop(index, None)
         epoch.results.append((case, outcome))
         finished.add(index)
 
@@ -220,7 +223,7 @@ def _double(stats: dict[str, Any] | None) -> int:
 def _fds_leaked(epochs: list[Epoch]) -> int | None:
     if not epochs or not all(e.fds_before for e in epochs):
         return None
-    return sum(sum(e.fds_after.values()) - sum(e.fds_before.values()) for e in epochs)
+    return sum(max(0, sum(e.fds_after.values()) - sum(e.fds_before.values())) for e in epochs)
 
 
 def _breakdown(results: list[tuple[HostileCase, Outcome]], key: Any) -> dict[str, Any]:
