@@ -7,6 +7,11 @@ while blocks last), then decodes one token for every running, unpaused sequence 
 was not prefilled in this step. Request ``r`` generates ``r.max_new_tokens`` tokens and
 then finishes with LENGTH. It records what happened so tests can assert on it, and
 raises ``DoubleRelease`` on a second release and ``StepReentered`` on re-entry.
+``tests/test_engine_conformance.py`` runs the same scenarios on it and on the real
+engine and checks that each step's events and ``has_work()`` agree. One difference is
+kept on purpose: it hands each prefill's events to ``on_prefill`` in a call of their
+own (``before_prefill`` runs between them), where the engine prefills a step's prompts
+in one pass and hands their first tokens over in one call; the hub handles both.
 """
 
 from __future__ import annotations
@@ -118,10 +123,17 @@ class ScriptedEngine:
             self._inbox.append(("resume", request_id))
 
     def has_work(self) -> bool:
+        # As the engine: a waiting request counts only if it could be admitted now.
         with self._lock:
-            if self._inbox or self._waiting:
+            if self._inbox:
                 return True
-        return any(not seq.is_paused for seq in self._running.values())
+        head = self._waiting[0] if self._waiting else None
+        can_admit = (
+            head is not None
+            and len(self._running) < self.batch_limit
+            and head.blocks <= self.blocks_free
+        )
+        return can_admit or any(not seq.is_paused for seq in self._running.values())
 
     def step(self, on_prefill: OnPrefill | None = None) -> list[EngineEvent]:
         with self._lock:
@@ -192,8 +204,11 @@ class ScriptedEngine:
             self._waiting.remove(waiting)
             self.log.append((self.steps, kind, arg))
             return [self._finish(waiting, FinishReason.CANCELLED)]
+        if waiting is not None:  # as the engine: admitted paused, prefilled once resumed
+            waiting.is_paused = kind == "pause"
+            return []
         if running is None:
-            return []  # unknown, finished or still waiting: ignored
+            return []  # unknown or finished: ignored
         self.log.append((self.steps, kind, arg))
         if kind == "cancel":
             self._release(running)
@@ -202,15 +217,18 @@ class ScriptedEngine:
         return []
 
     def _admit(self, on_prefill: OnPrefill | None, events: list[EngineEvent]) -> set[str]:
-        prefilled: set[str] = set()
         while self._waiting and len(self._running) < self.batch_limit:
             if self._waiting[0].blocks > self.blocks_free:
                 break
             seq = self._waiting.popleft()
-            request_id = seq.request.request_id
             self.blocks_free -= seq.blocks
-            self._running[request_id] = seq
-            self.admitted.append(request_id)
+            self._running[seq.request.request_id] = seq
+            self.admitted.append(seq.request.request_id)
+        prefilled: set[str] = set()
+        for seq in list(self._running.values()):
+            if seq.is_paused or seq.generated:
+                continue  # paused before its prefill, or prefilled already
+            request_id = seq.request.request_id
             prefilled.add(request_id)
             if self.before_prefill is not None:
                 self.before_prefill(request_id)

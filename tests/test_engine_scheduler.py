@@ -1,0 +1,188 @@
+"""Scheduling without torch: the real Engine and Scheduler over a scripted runner.
+
+Which prompts share a prefill pass, who is decoded together, in what order requests
+are admitted, and how a sequence ends are decisions of the scheduler; here they are
+checked with ``tests.scripted_runner`` (letters count up; ``z`` is followed by eos),
+so no model is loaded. One test checks that none of this imports torch.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from engine import EngineEvent, FinishEvent, FinishReason, GenerationRequest, TokenEvent
+from engine.engine import Engine
+from tests.scripted_runner import ScriptedRunner, scripted_engine
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _submit(engine: Engine, request_id: str, prompt: str = "abcd", max_new: int = 4) -> None:
+    engine.submit(GenerationRequest(request_id, prompt, max_new))
+
+
+def _run_until_idle(engine: Engine, max_steps: int = 200) -> list[EngineEvent]:
+    events: list[EngineEvent] = []
+    for _ in range(max_steps):
+        if not engine.has_work():
+            return events
+        events += engine.step()
+    raise AssertionError(f"the engine still has work after {max_steps} steps")
+
+
+def _text(events: list[EngineEvent], request_id: str) -> str:
+    tokens = [e for e in events if isinstance(e, TokenEvent) and e.request_id == request_id]
+    return "".join(e.text for e in tokens)
+
+
+def _finish(events: list[EngineEvent], request_id: str) -> FinishEvent:
+    (finish,) = [e for e in events if isinstance(e, FinishEvent) and e.request_id == request_id]
+    return finish
+
+
+def test_the_engine_and_scheduler_run_without_torch() -> None:
+    script = textwrap.dedent(
+        """
+        import sys
+        from engine import GenerationRequest
+        from tests.scripted_runner import scripted_engine
+        engine = scripted_engine()
+        engine.submit(GenerationRequest("a", "wx", 4))
+        while engine.has_work():
+            engine.step()
+        assert "torch" not in sys.modules, "torch was imported"
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True,
+        timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_scripted_model_counts_up_to_z_then_ends_with_eos() -> None:
+    engine = scripted_engine()
+    _submit(engine, "a", "uvw", 10)
+    events = _run_until_idle(engine)
+    assert _text(events, "a") == "xyz"
+    assert (_finish(events, "a").reason, _finish(events, "a").completion_tokens) == (
+        FinishReason.EOS, 4,  # x, y, z and the eos token
+    )
+
+
+def test_prompts_within_the_budget_share_one_prefill_pass() -> None:
+    runner = ScriptedRunner()
+    engine = scripted_engine(runner, max_prefill_tokens=8)
+    for request_id in ("r0", "r1", "r2", "r3", "r4"):
+        _submit(engine, request_id, "abcd", 2)  # 4 tokens each: two per pass
+    _run_until_idle(engine)
+    assert runner.prefills == [["r0", "r1"], ["r2", "r3"], ["r4"]]
+
+
+def test_running_sequences_decode_every_step_while_a_burst_is_prefilled() -> None:
+    runner = ScriptedRunner()
+    engine = scripted_engine(runner, max_prefill_tokens=4)
+    _submit(engine, "running", "a", 8)
+    engine.step()
+    for request_id in ("b0", "b1", "b2"):
+        _submit(engine, request_id, "abcd", 4)
+    for _ in range(3):
+        engine.step()
+    assert runner.prefills == [["running"], ["b0"], ["b1"], ["b2"]]
+    assert runner.decodes == [["running"], ["running", "b0"], ["running", "b0", "b1"]]
+
+
+def test_a_prompt_longer_than_the_budget_runs_alone() -> None:
+    runner = ScriptedRunner()
+    engine = scripted_engine(runner, max_prefill_tokens=2)
+    _submit(engine, "long", "abcdef", 2)
+    _submit(engine, "short", "a", 2)
+    _run_until_idle(engine)
+    assert runner.prefills == [["long"], ["short"]]
+
+
+def test_admission_waits_for_blocks_in_arrival_order() -> None:
+    runner = ScriptedRunner()
+    engine = scripted_engine(runner, num_blocks=4, block_size=4)
+    _submit(engine, "first", "abcd", 4)  # 8 positions: 2 of the 4 blocks
+    _submit(engine, "big", "abcdefgh", 4)  # 12 positions: 3 blocks, only 2 free
+    _submit(engine, "small", "a", 3)  # 4 positions: 1 block, would fit at once
+    _run_until_idle(engine)
+    assert runner.prefills == [["first"], ["big", "small"]]  # "small" never overtakes "big"
+
+
+def test_a_paused_sequence_leaves_the_decode_batch_and_has_work_says_so() -> None:
+    runner = ScriptedRunner()
+    engine = scripted_engine(runner, max_batch=1)
+    _submit(engine, "a", "a", 10)
+    _submit(engine, "w", "a", 2)  # waits for the only slot
+    engine.step()
+    engine.pause("a")
+    engine.step()
+    assert not engine.has_work()  # "w" cannot be admitted, "a" is paused
+    engine.resume("a")
+    assert engine.has_work()
+    engine.cancel("a")
+    events = _run_until_idle(engine)
+    assert runner.decodes == [["w"]]
+    assert _finish(events, "w").reason is FinishReason.LENGTH
+
+
+def test_a_stop_string_across_tokens_ends_the_sequence_without_its_text() -> None:
+    engine = scripted_engine()
+    engine.submit(GenerationRequest("a", "c", 20, stop=("fg",)))
+    events = _run_until_idle(engine)
+    assert _text(events, "a") == "de"
+    assert _finish(events, "a").reason is FinishReason.STOP
+
+
+def test_a_failed_packed_prefill_is_retried_one_prompt_at_a_time() -> None:
+    runner = ScriptedRunner(fail_prefill=frozenset({"bad"}))
+    engine = scripted_engine(runner)
+    for request_id in ("r0", "bad", "r1"):
+        _submit(engine, request_id)
+    events = _run_until_idle(engine)
+    assert runner.prefills[:4] == [["r0", "bad", "r1"], ["r0"], ["bad"], ["r1"]]
+    assert _finish(events, "bad").error == "prefill failed: scripted prefill failure"
+    assert [_finish(events, r).reason for r in ("r0", "r1")] == [FinishReason.LENGTH] * 2
+
+
+def test_a_failed_decode_pass_ends_every_sequence_in_it() -> None:
+    runner = ScriptedRunner(fail_decode=frozenset({"bad"}))
+    engine = scripted_engine(runner)
+    _submit(engine, "ok")
+    _submit(engine, "bad")
+    events = _run_until_idle(engine)
+    assert [_finish(events, r).error for r in ("ok", "bad")] == [
+        "decode failed: scripted decode failure"
+    ] * 2
+
+
+def test_a_sampling_failure_ends_only_its_sequence() -> None:
+    engine = scripted_engine(ScriptedRunner(fail_sample=frozenset({"bad"})))
+    _submit(engine, "ok")
+    _submit(engine, "bad")
+    events = _run_until_idle(engine)
+    bad = _finish(events, "bad")
+    assert (bad.reason, bad.completion_tokens) == (FinishReason.ERROR, 0)
+    assert bad.error == "token 0 failed: ScriptedFault('scripted sampling failure')"
+    assert _text(events, "ok") == "efgh"
+    assert engine.statistics().releases == 2
+
+
+@pytest.mark.parametrize("max_new", [1, 3])
+def test_length_ends_at_max_new_tokens_and_releases_once(max_new: int) -> None:
+    engine = scripted_engine()
+    _submit(engine, "a", "a", max_new)
+    events = _run_until_idle(engine)
+    assert (_finish(events, "a").reason, _finish(events, "a").completion_tokens) == (
+        FinishReason.LENGTH, max_new,
+    )
+    engine.step()
+    stats = engine.statistics()
+    assert (stats.releases, stats.blocks_free) == (1, stats.blocks_total)
