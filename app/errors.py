@@ -67,6 +67,8 @@ class ErrorType(enum.StrEnum):
     UNAVAILABLE = "unavailable"  # the engine failed; the server cannot serve
     SLOW_CLIENT = "slow_client"  # the reader stayed behind too long (SSE error)
     ENGINE_ERROR = "engine_error"  # the engine failed this request (SSE error)
+    STREAM_BUSY = "stream_busy"  # another reader holds this resumable stream
+    RESUME_LOG_FULL = "resume_log_full"  # detached, its log passed the server's cap (SSE error)
     INTERNAL_ERROR = "internal_error"  # a bug: logged with its traceback
 
 
@@ -87,6 +89,8 @@ STATUS: dict[ErrorType, int] = {
     ErrorType.UNAVAILABLE: 503,
     ErrorType.SLOW_CLIENT: 503,
     ErrorType.ENGINE_ERROR: 500,
+    ErrorType.STREAM_BUSY: 409,
+    ErrorType.RESUME_LOG_FULL: 503,
     ErrorType.INTERNAL_ERROR: 500,
 }
 

@@ -154,6 +154,7 @@ class Runtime:
         self.phase = Phase.NEW
         self.engine: ServingEngine | None = None
         self.hub: streams.Hub | None = None
+        self.resumption: streams.ResumeRegistry | None = None  # with the hub
         self.failure: str | None = None  # why the phase is FAILED
         self._load_scope = trio.CancelScope()
         self._settled = trio.Event()  # set when the phase leaves NEW and LOADING
@@ -289,6 +290,13 @@ class Runtime:
         text, ids = await trio.to_thread.run_sync(render, limiter=self._tokenize_limiter)
         return text, tuple(ids)
 
+    def resume_registry(self) -> streams.ResumeRegistry:
+        """The registry of resumable streams (it runs while the hub does), or the
+        refusal (503) before the model is loaded or after a failed load."""
+        if self.resumption is None:
+            raise self.refusal() or ApiError(ErrorType.UNAVAILABLE, "no resume registry")
+        return self.resumption
+
     def _raise_refusal(self) -> streams.Hub:
         refusal = self.refusal()
         if refusal is not None or self.hub is None:
@@ -321,6 +329,7 @@ class Runtime:
         }
         result.update(_engine_fields(self.engine))
         result.update(_hub_fields(self.hub))
+        result.update(_resume_fields(self.resumption))
         return result
 
     # -- the background task ---------------------------------------------------------
@@ -342,6 +351,11 @@ class Runtime:
                 return
             self.engine = built
             self.hub = streams.Hub(built, self.settings.hub_settings())
+            self.resumption = streams.ResumeRegistry(
+                streams.MemoryEventLog(), grace_s=self.settings.resume_grace_s,
+                max_detached_bytes=self.settings.resume_max_bytes,
+            )
+            await nursery.start(self.resumption.run)
             await nursery.start(self._run_hub, self.hub)
         except Exception as exc:
             self._fail(f"loading the model failed: {exc!r}", exc)
@@ -432,4 +446,18 @@ def _hub_fields(hub: streams.Hub | None) -> dict[str, Any]:
         "events_routed": stats.events_routed,
         "events_dropped": stats.events_dropped,
         "slow_client_drops": stats.slow_client_drops,
+    }
+
+
+def _resume_fields(registry: streams.ResumeRegistry | None) -> dict[str, Any]:
+    stats = registry.statistics() if registry is not None else None
+    return {
+        "resumable_streams": stats.streams if stats else 0,
+        "resumable_detached": stats.detached if stats else 0,
+        "resume_log_bytes": stats.log_bytes if stats else 0,
+        "resume_detached_bytes": stats.detached_bytes if stats else 0,
+        "resumes": stats.resumes if stats else 0,
+        "resume_expiries": stats.expiries if stats else 0,
+        "resume_overflows": stats.overflows if stats else 0,
+        "resume_cancels": stats.cancels if stats else 0,
     }

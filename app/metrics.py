@@ -211,6 +211,24 @@ _GAUGES = (
      "Running sequences left out of decode because their reader is behind."),
     ("streamscope_num_streams_open", "streams_open", "Streams open in the hub."),
     ("streamscope_kv_cache_blocks_total", "blocks_total", "KV-cache blocks in the pool."),
+    ("streamscope_resumable_streams", "resumable_streams",
+     "Resumable streams held: running, or ended with their log kept for the grace period."),
+    ("streamscope_resumable_streams_detached", "resumable_detached",
+     "Resumable streams no reader holds (kept for the grace period)."),
+    ("streamscope_resume_log_bytes", "resume_log_bytes",
+     "Bytes in the event logs of resumable streams."),
+    ("streamscope_resume_detached_bytes", "resume_detached_bytes",
+     "Bytes in the event logs of resumable streams no reader holds (capped)."),
+)
+# (metric name, /stats key, help) for the resumption registry's counters.
+_RESUME_COUNTERS = (
+    ("streamscope_resumes", "resumes", "Readers that resumed a stream (GET /v1/stream/<id>)."),
+    ("streamscope_resume_expiries", "resume_expiries",
+     "Resumable streams whose grace period ran out with no reader (cancelled if running)."),
+    ("streamscope_resume_overflows", "resume_overflows",
+     "Resumable streams ended (error resume_log_full) for the cap on detached bytes."),
+    ("streamscope_resume_cancels", "resume_cancels",
+     "Resumable streams ended by DELETE /v1/requests/<id>."),
 )
 
 
@@ -235,6 +253,8 @@ class RuntimeCollector(Collector):
         yield CounterMetricFamily("streamscope_slow_client_drops",
                                   "Streams the slow-reader policy ended with slow_client.",
                                   value=stats.get("slow_client_drops") or 0)
+        for name, key, doc in _RESUME_COUNTERS:
+            yield CounterMetricFamily(name, doc, value=stats.get(key) or 0)
 
 
 def make_metrics_blueprint(metrics: Metrics) -> Blueprint:

@@ -27,6 +27,7 @@ from quart import Blueprint, Response
 from .errors import ApiError, ErrorType
 from .lifespan import Phase, Runtime
 from .metrics import Metrics
+from .resumable import open_resumable
 from .schemas import GenerateBody, RequestLimits, parse_generate_body
 from .serving import collect, json_response, open_owned_stream, read_body, sse_response
 from .sse_body import EventStreamBody
@@ -61,6 +62,8 @@ def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
         timer = metrics.start_request()
         body = await read_generate_body()
         generation = body.to_generation_request()
+        if body.resumable:
+            return await open_resumable(runtime, generation, body.policy, timer)
         stream = await open_owned_stream(runtime, generation, body.policy, timer)
         return sse_response(
             EventStreamBody(
@@ -79,6 +82,9 @@ def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
         """
         timer = metrics.start_request()
         body = await read_generate_body()
+        if body.resumable:
+            raise ApiError(ErrorType.INVALID_REQUEST,
+                           "resumable applies to /v1/stream and /v1/requests only")
         generation = body.to_generation_request()
         with await open_owned_stream(runtime, generation, body.policy, timer) as stream:
             text, token_ids, finish = await collect(stream, timer)

@@ -45,7 +45,7 @@ StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 
 class GenerateBody(BaseModel):
     """``{"prompt", "max_new_tokens", "stop", "temperature", "top_p", "top_k", "seed",
-    "ignore_eos", "policy"}``; only ``prompt`` is required.
+    "ignore_eos", "policy", "resumable"}``; only ``prompt`` is required.
 
     Validate with ``parse_generate_body`` (the limits are its context).
     """
@@ -61,6 +61,7 @@ class GenerateBody(BaseModel):
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     ignore_eos: bool = False
     policy: PolicyName | None = None  # the slow-reader policy for this stream only
+    resumable: bool = False  # /v1/stream: ids <request_id>:<n>, resumable (resumable.py)
 
     @field_validator("prompt")
     @classmethod

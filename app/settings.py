@@ -73,6 +73,13 @@ class Settings:
         "seconds a reader may stay behind before a dropping policy ends it (slow_client)"))
     keepalive_s: float = field(default=15.0, metadata=_doc(
         "an SSE comment goes out on a stream that has sent nothing for this long"))
+    resume_grace_s: float = field(default=30.0, metadata=_doc(
+        "how long a resumable stream whose reader left keeps generating, its events "
+        "logged, for a reader to resume it (`GET /v1/stream/<id>`); then it is cancelled"))
+    resume_max_bytes: int = field(default=64 * 1024 * 1024, metadata=_doc(
+        "most bytes of event logs held for resumable streams without a reader, "
+        "server-wide; a detached stream that would pass it ends with error "
+        "resume_log_full"))
     max_new_tokens_limit: int = field(default=1024, metadata=_doc(
         "the largest max_new_tokens a request may ask for (422 above)"))
     default_max_new_tokens: int = field(default=64, metadata=_doc(
@@ -263,6 +270,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "request_policies": _request_policies,
     "stall_timeout_s": _positive_seconds,
     "keepalive_s": _positive_seconds,
+    "resume_grace_s": _positive_seconds,
     "shutdown_grace_s": _positive_seconds,
     "detect_disconnect": _boolean,
     "lab_routes": _boolean,
@@ -272,7 +280,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
         name: _positive_int
         for name in (
             "max_batch", "cache_blocks", "block_size", "max_prefill_tokens", "max_waiting",
-            "queue_limit",
+            "queue_limit", "resume_max_bytes",
             "max_new_tokens_limit", "default_max_new_tokens", "max_body_bytes",
             "max_prompt_chars",
         )

@@ -80,7 +80,7 @@ class ItemSource(Protocol):
     def close(self) -> None: ...
 
 
-def encode_json_event(event: str, event_id: int, data: dict[str, Any]) -> bytes:
+def encode_json_event(event: str, event_id: int | str, data: dict[str, Any]) -> bytes:
     """One SSE event whose data is compact JSON.
 
     ``ensure_ascii`` escapes everything outside ASCII: clients whose line splitter is
@@ -88,6 +88,33 @@ def encode_json_event(event: str, event_id: int, data: dict[str, Any]) -> bytes:
     """
     payload = json.dumps(data, ensure_ascii=True, separators=(",", ":"))
     return encode_event(payload, event=event, id=str(event_id))
+
+
+def start_event(request_id: str, prompt_tokens: int) -> tuple[str, dict[str, Any]]:
+    """The ``start`` event's name and data."""
+    return "start", {"id": request_id, "prompt_tokens": prompt_tokens}
+
+
+def item_event(item: StreamItem) -> tuple[str, dict[str, Any]]:
+    """A stream item's event name and data: ``token``, ``done`` or ``error``."""
+    match item:
+        case TokenEvent():
+            return "token", {"index": item.index, "id": item.token_id, "text": item.text}
+        case FinishEvent():
+            return "done", {
+                "finish_reason": item.reason.value,
+                "usage": {
+                    "prompt_tokens": item.prompt_tokens,
+                    "completion_tokens": item.completion_tokens,
+                },
+            }
+        case StreamError():
+            return "error", error_data(item.type, item.message)
+    raise TypeError(f"not a stream item: {item!r}")
+
+
+def error_data(error_type: str, message: str) -> dict[str, Any]:
+    return {"error": {"type": error_type, "message": message}}
 
 
 class EventStreamBody(ResponseBody):
@@ -164,9 +191,7 @@ class EventStreamBody(ResponseBody):
 
     def _opening(self) -> bytes:
         """The first event, before any item: ``start`` (empty for none)."""
-        return self._event(
-            "start", {"id": self.stream.request_id, "prompt_tokens": self.stream.prompt_tokens}
-        )
+        return self._event(*start_event(self.stream.request_id, self.stream.prompt_tokens))
 
     def farewell(self, error_type: ErrorType, message: str) -> bytes | None:
         """A last ``error`` event for a body cut off from outside (the server stops while
@@ -179,28 +204,15 @@ class EventStreamBody(ResponseBody):
         return self._error(error_type.value, message)
 
     def _encode(self, item: StreamItem) -> bytes:
-        match item:
-            case TokenEvent():
-                event = self._event(
-                    "token", {"index": item.index, "id": item.token_id, "text": item.text}
-                )
-                return event + self._padding if self._padding else event
-            case FinishEvent():
-                self.is_finished = True
-                return self._event("done", {
-                    "finish_reason": item.reason.value,
-                    "usage": {
-                        "prompt_tokens": item.prompt_tokens,
-                        "completion_tokens": item.completion_tokens,
-                    },
-                })
-            case StreamError():
-                self.is_finished = True
-                return self._error(item.type, item.message)
-        raise TypeError(f"not a stream item: {item!r}")
+        name, data = item_event(item)
+        if name == "token":
+            event = self._event(name, data)
+            return event + self._padding if self._padding else event
+        self.is_finished = True
+        return self._event(name, data)
 
     def _error(self, error_type: str, message: str) -> bytes:
-        return self._event("error", {"error": {"type": error_type, "message": message}})
+        return self._event("error", error_data(error_type, message))
 
     def _event(self, name: str, data: dict[str, Any]) -> bytes:
         event_id, self._next_id = self._next_id, self._next_id + 1

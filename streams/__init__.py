@@ -16,6 +16,17 @@ from .hub_types import HubState as HubState
 from .hub_types import HubStatistics as HubStatistics
 from .hub_types import StepEngine as StepEngine
 from .policy import PolicyName as PolicyName
+from .resume_log import EventLog as EventLog
+from .resume_log import MemoryEventLog as MemoryEventLog
+from .resumption import BadPosition as BadPosition
+from .resumption import Holding as Holding
+from .resumption import LoggedEvent as LoggedEvent
+from .resumption import NothingToResume as NothingToResume
+from .resumption import Reader as Reader
+from .resumption import ReaderBusy as ReaderBusy
+from .resumption import ResumeError as ResumeError
+from .resumption import ResumeRegistry as ResumeRegistry
+from .resumption import ResumeStatistics as ResumeStatistics
 from .sse import ServerSentEvent as ServerSentEvent
 from .sse import SSEParser as SSEParser
 from .sse import encode_comment as encode_comment
@@ -29,14 +40,25 @@ from .stream import StreamStatistics as StreamStatistics
 from .stream import TokenStream as TokenStream
 
 __all__ = [
+    "BadPosition",
     "ErrorType",
+    "EventLog",
+    "Holding",
     "Hub",
     "HubError",
     "HubSettings",
     "HubState",
     "HubStatistics",
+    "LoggedEvent",
+    "MemoryEventLog",
     "NotAccepting",
+    "NothingToResume",
     "PolicyName",
+    "Reader",
+    "ReaderBusy",
+    "ResumeError",
+    "ResumeRegistry",
+    "ResumeStatistics",
     "SSEParser",
     "ServerSentEvent",
     "StepEngine",

@@ -83,6 +83,7 @@ class ErrorType(enum.StrEnum):
     SLOW_CLIENT = "slow_client"  # the policy dropped a reader that stayed behind
     ENGINE_ERROR = "engine_error"  # a step failed, or the engine failed this sequence
     SHUTDOWN = "shutdown"  # the server stopped before the stream finished
+    RESUME_LOG_FULL = "resume_log_full"  # detached, its log would pass the server's byte cap
 
 
 @dataclass(frozen=True, slots=True)

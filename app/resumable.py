@@ -1,0 +1,258 @@
+"""Resumable streams over HTTP (opt-in): ids that name the stream, a resume route, DELETE.
+
+The wire contract (a browser page builds on it; keep it exactly):
+
+* ``POST /v1/stream`` with ``"resumable": true``: the usual SSE events, but every id is
+  ``<request_id>:<n>`` (n counts events from 1, as on a plain stream), and the response
+  says where to resume in ``X-Resume-URL: /v1/stream/<request_id>``. Without
+  ``resumable`` nothing changes.
+* ``POST /v1/requests``, the same body: the request is created with no reader (the grace
+  period runs until one attaches) and answered 201 ``{"id", "stream_url"}`` with
+  ``Location``; refusals as for ``/v1/stream``.
+* ``GET /v1/stream/<request_id>`` with ``Last-Event-ID: <request_id>:<n>`` (or
+  ``?last_event_id=``; the header wins; none means from the start): the events after n
+  from the log, then live, each exactly once; the first line is ``retry: 1000`` (once).
+  204 for a stream unknown or expired, or ended with n its last event (EventSource stops
+  reconnecting on a 204). 400 ``bad_request`` for an id of another stream; 422
+  ``invalid_request`` for a malformed one or an n the stream has not reached; 409
+  ``stream_busy`` while another reader holds the stream (one reader at a time: the first
+  keeps it; it lets go when its connection ends).
+* ``DELETE /v1/requests/<request_id>``: ends a resumable stream at once (the engine is
+  asked to cancel it; its log is dropped): 204, or 404 ``not_found``.
+
+Ownership: the stream belongs to the resumption registry from the moment it opens
+(``ResumableOwner``, given to ``Runtime.open_stream``); a response's connection owns its
+``Reader``, whose ``close()`` hands the stream back to the registry when the response
+ends, however it ends. ``streams/resumption.py`` tells the hand-over and what happens
+when nobody comes back. Keep-alive comments as on any stream; no lab padding.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+import trio
+from quart import Blueprint, Response, request
+from quart.wrappers.response import ResponseBody
+
+from engine import GenerationRequest
+from streams import (
+    BadPosition,
+    NothingToResume,
+    PolicyName,
+    Reader,
+    ReaderBusy,
+    ResumeRegistry,
+    StreamItem,
+    TokenStream,
+)
+
+from .connection import own_stream
+from .errors import ApiError, ErrorType
+from .lifespan import Runtime
+from .metrics import Metrics, RequestTimer
+from .schemas import RequestLimits, parse_generate_body
+from .serving import json_response, read_body, sse_response
+from .sse_body import KEEPALIVE_COMMENT, encode_json_event, item_event, start_event
+
+# How soon an EventSource reconnects after its connection dropped (the ``retry`` field,
+# in ms): well within the grace period, and not a tight loop against a server that
+# is briefly away.
+RETRY_MS = 1000
+RETRY_LINE = f"retry: {RETRY_MS}\n".encode()  # a field line alone: applied, dispatches nothing
+# n in an event id has at most this many digits: far more events than max_new_tokens allows.
+MAX_POSITION_DIGITS = 9
+
+
+def resume_url(request_id: str) -> str:
+    return f"/v1/stream/{request_id}"
+
+
+class ResumableEncoder:
+    """One stream's events as ``/v1/stream`` writes them, with ids ``<request_id>:<n>``."""
+
+    def __init__(self, request_id: str, prompt_tokens: int) -> None:
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+
+    def opening(self) -> bytes:
+        """Event 1, ``start``."""
+        return encode_json_event(
+            *_named(start_event(self.request_id, self.prompt_tokens), self._id(1))
+        )
+
+    def __call__(self, n: int, item: StreamItem) -> bytes:
+        return encode_json_event(*_named(item_event(item), self._id(n)))
+
+    def _id(self, n: int) -> str:
+        return f"{self.request_id}:{n}"
+
+
+def _named(
+    event: tuple[str, dict[str, object]], event_id: str
+) -> tuple[str, str, dict[str, object]]:
+    return event[0], event_id, event[1]
+
+
+class ResumableOwner:
+    """The resumption registry as the owner of a stream opening now (``StreamHolder``);
+    with ``attach``, the request's connection owns the first ``reader``."""
+
+    def __init__(self, registry: ResumeRegistry, timer: RequestTimer, *, attach: bool) -> None:
+        self._registry = registry
+        self._timer = timer
+        self._attach = attach
+        self.reader: Reader | None = None
+
+    def own(self, stream: TokenStream) -> None:
+        """Sync, never a checkpoint: the registry adopts the stream, and the timer (closed
+        when the registry forgets the stream), before anything can interrupt."""
+        self._timer.submitted(stream.prompt_tokens)
+        encoder = ResumableEncoder(stream.request_id, stream.prompt_tokens)
+        self.reader = self._registry.adopt(
+            stream, encoder, encoder.opening(), observer=self._timer, attach=self._attach
+        )
+        if self.reader is not None:
+            own_stream(request.scope, self.reader)
+
+
+class ResumableEventBody(ResponseBody):
+    """The SSE body of one reader of a resumable stream: the log after its position,
+    then live events; keep-alive comments in between. ``__aexit__`` lets the reader go.
+    """
+
+    def __init__(self, reader: Reader, *, keepalive_s: float, send_retry: bool) -> None:
+        self.reader = reader
+        self.keepalive_s = keepalive_s
+        self._retry = send_retry
+
+    async def __aenter__(self) -> ResumableEventBody:
+        """Cancellation: no checkpoint."""
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Hand the stream back to the registry. Cancellation: no checkpoint."""
+        self.reader.close()
+
+    def __aiter__(self) -> ResumableEventBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        """The next event's bytes (the ``retry`` line first, if asked), or a keep-alive.
+
+        Cancellation: at ``reader.receive()``, with nothing taken (it is cancel-safe).
+        """
+        if self._retry:
+            self._retry = False
+            return RETRY_LINE
+        with trio.move_on_after(self.keepalive_s):
+            try:
+                event = await self.reader.receive()
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                raise StopAsyncIteration from None
+            return event.data
+        return KEEPALIVE_COMMENT
+
+
+async def open_resumable(
+    runtime: Runtime,
+    generation: GenerationRequest,
+    policy: PolicyName | None,
+    timer: RequestTimer,
+) -> Response:
+    """``POST /v1/stream`` with ``resumable``: open the stream in the registry and answer
+    it with its first reader.
+
+    Cancellation: before the stream opens, nothing to undo; after, the connection owns
+    the reader and the registry the stream.
+    """
+    owner = ResumableOwner(runtime.resume_registry(), timer, attach=True)
+    stream = await runtime.open_stream(generation, policy, owner=owner)
+    assert owner.reader is not None  # attach=True
+    body = ResumableEventBody(owner.reader, keepalive_s=runtime.settings.keepalive_s,
+                              send_retry=False)
+    return sse_response(body, stream.request_id,
+                        headers={"X-Resume-URL": resume_url(stream.request_id)})
+
+
+def parse_position(value: str | None, request_id: str) -> int:
+    """The n of a ``Last-Event-ID`` (``<request_id>:<n>``); 0 for none.
+
+    Raises: ApiError 400 (another stream's id), 422 (malformed).
+    """
+    if not value:
+        return 0
+    stream_id, colon, n = value.rpartition(":")
+    if not colon or not (n.isascii() and n.isdigit()) or len(n) > MAX_POSITION_DIGITS:
+        raise ApiError(ErrorType.INVALID_REQUEST,
+                       "Last-Event-ID must be <request_id>:<n>, as the events' ids are")
+    if stream_id != request_id:
+        raise ApiError(ErrorType.BAD_REQUEST, "Last-Event-ID names another stream")
+    return int(n)
+
+
+def make_resumable_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
+    """``POST /v1/requests``, ``GET /v1/stream/<id>``, ``DELETE /v1/requests/<id>``."""
+    bp = Blueprint("resumable", __name__)
+    settings = runtime.settings
+    limits = RequestLimits(
+        max_prompt_chars=settings.max_prompt_chars,
+        max_new_tokens_limit=settings.max_new_tokens_limit,
+        default_max_new_tokens=settings.default_max_new_tokens,
+        request_policies=settings.request_policies,
+    )
+
+    @bp.post("/v1/requests")
+    async def create_request() -> Response:
+        """Open a resumable stream with no reader; 201 with where to read it.
+
+        Cancellation: before the stream opens, nothing to undo; after, the registry
+        owns it (no checkpoint follows).
+        """
+        timer = metrics.start_request()
+        body = parse_generate_body(await read_body(), limits)
+        owner = ResumableOwner(runtime.resume_registry(), timer, attach=False)
+        stream = await runtime.open_stream(body.to_generation_request(), body.policy,
+                                           owner=owner)
+        url = resume_url(stream.request_id)
+        return json_response({"id": stream.request_id, "stream_url": url}, status=201,
+                             headers={"Location": url, "X-Request-ID": stream.request_id})
+
+    @bp.get("/v1/stream/<request_id>")
+    async def resume(request_id: str) -> Response:
+        """Replay after Last-Event-ID, then follow live (see the module docstring).
+
+        Cancellation: while attaching, nothing changes (the wait for the holder is
+        shielded); after, the connection owns the reader.
+        """
+        registry = runtime.resume_registry()
+        last = request.headers.get("Last-Event-ID") or request.args.get("last_event_id")
+        after = parse_position(last, request_id)
+        try:
+            reader = await registry.attach(request_id, after)
+        except NothingToResume:
+            return Response(b"", status=204)
+        except ReaderBusy:
+            raise ApiError(ErrorType.STREAM_BUSY,
+                           "another reader holds this stream; it lets go when its "
+                           "connection ends") from None
+        except BadPosition as exc:
+            raise ApiError(ErrorType.INVALID_REQUEST, str(exc)) from None
+        own_stream(request.scope, reader)
+        body = ResumableEventBody(reader, keepalive_s=settings.keepalive_s, send_retry=True)
+        return sse_response(body, request_id, headers={"X-Resume-URL": resume_url(request_id)})
+
+    @bp.delete("/v1/requests/<request_id>")
+    async def cancel_request(request_id: str) -> Response:
+        """End a resumable stream now: 204, or 404. Cancellation: no checkpoint."""
+        if not runtime.resume_registry().cancel(request_id):
+            raise ApiError(ErrorType.NOT_FOUND,
+                           f"no resumable request {request_id[:64]!r}: unknown or over")
+        return Response(b"", status=204)
+
+    return bp

@@ -1,0 +1,444 @@
+"""Resumable streams: who owns a stream whose reader left, and how the next reader takes it.
+
+The registry keeps, for each resumable stream, its ``TokenStream`` and a log of its
+encoded events (``resume_log.EventLog``), so a reader that comes back with the number
+of the last event it got replays the rest and then follows live. It knows nothing of
+HTTP: the app gives it an encoder (``(n, item) -> bytes``) and serves its readers.
+
+Theory of operation
+-------------------
+Exactly one task takes a resumable stream's items, logs them and, while attached,
+writes them: the task that owns the stream. Ownership changes hands in two places
+only, ``Reader.close`` (detach) and ``ResumeRegistry.attach`` (take over)::
+
+    ATTACHED: a reader's task (its connection's nursery) takes each item, logs it,
+      │       writes it; the connection owns the Reader, whose close() runs on every
+      │       way out of the response
+      │ Reader.close(): sync, never a checkpoint (it runs in the cancelled scope of a
+      │ client that left): start a holder task in the registry's nursery, under a
+      ▼ cancel scope whose deadline is now + grace_s
+    DETACHED: the holder takes each item and logs it (the engine does not wait for it);
+      │       after the last item it keeps the log until the deadline
+      ├── attach(): mark the holder taken over, cancel its scope ("a reader took the
+      │   stream over"), wait (shielded; it has no await left but its cancelled one)
+      │   for it to exit, and return a Reader: ATTACHED again, no item lost or doubled
+      ├── the deadline passes: the holder closes the stream (the engine is asked to
+      │   cancel, exactly as when a client leaves a plain stream: blocks released
+      │   once) and expires the log: later readers get nothing (the app says 204)
+      └── cancel() (DELETE) or the registry stopping: the same, at once
+
+Numbering: event 1 is the opening (the app's ``start``); each item taken is the next
+number, assigned and logged with no checkpoint between taking and logging, so the log
+has every event exactly once, in order. A reader positioned after ``n`` first reads
+the log after ``n``, then takes live items; while it holds the stream nobody else
+takes any, so what it reads is gap-free.
+
+One reader at a time: ``attach`` while a reader holds the stream raises
+``ReaderBusy`` (the app answers 409); the first reader is not disturbed.
+
+Memory: a stream's log holds at most its own events (the opening, at most
+``max_new_tokens`` tokens, one last event). The bytes of detached streams (running or
+finished) are capped server-wide (``max_detached_bytes``): a detached stream whose next
+event would pass the cap is ended instead, with a StreamError ``resume_log_full`` as its
+last event (the one event allowed past the cap) and the engine asked to cancel it; a
+finished log that would pass the cap when its reader leaves is expired at once (later
+readers get nothing). Only the first is counted, in ``overflows``. A log is kept after
+the stream ended until the grace period after its last reader left, for a reader whose
+connection broke before the last event reached it.
+
+Cancellation: the holders run in the registry's nursery (``run``); cancelling ``run``
+cancels them, and each closes its stream (the engine is asked to cancel) and expires
+its log on the way out.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+
+from engine import FinishEvent
+
+from .resume_log import EventLog
+from .stream import ErrorType, StreamError, StreamItem, TokenStream
+
+Encode = Callable[[int, StreamItem], bytes]
+TAKEN_OVER = "a reader took the stream over"
+
+
+class Observer(Protocol):
+    """Told of every item logged (the app's metrics timer); closed when forgotten."""
+
+    def observe(self, item: StreamItem) -> None: ...
+    def close(self) -> None: ...
+
+
+class ResumeError(Exception):
+    """A reader cannot attach; the subclass says why."""
+
+
+class NothingToResume(ResumeError):
+    """The stream is unknown or expired, or it ended and the reader has every event."""
+
+
+class ReaderBusy(ResumeError):
+    """Another reader holds the stream."""
+
+
+class BadPosition(ResumeError):
+    """The reader claims an event the stream has not made yet."""
+
+
+class Holding(enum.Enum):
+    """Who takes a resumable stream's items now (see the module docstring)."""
+
+    ATTACHED = "attached"  # a reader's task, in its connection's nursery
+    DETACHED = "detached"  # a holder task in the registry's nursery, until the deadline
+    GONE = "gone"  # forgotten: stream closed, log expired
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedEvent:
+    """One event a reader gets: its number, its bytes, and the item if it was live."""
+
+    n: int
+    data: bytes
+    item: StreamItem | None  # None for a replayed event
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeStatistics:
+    """A snapshot of the registry; counters count since construction."""
+
+    streams: int  # resumable streams held (running, or finished with their log kept)
+    detached: int  # of which no reader holds
+    log_bytes: int  # bytes in the logs of every stream held
+    detached_bytes: int  # bytes in the logs of detached streams (capped)
+    resumes: int  # readers that attached to an existing stream (a GET, not the POST)
+    expiries: int  # grace periods that ran out (a running stream was then cancelled)
+    overflows: int  # streams ended for the byte cap (resume_log_full)
+    cancels: int  # streams ended by cancel() (DELETE)
+
+
+class ResumableStream:
+    """One resumable stream: its TokenStream, log position and holder. Made by
+    ``ResumeRegistry.adopt`` only."""
+
+    def __init__(
+        self, registry: ResumeRegistry, stream: TokenStream, encode: Encode,
+        observer: Observer | None,
+    ) -> None:
+        self.stream = stream
+        self.request_id = stream.request_id
+        self.holding = Holding.DETACHED
+        self.last_n = 0  # the number of the last event logged
+        self.log_bytes = 0
+        self.is_ended = False  # the last event is logged
+        self._registry = registry
+        self._encode = encode
+        self._observer = observer
+        self._reader: Reader | None = None
+        self._holder_scope: trio.CancelScope | None = None
+        self._holder_done = trio.Event()
+        self._taken_over = False
+
+    def log_opening(self, data: bytes) -> None:
+        self._append(data)
+
+    def log_item(self, item: StreamItem) -> tuple[int, bytes]:
+        """Number, encode and log an item just taken from the stream; return (n, bytes).
+
+        Sync, never a checkpoint. Detached, an event that would pass the byte cap ends
+        the stream instead (the returned event is then the ``resume_log_full`` error).
+        """
+        data = self._encode(self.last_n + 1, item)
+        if self.holding is Holding.DETACHED and self._registry._would_overflow(len(data)):
+            return self._overflow()
+        self._append(data)
+        if self._observer is not None:
+            self._observer.observe(item)
+        if isinstance(item, FinishEvent | StreamError):
+            self.is_ended = True
+            self.stream.close()  # the engine is done with it: no cancel, just unregister
+        return self.last_n, data
+
+    def _overflow(self) -> tuple[int, bytes]:
+        """End the stream for the byte cap: the engine is asked to cancel it, and a
+        ``resume_log_full`` error is its last event (the one event past the cap)."""
+        self._registry._overflows += 1
+        error = StreamError(ErrorType.RESUME_LOG_FULL, "the server holds too many bytes "
+                            "for streams without a reader")
+        self.stream.close()
+        data = self._encode(self.last_n + 1, error)
+        self._append(data)
+        if self._observer is not None:
+            self._observer.observe(error)
+        self.is_ended = True
+        return self.last_n, data
+
+    def _append(self, data: bytes) -> None:
+        self._registry._log.append(self.request_id, self.last_n + 1, data)
+        self.last_n += 1
+        self.log_bytes += len(data)
+        self._registry._log_bytes += len(data)
+        if self.holding is Holding.DETACHED:
+            self._registry._detached_bytes += len(data)
+
+
+class Reader:
+    """The one reader of a resumable stream, positioned after event ``after``.
+
+    Its owner (the response's connection) calls ``close()`` on every way out, which
+    hands the stream back to the registry.
+    """
+
+    def __init__(self, entry: ResumableStream, after: int) -> None:
+        self._entry = entry
+        self._pos = after
+        self._pending: deque[bytes] = deque()
+        self._closed = False
+
+    @property
+    def request_id(self) -> str:
+        return self._entry.request_id
+
+    async def receive(self) -> LoggedEvent:
+        """The next event: from the log while it has one after this reader's position,
+        else the stream's next item, taken, logged and returned.
+
+        Raises:
+            trio.EndOfChannel: the stream ended and this reader has its last event.
+            trio.ClosedResourceError: the reader was closed, or the stream cancelled.
+
+        Cancellation: safe at every checkpoint, as ``TokenStream.receive``: an event
+        leaves the log's pending list, or an item the stream, only when returned.
+        """
+        await trio.lowlevel.checkpoint()
+        entry = self._entry
+        if self._closed or entry.holding is Holding.GONE:
+            raise trio.ClosedResourceError("the resumable stream is gone")
+        if not self._pending and self._pos < entry.last_n:
+            self._pending.extend(entry._registry._log.read_after(entry.request_id, self._pos) or ())
+        if self._pending:
+            self._pos += 1
+            return LoggedEvent(self._pos, self._pending.popleft(), None)
+        if entry.is_ended:
+            raise trio.EndOfChannel
+        item = await entry.stream.receive()
+        # Invariant: no checkpoint between taking the item and logging it.
+        self._pos, data = entry.log_item(item)
+        return LoggedEvent(self._pos, data, item)
+
+    def close(self) -> None:
+        """Let go of the stream: the registry holds it for the grace period (see the
+        module docstring). Sync, idempotent, never a checkpoint."""
+        if self._closed:
+            return
+        self._closed = True
+        self._entry._registry._detach(self._entry, self)
+
+
+class ResumeRegistry:
+    """The resumable streams of one server and the nursery that holds detached ones.
+
+    Args:
+        log: where the events go (``MemoryEventLog`` by default in the app).
+        grace_s: how long a stream without a reader is kept (and generates).
+        max_detached_bytes: the cap on log bytes of streams without a reader.
+    """
+
+    def __init__(self, log: EventLog, *, grace_s: float, max_detached_bytes: int) -> None:
+        # A detached stream must end some time: the grace period is finite.
+        if not 0 <= grace_s < math.inf or max_detached_bytes < 0:
+            raise ValueError("grace_s must be finite and >= 0, max_detached_bytes >= 0")
+        self.grace_s = grace_s
+        self.max_detached_bytes = max_detached_bytes
+        self._log = log
+        self._entries: dict[str, ResumableStream] = {}
+        self._nursery: trio.Nursery | None = None
+        self._log_bytes = self._detached_bytes = 0
+        self._resumes = self._expiries = self._overflows = self._cancels = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the holders of detached streams. Never returns unless cancelled.
+
+        Cancellation: every holder is cancelled; each closes its stream (the engine is
+        asked to cancel) and expires its log. Streams attached then are closed by their
+        readers' owners as usual.
+        """
+        if self._nursery is not None:
+            raise RuntimeError("the registry runs once")
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+            for entry in list(self._entries.values()):
+                if entry.holding is Holding.DETACHED:
+                    self._forget(entry)
+
+    def adopt(
+        self, stream: TokenStream, encode: Encode, opening: bytes, *,
+        observer: Observer | None = None, attach: bool,
+    ) -> Reader | None:
+        """Take a just-opened stream, log its opening (event 1), and either return its
+        first reader (``attach``, positioned before event 1) or hold it detached for
+        the grace period. Sync, never a checkpoint: the caller's ``open_stream`` hands
+        the stream over before any.
+
+        Raises:
+            RuntimeError: the registry is not running (the stream is closed first).
+        """
+        entry = ResumableStream(self, stream, encode, observer)
+        if self._nursery is None:
+            stream.close()
+            raise RuntimeError("the resume registry is not running")
+        self._entries[entry.request_id] = entry
+        entry.holding = Holding.ATTACHED
+        entry.log_opening(opening)
+        reader = Reader(entry, 0)
+        entry._reader = reader
+        if not attach:
+            reader.close()
+            return None
+        return reader
+
+    async def attach(self, request_id: str, after: int) -> Reader:
+        """The stream's reader from event ``after + 1`` on (0: from the start).
+
+        Raises:
+            NothingToResume: unknown or expired, or ended with ``after`` its last event.
+            BadPosition: ``after`` is past the last event made.
+            ReaderBusy: another reader holds it.
+
+        Cancellation: the only checkpoint is the wait for the holder to exit, shielded:
+        the holder has nothing left to do but exit, so it takes one scheduling round.
+        """
+        entry = self._entries.get(request_id)
+        if entry is None:
+            await trio.lowlevel.checkpoint()
+            raise NothingToResume(request_id)
+        if after > entry.last_n:
+            raise BadPosition(f"event {after} of a stream that has made {entry.last_n}")
+        if entry.is_ended and after == entry.last_n:
+            raise NothingToResume(request_id)
+        if entry._reader is not None:
+            raise ReaderBusy(request_id)
+        reader = Reader(entry, after)
+        entry._reader = reader  # claimed now: a second attach meanwhile is busy
+        scope = entry._holder_scope
+        if scope is not None:
+            entry._taken_over = True
+            scope.cancel(reason=TAKEN_OVER)
+            with trio.CancelScope(shield=True):
+                await entry._holder_done.wait()
+        else:
+            await trio.lowlevel.checkpoint()
+        if entry.holding is Holding.GONE:  # the holder forgot it before it saw the cancel
+            raise NothingToResume(request_id)
+        entry.holding = Holding.ATTACHED
+        self._detached_bytes -= entry.log_bytes
+        entry._holder_scope, entry._holder_done, entry._taken_over = None, trio.Event(), False
+        self._resumes += 1
+        return reader
+
+    def cancel(self, request_id: str) -> bool:
+        """End a stream at once (the engine is asked to cancel it unless it finished)
+        and forget it; False if unknown. Its reader, if any, sees it closed.
+        Sync, never a checkpoint."""
+        entry = self._entries.get(request_id)
+        if entry is None:
+            return False
+        self._cancels += 1
+        self._forget(entry)
+        return True
+
+    def holding(self, request_id: str) -> Holding:
+        """Who holds the stream now (GONE for one unknown or forgotten)."""
+        entry = self._entries.get(request_id)
+        return Holding.GONE if entry is None else entry.holding
+
+    def statistics(self) -> ResumeStatistics:
+        entries = self._entries.values()
+        return ResumeStatistics(
+            streams=len(self._entries),
+            detached=sum(e.holding is Holding.DETACHED for e in entries),
+            log_bytes=self._log_bytes,
+            detached_bytes=self._detached_bytes,
+            resumes=self._resumes,
+            expiries=self._expiries,
+            overflows=self._overflows,
+            cancels=self._cancels,
+        )
+
+    # -- the hand-over (see the module docstring) ----------------------------------
+
+    def _detach(self, entry: ResumableStream, reader: Reader) -> None:
+        if entry._reader is not reader or entry.holding is Holding.GONE:
+            return
+        entry._reader = None
+        entry.holding = Holding.DETACHED
+        self._detached_bytes += entry.log_bytes
+        if self._nursery is None:  # the registry stopped: nobody can hold it
+            self._forget(entry)
+            return
+        if self._would_overflow(0):
+            if entry.is_ended:
+                self._forget(entry)
+                return
+            entry._overflow()
+        scope = trio.CancelScope(deadline=trio.current_time() + self.grace_s)
+        entry._holder_scope = scope
+        self._nursery.start_soon(self._hold, entry, scope, entry._holder_done)
+
+    async def _hold(
+        self, entry: ResumableStream, scope: trio.CancelScope, done: trio.Event
+    ) -> None:
+        """Take and log the detached stream's items until its deadline, then end it.
+
+        Cancellation: by a reader taking over, nothing is undone (the reader goes on
+        from the log); by the deadline, ``cancel()`` or the registry stopping, the
+        stream is closed (the engine asked to cancel) and its log expired.
+        """
+        try:
+            with scope:
+                while not entry.is_ended:
+                    try:
+                        item = await entry.stream.receive()
+                    except (trio.EndOfChannel, trio.ClosedResourceError):
+                        break
+                    entry.log_item(item)  # Invariant: no checkpoint since the take
+                await trio.sleep_forever()  # keep the log for a reader until the deadline
+        finally:
+            if not entry._taken_over and entry.holding is not Holding.GONE:
+                if scope.cancelled_caught and trio.current_time() >= scope.deadline:
+                    self._expiries += 1
+                self._forget(entry)
+            done.set()
+
+    def _forget(self, entry: ResumableStream) -> None:
+        """Close the stream (a cancel for the engine unless it finished), expire the log,
+        drop the entry. Sync, idempotent, never a checkpoint."""
+        if entry.holding is Holding.GONE:
+            return
+        if entry.holding is Holding.DETACHED:
+            self._detached_bytes -= entry.log_bytes
+        entry.holding = Holding.GONE
+        if entry._holder_scope is not None:
+            entry._holder_scope.cancel(reason="the resumable stream ended")
+        self._entries.pop(entry.request_id, None)
+        self._log_bytes -= self._log.expire(entry.request_id)
+        entry.stream.close()
+        if entry._observer is not None:
+            entry._observer.close()
+
+    def _would_overflow(self, extra: int) -> bool:
+        return self._detached_bytes + extra > self.max_detached_bytes
+
