@@ -20,6 +20,14 @@ with no request in it, holding the next request sent on it unanswered forever (i
 are parsed, but ``_handle_events`` only breaks or waits for a cycle that never starts).
 ``ClosingTCPServer`` shields those two steps: a shutdown and a timer restart never block.
 
+A third fault, found by the fuzz test (``tests/test_fuzz_http.py``): ``_close`` calls
+``send_eof`` without the connection's ``send_lock``, so a write under the lock in another
+task (hypercorn's own 400 for a body that ended early, while the app's task closes) raises
+``trio.BusyResourceError``, which nothing catches: it ended the whole worker process.
+``ClosingTCPServer`` treats it as what it means, the connection is closing (the bytes
+could not go out anyway), and logs and drops any other exception of one connection rather
+than let it end the server.
+
 The other half, ``settle_request_body`` (which ``ClosingTCPServer`` wraps around the app
 for every HTTP/1 request), is ours: a response that goes out before its
 request body arrived (a 404 or 413 that never reads the body) leaves h11 unable to reuse
@@ -34,12 +42,13 @@ response, so the client knows not to reuse it, and the connection closes after i
 
 from __future__ import annotations
 
+import logging
 from typing import Any, cast
 
 import hypercorn.trio.run
 import trio
 from hypercorn.config import Config
-from hypercorn.events import Event, Updated
+from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import (
@@ -51,6 +60,8 @@ from hypercorn.typing import (
     LifespanState,
     Scope,
 )
+
+log = logging.getLogger("streamscope.http")
 
 # A request body this small is read rather than thrown away with its connection: a few
 # TCP segments, less than a new connection costs (Go's net/http drains 256 KiB).
@@ -83,10 +94,26 @@ class ClosingTCPServer(TCPServer):
         with trio.CancelScope(shield=True):
             await super()._close()
 
+    async def run(self) -> None:
+        """Serve the connection; a bug in it ends it alone, never the server.
+
+        Cancellation: propagates (the server stops).
+        """
+        try:
+            await super().run()
+        except* Exception as group:
+            log.exception("a connection failed; it was closed", exc_info=group)
+
     async def protocol_send(self, event: Event) -> None:
         if isinstance(event, Updated):
             with trio.CancelScope(shield=True):
                 await super().protocol_send(event)
+        elif isinstance(event, RawData):
+            try:
+                await super().protocol_send(event)
+            except trio.BusyResourceError:
+                # Another task is in ``_close``'s send_eof: the connection is closing.
+                await self.protocol.handle(Closed())
         else:
             await super().protocol_send(event)
 

@@ -13,10 +13,15 @@ import torch
 
 from .types import SamplingParams
 
+# A temperature below this is greedy: dividing logits by it would overflow float32 to
+# inf (and the softmax to NaN), and the distribution is an argmax long before (vLLM's
+# _SAMPLING_EPS is the same).
+GREEDY_BELOW_TEMPERATURE = 1e-5
+
 
 def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
     """A generator for a sampled request (None for greedy)."""
-    if params.temperature == 0.0:
+    if params.temperature < GREEDY_BELOW_TEMPERATURE:
         return None
     generator = torch.Generator(device=device)
     generator.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
@@ -47,6 +52,7 @@ def _sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Genera
         sorted_scores, order = torch.sort(scores, descending=True)
         cumulative = sorted_scores.softmax(-1).cumsum(-1)
         drop = cumulative - sorted_scores.softmax(-1) >= p.top_p  # keep the first over top_p
+        drop[0] = False  # the likeliest always stays (a top_p below float32's least is 0)
         scores = scores.scatter(0, order[drop], float("-inf"))
     probs = scores.softmax(-1)
     return int(torch.multinomial(probs, 1, generator=generator).item())

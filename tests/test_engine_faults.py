@@ -218,3 +218,31 @@ def test_raising_on_prefill_loses_no_event(
         assert sorted(i for r, i in tokens if r == rid) == [0, 1, 2, 3]
     stats = engine.statistics()
     assert stats.releases == stats.admitted == 3
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-300, 1e-6])
+def test_a_vanishing_temperature_is_greedy_not_a_failure(
+    make_tiny_engine: MakeEngine, temperature: float
+) -> None:
+    # Found by the HTTP fuzz test: logits / 1e-300 overflow to inf and the softmax to
+    # NaN, so the draw raised and /v1/generate answered 500.
+    tiny = SamplingParams(temperature=temperature, seed=1, ignore_eos=True)
+    _, greedy_run = _run_eight(make_tiny_engine, _requests())
+    _, tiny_run = _run_eight(make_tiny_engine, _requests(victim_sampling=tiny))
+
+    assert [f.reason for f in _finishes(tiny_run)[VICTIM]] == [FinishReason.LENGTH]
+    assert _tokens(tiny_run, VICTIM) == _tokens(greedy_run, VICTIM)
+
+
+@pytest.mark.parametrize("top_p", [5e-324, 1e-300, 1e-9])
+def test_a_vanishing_top_p_keeps_the_likeliest_token(
+    make_tiny_engine: MakeEngine, top_p: float
+) -> None:
+    # Found by the HTTP fuzz test: top_p rounds to 0.0 in float32, every token was
+    # dropped, and the draw from an all -inf row raised (a 500 on /v1/completions).
+    nucleus = SamplingParams(temperature=1.0, top_p=top_p, seed=1, ignore_eos=True)
+    _, greedy_run = _run_eight(make_tiny_engine, _requests())
+    _, nucleus_run = _run_eight(make_tiny_engine, _requests(victim_sampling=nucleus))
+
+    assert [f.reason for f in _finishes(nucleus_run)[VICTIM]] == [FinishReason.LENGTH]
+    assert _tokens(nucleus_run, VICTIM) == _tokens(greedy_run, VICTIM)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from functools import partial
 
-import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 
@@ -32,8 +31,7 @@ CASE_TIMEOUT_S = 10.0  # a safety net: a case is answered in milliseconds
 # (5 s by default); its slowloris test waits that long, plus a margin, and no longer.
 KEEP_ALIVE_TIMEOUT_S = 5.0
 SILENT_BOUND_S = KEEP_ALIVE_TIMEOUT_S + 3.0
-# Every framing but SHORT, which crashes the server today (see the xfail test below).
-FRAMINGS = tuple(f for f in Framing if f is not Framing.SHORT)
+FRAMINGS = tuple(Framing)
 EARLY_END_ROUNDS = 10  # 90 requests: the crash came within 5 to 25
 
 
@@ -105,8 +103,6 @@ async def test_silent_slowloris_connections_are_closed_and_do_not_stall_others(
 # (hypercorn.trio.serve returns with it; every later connection is refused). Within 5-25
 # such requests here. Until the server is fixed, SHORT cases stay out of the hypothesis
 # test (``FRAMINGS``) and this test is expected to fail; drop both once it passes.
-@pytest.mark.xfail(reason="a body that ends early can crash hypercorn's trio worker "
-                   "(BusyResourceError); fuzz finding, issue 8", strict=False)
 async def test_bodies_that_end_early_then_fin_are_answered_or_closed(
     server: RunningServer,
 ) -> None:
