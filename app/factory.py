@@ -6,6 +6,7 @@ settings from the environment, and tests call it with their own settings and eng
 
 from __future__ import annotations
 
+from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 from quart_trio import QuartTrio
 
 from .auth import register_auth
@@ -19,6 +20,7 @@ from .openai_routes import make_openai_blueprint
 from .resumable import make_resumable_blueprint
 from .routes import make_blueprint
 from .settings import Settings
+from .worker_guard import refuse, running_under_trio
 
 
 class StreamscopeApp(QuartTrio):
@@ -27,6 +29,16 @@ class StreamscopeApp(QuartTrio):
     asgi_http_class = StreamingConnection
     runtime: Runtime
     metrics: Metrics
+
+    async def __call__(
+        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        """Serve one ASGI call, or refuse it loudly under a non-Trio worker
+        (``worker_guard.py``). Cancellation: as Quart's."""
+        if not running_under_trio():
+            await refuse(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
 
 
 def create_app(
