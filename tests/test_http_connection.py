@@ -325,8 +325,6 @@ def _openai_404_then_answer(base_url: str) -> int:
 
 
 async def test_openai_sdk_answered_after_404_on_a_streamed_call(server: RunningServer) -> None:
-    pytest.importorskip("openai")
-
     done = await trio.to_thread.run_sync(_openai_404_then_answer, server.base_url)
 
     assert done == CYCLES
