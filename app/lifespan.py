@@ -110,6 +110,7 @@ def load_engine_from_settings(settings: Settings) -> ServingEngine:
         settings.device,
         max_batch=settings.max_batch,
         max_prefill_tokens=settings.max_prefill_tokens,
+        max_step_ms=settings.max_step_ms,
         num_blocks=settings.cache_blocks,
         block_size=settings.block_size,
     )

@@ -63,8 +63,14 @@ class Settings:
         "KV-cache blocks, allocated once at startup"))
     block_size: int = field(default=16, metadata=_doc("token positions per cache block"))
     max_prefill_tokens: int = field(default=256, metadata=_doc(
-        "prompt tokens prefilled per engine step (at least one prompt); the rest wait a "
-        "step, so a burst of arrivals does not stall the running streams"))
+        "prompt tokens prefilled per engine step, all in one forward pass; the rest wait "
+        "a step and a longer prompt is prefilled in chunks over several steps, so a burst "
+        "of arrivals or a long prompt does not stall the running streams"))
+    max_step_ms: float | None = field(default=None, metadata={**_doc(
+        "a step-time target in milliseconds: each engine step prefills only the prompt "
+        "tokens that measured costs (calibrated at startup, then from every step) say fit "
+        "beside its decode pass, within max_prefill_tokens; unset: max_prefill_tokens "
+        "alone"), "shown": "(off)"})
     max_waiting: int = field(default=256, metadata=_doc(
         "open streams still waiting for their first token; more are refused with 429"))
     queue_limit: int = field(default=32, metadata=_doc(
@@ -213,6 +219,16 @@ def _positive_seconds(raw: str) -> float:
     return value
 
 
+def _positive_ms(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("expected a number of milliseconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError("expected a finite number of milliseconds > 0")
+    return value
+
+
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
@@ -272,6 +288,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "keepalive_s": _positive_seconds,
     "resume_grace_s": _positive_seconds,
     "shutdown_grace_s": _positive_seconds,
+    "max_step_ms": _positive_ms,
     "detect_disconnect": _boolean,
     "lab_routes": _boolean,
     "lab_pad_bytes": _pad_bytes,
@@ -310,6 +327,9 @@ def _range_problems(s: Settings) -> list[str]:
             _model_name(s.model_name)
         except ValueError as exc:
             problems.append(f"{_env_name('model_name')}: {exc}")
+    if s.max_step_ms is not None and not _is_positive_seconds(s.max_step_ms):
+        problems.append(f"{_env_name('max_step_ms')} must be finite and > 0, "
+                        f"not {s.max_step_ms!r}")
     if s.api_key is not None and not _is_api_key(s.api_key):
         problems.append(f"{_env_name('api_key')} must be visible ASCII characters (no "
                         "spaces), at least one")

@@ -13,9 +13,12 @@ A call is one of two shapes:
   at 0 for each prompt). Keys and values are written into each prompt's own
   blocks, and attention is causal within each prompt and never across prompts:
   one causal ``scaled_dot_product_attention`` per prompt, on exactly the shapes
-  a prompt prefilled alone would see, so a packed prefill is bit for bit the
-  solo one (a single call with a block-diagonal mask is not: the kernel then
-  splits and accumulates each prompt's keys differently).
+  a prompt prefilled alone would see, so a packed prompt's hidden states are
+  bit for bit its solo prefill's (a single call with a block-diagonal mask is
+  not, and measures slower: ``tools.prefillbench``). A prompt may come in
+  chunks over several calls (chunked prefill): a chunk that starts at position
+  ``p > 0`` attends to the ``p`` cached positions before it, read back through
+  its block table, and causally within itself.
 * decode: a batch of sequences, one new position each. The new keys and values
   are written first, then every sequence's positions are gathered through its
   block table into a padded tensor, and padding is masked out with -inf.
@@ -45,25 +48,38 @@ class PagedBatch:
     write_slots: torch.Tensor  # (batch * new_positions,) slots for the new keys/values
     read_slots: torch.Tensor | None  # decode: (batch * max_len,) slots to gather; prefill: None
     read_bias: torch.Tensor | None  # decode: (batch, 1, 1, max_len) 0 where real, -inf padding
-    prompt_lengths: tuple[int, ...] = ()  # prefill: the packed prompts' lengths, in order
+    prompt_lengths: tuple[int, ...] = ()  # prefill: the packed chunks' lengths, in order
+    # prefill: per chunk, None when it starts a prompt, else the slots of every position
+    # up to its end (the cached ones before it included), to read its keys back.
+    prefix_slots: tuple[torch.Tensor | None, ...] = ()
 
 
 def prefill_batch(
-    cache: PagedKVCache, tables: torch.Tensor, lengths: list[int]
+    cache: PagedKVCache, tables: torch.Tensor, lengths: list[int], starts: list[int] | None = None
 ) -> tuple[PagedBatch, torch.Tensor]:
-    """A packed prefill of ``len(lengths)`` prompts, and its position ids (1, total).
+    """A packed prefill of ``len(lengths)`` prompt chunks, and its position ids (1, total).
 
     ``tables`` (prompts, blocks) holds each prompt's block table, padded with any
-    valid block id; prompt ``i`` occupies ``lengths[i]`` consecutive tokens of the row.
+    valid block id; chunk ``i`` occupies ``lengths[i]`` consecutive tokens of the row,
+    its prompt's positions ``starts[i]`` to ``starts[i] + lengths[i]`` (``starts``
+    defaults to zeros: whole prompts).
     """
     device = tables.device
+    starts = starts or [0] * len(lengths)
     counts = torch.tensor(lengths, device=device)
     rows = torch.repeat_interleave(torch.arange(len(lengths), device=device), counts)
-    starts = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
-    positions = torch.arange(int(counts.sum()), device=device) - starts
-    blocks = tables[rows, torch.div(positions, cache.block_size, rounding_mode="floor")]
-    slots = blocks * cache.block_size + positions % cache.block_size
-    return PagedBatch(cache, slots, None, None, tuple(lengths)), positions.unsqueeze(0)
+    offsets = torch.repeat_interleave(
+        torch.cumsum(counts, 0) - counts - torch.tensor(starts, device=device), counts
+    )
+    positions = torch.arange(int(counts.sum()), device=device) - offsets
+    slots = cache.slots(tables[rows], positions.unsqueeze(1)).flatten()
+    prefix = tuple(
+        None if start == 0
+        else cache.slots(tables[i : i + 1], torch.arange(start + n, device=device)[None]).flatten()
+        for i, (start, n) in enumerate(zip(starts, lengths, strict=True))
+    )
+    batch = PagedBatch(cache, slots, None, None, tuple(lengths), prefix)
+    return batch, positions.unsqueeze(0)
 
 
 def decode_batch(
@@ -114,7 +130,7 @@ def paged_attention(
         0, paged.write_slots, value.transpose(1, 2).reshape(-1, num_kv_heads, head_dim)
     )
     if paged.read_slots is None or paged.read_bias is None:
-        return _packed_causal(query, key, value, paged.prompt_lengths, scaling), None
+        return _packed_causal(query, key, value, paged, layer, scaling), None
     # Decode: one new position per row. The query heads that share a kv head are
     # laid out as that kv head's "positions" (as transformers' pack_gqa does), so
     # grouped-query attention needs no copy of the keys per query head.
@@ -133,26 +149,39 @@ def _packed_causal(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    lengths: tuple[int, ...],
+    paged: PagedBatch,
+    layer: int,
     scaling: float | None,
 ) -> torch.Tensor:
-    """Causal attention within each packed prompt.
+    """Causal attention within each packed chunk (and over its prompt's cached prefix).
 
     (1, heads, total, dim) in, (1, total, heads, dim) out.
     """
     gqa = query.shape[1] != key.shape[1]
-    if len(lengths) <= 1:
+    lengths, prefixes = paged.prompt_lengths, paged.prefix_slots
+    if len(lengths) <= 1 and not any(p is not None for p in prefixes):
         out = F.scaled_dot_product_attention(
             query, key, value, is_causal=True, scale=scaling, enable_gqa=gqa
         )
         return out.transpose(1, 2).contiguous()
     parts = []
     start = 0
-    for n in lengths:  # a contiguous copy per prompt: the solo call's exact inputs
+    for i, n in enumerate(lengths):  # a contiguous copy per prompt: the solo call's exact inputs
         q, k, v = (x[:, :, start : start + n].contiguous() for x in (query, key, value))
-        parts.append(
-            F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=gqa)
-        )
+        prefix = prefixes[i] if prefixes else None
+        if prefix is None:
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=scaling, enable_gqa=gqa
+            )
+        else:  # a later chunk: its keys (already written) and the cached ones before it
+            k, v = (c[layer].index_select(0, prefix).transpose(0, 1)[None]
+                    for c in (paged.cache.keys, paged.cache.values))
+            seen = torch.arange(k.shape[2], device=q.device)
+            mask = seen[None, :] <= seen[-n:, None]  # query i sits at position seen[-n + i]
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, scale=scaling, enable_gqa=gqa
+            )
+        parts.append(out)
         start += n
     return torch.cat(parts, dim=2).transpose(1, 2).contiguous()
 

@@ -54,12 +54,13 @@ from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Sequence as Seq
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from .block_manager import BlockAllocator
+from .block_manager import BlockAllocator, BlockTable
+from .costs import StepCosts
 from .errors import EmptyPrompt, PromptTooLong, StepReentered
 from .scheduler import Op, Scheduler
-from .sequence import Sequence
+from .sequence import Chunk, Sequence
 from .text import IncrementalDetokenizer, PromptEncoder, StopMatcher
 from .types import (
     EngineEvent,
@@ -71,6 +72,8 @@ from .types import (
 from .validation import validate_request
 
 PrefillCallback = Callable[[list[EngineEvent]], None]
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 # Prompt tokens prefilled in one step. A prefill costs time roughly in proportion to
 # its tokens, and every running stream waits for the whole step: a budget of about six
@@ -93,13 +96,13 @@ class ModelSource(Protocol):
 class Runner(Protocol):
     """The model side of a step (``engine.model_runner.ModelRunner`` is the real one).
 
-    ``prefill`` and ``decode`` return one outcome per sequence, in order: the token
-    sampled for it, or the exception sampling it raised. An exception they raise
-    themselves concerns the whole batch.
+    ``prefill`` and ``decode`` return one outcome per chunk or sequence, in order: the
+    token sampled for it, the exception sampling it raised, or (a chunk that does not
+    end its prompt) None. An exception they raise themselves concerns the whole pass.
     """
 
     def new_generator(self, params: SamplingParams) -> object | None: ...
-    def prefill(self, seqs: list[Sequence]) -> list[int | Exception]: ...
+    def prefill(self, chunks: list[Chunk]) -> list[int | Exception | None]: ...
     def decode(self, seqs: list[Sequence]) -> list[int | Exception]: ...
 
 
@@ -112,7 +115,13 @@ class Engine:
         num_blocks: KV-cache blocks, allocated once.
         block_size: positions per block.
         eos_token_ids: override the model's end-of-sequence ids.
-        max_prefill_tokens: prompt tokens prefilled per step (at least one prompt).
+        max_prefill_tokens: prompt tokens prefilled per step, at most; a longer prompt
+            is prefilled in chunks over several steps.
+        max_step_ms: a step-time target: each step prefills only the prompt tokens
+            that measured costs say fit beside its decode pass (``calibrate`` runs
+            at once). None: ``max_prefill_tokens`` alone.
+        pack_prefill: prefill a step's prompts in one forward pass (else one pass each,
+            exactly as a prompt alone: the exact mode).
         runner: the model side; by default a ``ModelRunner`` over ``loaded.model``.
     """
 
@@ -125,6 +134,8 @@ class Engine:
         block_size: int = 16,
         eos_token_ids: frozenset[int] | None = None,
         max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
+        max_step_ms: float | None = None,
+        pack_prefill: bool = True,
         runner: Runner | None = None,
     ) -> None:
         self.loaded = loaded
@@ -136,7 +147,10 @@ class Engine:
             max_batch=max_batch,
             max_prefill_tokens=max_prefill_tokens,
             eos_token_ids=loaded.eos_token_ids if eos_token_ids is None else eos_token_ids,
+            max_step_ms=max_step_ms,
         )
+        self.costs: StepCosts = self.scheduler.costs
+        self.pack_prefill = pack_prefill
         if runner is None:
             from .model_runner import ModelRunner  # the torch side, only when it is needed
 
@@ -147,6 +161,8 @@ class Engine:
         self._last_step_ms: float | None = None
         self._decode_ms: deque[float] = deque(maxlen=256)
         self._snapshot = self._take_snapshot()
+        if max_step_ms is not None:
+            self.calibrate()
 
     @property
     def max_prefill_tokens(self) -> int:
@@ -251,7 +267,7 @@ class Engine:
             early(self.scheduler.apply_inbox())
             plan = self.scheduler.schedule()
             early(self._prefill(plan.prefill))
-            events += self._run(plan.decode, self.runner.decode, "decode")
+            events += self._decode(plan.decode)
             self._record_step(started, decoded=bool(plan.decode), prefilled=bool(plan.prefill))
             return events
 
@@ -272,39 +288,69 @@ class Engine:
             self._snapshot = self._take_snapshot()
             on_prefill(events)
 
-    def _prefill(self, seqs: list[Sequence]) -> list[EngineEvent]:
-        """One packed prefill; if it fails, each prompt alone, so a failure stays with
-        the prompts that cause it."""
-        if len(seqs) <= 1:
-            return self._run(seqs, self.runner.prefill, "prefill")
+    def _prefill(self, chunks: list[Chunk]) -> list[EngineEvent]:
+        """One packed prefill pass (without packing, one pass per chunk). If a packed
+        pass fails, each chunk is retried alone, so a failure ends only its own prompt."""
+        if len(chunks) > 1 and not self.pack_prefill:
+            return [e for chunk in chunks for e in self._prefill([chunk])]
+        if not chunks:
+            return []
+        tokens = sum(c.end - c.start for c in chunks)
         try:
-            outcomes = self.runner.prefill(seqs)
-        except Exception:
-            return [e for seq in seqs for e in self._run([seq], self.runner.prefill, "prefill")]
-        return self._record(seqs, outcomes)
+            outcomes = self._timed(self.runner.prefill, chunks, self.costs.observe_prefill, tokens)
+        except Exception as exc:
+            if len(chunks) > 1:
+                return [e for chunk in chunks for e in self._prefill([chunk])]
+            error = f"prefill failed: {exc}"
+            return [self.scheduler.finish(chunks[0].seq, FinishReason.ERROR, error=error)]
+        record = self.scheduler.record_chunk
+        return [e for c, out in zip(chunks, outcomes, strict=True) for e in record(c, out)]
 
-    def _run(
-        self,
-        seqs: list[Sequence],
-        forward: Callable[[list[Sequence]], list[int | Exception]],
-        what: str,
-    ) -> list[EngineEvent]:
+    def _decode(self, seqs: list[Sequence]) -> list[EngineEvent]:
+        """One decode pass; if it fails, every sequence in it ends."""
         if not seqs:
             return []
         try:
-            outcomes = forward(seqs)
-        except Exception as exc:  # a failed pass ends every sequence in it
-            return [
-                self.scheduler.finish(s, FinishReason.ERROR, error=f"{what} failed: {exc}")
-                for s in seqs
-            ]
-        return self._record(seqs, outcomes)
+            outcomes = self._timed(self.runner.decode, seqs, self.costs.observe_decode, len(seqs))
+        except Exception as exc:
+            error = f"decode failed: {exc}"
+            return [self.scheduler.finish(s, FinishReason.ERROR, error=error) for s in seqs]
+        record = self.scheduler.record_token
+        return [e for s, out in zip(seqs, outcomes, strict=True) for e in record(s, out)]
 
-    def _record(self, seqs: list[Sequence], outcomes: list[int | Exception]) -> list[EngineEvent]:
-        events: list[EngineEvent] = []
-        for seq, outcome in zip(seqs, outcomes, strict=True):
-            events.extend(self.scheduler.record_token(seq, outcome))
-        return events
+    def _timed(self, run: Callable[[list[_T]], _R], items: list[_T],
+               observe: Callable[[int, float], None], size: int) -> _R:
+        started = time.perf_counter()
+        result = run(items)
+        observe(size, (time.perf_counter() - started) * 1000)
+        return result
+
+    # -- costs ------------------------------------------------------------------
+
+    def calibrate(self) -> None:
+        """Time a few forward passes before any request, so that the step-time budget
+        has estimates from the first step: a warm-up pass (not counted), prefills of
+        two sizes and decodes at batch 1 and at ``max_batch``. The dummy passes write
+        only into blocks no sequence holds (the cache is all free at start-up)."""
+        assert not self.scheduler.running, "calibrate before the first request"
+        cached = self.allocator.num_blocks * self.allocator.block_size
+        positions = min(self.loaded.max_context, cached)
+        table = BlockTable("calibration", list(range(self.allocator.num_blocks)))
+        table.is_released = True  # never the allocator's: nothing to release
+
+        def dummy(n: int, generated: int = 0) -> Sequence:
+            seq = Sequence(GenerationRequest("calibration", "", 1), [0] * n,
+                           None, None, None)  # type: ignore[arg-type]
+            seq.block_table, seq.generated_ids = table, [0] * generated
+            return seq
+
+        small, large = min(32, positions // 4), min(256, positions // 2)
+        self.runner.prefill([Chunk(dummy(small), 0, small)])  # warm-up
+        for n in (small, large, small, large):
+            self._timed(self.runner.prefill, [Chunk(dummy(n), 0, n)], self.costs.observe_prefill, n)
+        for rows in (1, self.scheduler.max_batch, 1, self.scheduler.max_batch):
+            seqs = [dummy(small, 1) for _ in range(rows)]
+            self._timed(self.runner.decode, seqs, self.costs.observe_decode, rows)
 
     def _record_step(self, started: float, *, decoded: bool, prefilled: bool) -> None:
         elapsed_ms = (time.perf_counter() - started) * 1000

@@ -27,7 +27,7 @@ from .kv_cache import PagedKVCache
 
 if TYPE_CHECKING:
     from .model import LoadedModel
-    from .sequence import Sequence
+    from .sequence import Chunk, Sequence
     from .types import SamplingParams
 
 
@@ -56,14 +56,20 @@ class ModelRunner:
     # prefill
 
     @torch.inference_mode()
-    def prefill(self, seqs: list[Sequence]) -> list[int | Exception]:
-        """Run every prompt of ``seqs`` in one forward pass; sample each first token."""
-        lengths = [s.num_prompt_tokens for s in seqs]
-        batch, positions = prefill_batch(self.cache, self._tables(seqs), lengths)
-        input_ids = torch.tensor([[t for s in seqs for t in s.prompt_ids]], device=self.device)
+    def prefill(self, chunks: list[Chunk]) -> list[int | Exception | None]:
+        """Run every chunk in one forward pass; sample the first token of each prompt
+        whose last chunk this is (None for the others: no token, generator untouched)."""
+        seqs = [c.seq for c in chunks]
+        lengths = [c.end - c.start for c in chunks]
+        starts = [c.start for c in chunks]
+        batch, positions = prefill_batch(self.cache, self._tables(seqs), lengths, starts)
+        ids = [t for c in chunks for t in c.seq.prompt_ids[c.start : c.end]]
+        input_ids = torch.tensor([ids], device=self.device)
         last = torch.cumsum(torch.tensor(lengths, device=self.device), 0) - 1
         logits = self.forward(input_ids, positions, batch, last)
-        return self._sample(seqs, logits)
+        done = [i for i, c in enumerate(chunks) if c.is_last]
+        sampled = iter(self._sample([seqs[i] for i in done], logits[done]) if done else [])
+        return [next(sampled) if c.is_last else None for c in chunks]
 
     # decode
 

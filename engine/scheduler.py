@@ -8,11 +8,16 @@ sequence (never admitted) or a running one, pauses and resumes flip a flag.
 ``schedule`` then admits waiting sequences in arrival order while there is a
 batch slot and enough free blocks for everything a sequence can ever need
 (prompt plus max new tokens); admission stops at the first one that does not
-fit, so a long request is never overtaken forever by short ones. It chooses the
-admitted prompts to prefill in this step, in arrival order, up to
-``max_prefill_tokens`` prompt tokens (at least one prompt, so a long one still
-runs), and the decode rows: every running, unpaused sequence that already has a
-token to feed back.
+fit, so a long request is never overtaken forever by short ones. It takes the
+decode rows (every running, unpaused sequence that already has a token to feed
+back) and then the prompts to prefill in this step, in arrival order, within the
+step's prefill budget: ``max_prefill_tokens``, or fewer with a step-time target
+(``max_step_ms``), what the measured costs (``costs.StepCosts``) say fits beside
+this step's decode pass. A prompt that fits the budget's room is prefilled
+whole; one that does not waits for the next step, unless it is the first: then
+it is cut (chunked prefill), its first chunk fills the budget, and the rest
+follows in the next steps, so a long prompt never stalls the running streams
+for longer than the budget. Its first token comes with its last chunk.
 
 ``record_token`` is the per-sequence error boundary: it turns one sampled token
 (or the exception its sampling raised) into events, running the detokenizer and
@@ -31,8 +36,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from .block_manager import BlockAllocator
+from .costs import StepCosts
 from .errors import DuplicateRequestId
-from .sequence import Sequence, SequenceState
+from .sequence import Chunk, Sequence, SequenceState
 from .types import EngineEvent, FinishEvent, FinishReason, TokenEvent
 
 
@@ -44,11 +50,16 @@ class Op(enum.Enum):
     RESUME = "resume"  # take it back into the decode batch
 
 
+# The least prompt tokens a step prefills when a prompt waits, however full the step
+# target is with decoding: a burst under a tight target still makes progress.
+MIN_PREFILL_TOKENS = 16
+
+
 @dataclass(frozen=True, slots=True)
 class StepPlan:
-    """What one step runs: prompts to prefill and sequences to decode, disjoint."""
+    """What one step runs: prompt chunks to prefill and sequences to decode, disjoint."""
 
-    prefill: list[Sequence]  # admitted, unpaused, prompt not run yet; arrival order
+    prefill: list[Chunk]  # admitted, unpaused, prompt not all cached; arrival order
     decode: list[Sequence]  # running, unpaused, with a token to feed back
 
 
@@ -58,8 +69,11 @@ class Scheduler:
     Args:
         allocator: the block pool.
         max_batch: most sequences running at once (batch slots).
-        max_prefill_tokens: prompt tokens prefilled per step (at least one prompt).
+        max_prefill_tokens: prompt tokens prefilled per step, at most.
         eos_token_ids: tokens that end a sequence (unless its request ignores eos).
+        max_step_ms: a step-time target: the prefill budget is what ``costs`` says
+            fits beside the step's decode pass (at least MIN_PREFILL_TOKENS).
+        costs: the measured step costs (the engine feeds them).
     """
 
     def __init__(
@@ -69,15 +83,21 @@ class Scheduler:
         max_batch: int,
         max_prefill_tokens: int,
         eos_token_ids: frozenset[int],
+        max_step_ms: float | None = None,
+        costs: StepCosts | None = None,
     ) -> None:
         if max_batch < 1 or max_prefill_tokens < 1:
             raise ValueError(
                 f"max_batch ({max_batch}) and max_prefill_tokens "
                 f"({max_prefill_tokens}) must be at least 1"
             )
+        if max_step_ms is not None and not max_step_ms > 0:
+            raise ValueError(f"max_step_ms must be positive, got {max_step_ms}")
         self.allocator = allocator
         self.max_batch = max_batch
         self.max_prefill_tokens = max_prefill_tokens
+        self.max_step_ms = max_step_ms
+        self.costs = costs or StepCosts()
         self.eos_token_ids = eos_token_ids
         self.waiting: deque[Sequence] = deque()
         self.running: dict[str, Sequence] = {}  # insertion order = admission order
@@ -133,19 +153,39 @@ class Scheduler:
         return events
 
     def schedule(self) -> StepPlan:
-        """Admit what fits, then choose this step's prefills and decode rows."""
+        """Admit what fits, then choose this step's decode rows and prompt chunks."""
         self._admit()
-        prefill: list[Sequence] = []
+        decode = [s for s in self.running.values() if not s.is_paused and s.generated_ids]
+        budget = self.prefill_budget(len(decode))
+        prefill: list[Chunk] = []
         used = 0
         for seq in self.running.values():
             if seq.is_paused or seq.generated_ids:
                 continue
-            if prefill and used + seq.num_prompt_tokens > self.max_prefill_tokens:
-                break
-            prefill.append(seq)
-            used += seq.num_prompt_tokens
-        decode = [s for s in self.running.values() if not s.is_paused and s.generated_ids]
+            left = seq.num_prompt_tokens - seq.num_prefilled
+            if used + left <= budget:
+                prefill.append(Chunk(seq, seq.num_prefilled, seq.num_prompt_tokens))
+                used += left
+                continue
+            if not prefill:  # the first prompt: cut it to the budget
+                prefill.append(Chunk(seq, seq.num_prefilled, seq.num_prefilled + budget))
+            break
         return StepPlan(prefill, decode)
+
+    def prefill_budget(self, decode_rows: int) -> int:
+        """Prompt tokens a step with ``decode_rows`` decode rows may prefill."""
+        if self.max_step_ms is None:
+            return self.max_prefill_tokens
+        within = self.costs.prefill_tokens_within(self.max_step_ms, decode_rows)
+        if within is None:  # nothing measured yet
+            return self.max_prefill_tokens
+        return min(self.max_prefill_tokens, max(within, MIN_PREFILL_TOKENS))
+
+    def record_chunk(self, chunk: Chunk, token: int | Exception | None) -> list[EngineEvent]:
+        """A prefilled chunk: its prompt positions are cached; the last one brings the
+        first token (or the exception that sampling it raised)."""
+        chunk.seq.num_prefilled = chunk.end
+        return [] if token is None else self.record_token(chunk.seq, token)
 
     def record_token(self, seq: Sequence, token: int | Exception) -> list[EngineEvent]:
         """The events of one sequence's new token (or of the exception that sampling it raised).

@@ -35,6 +35,7 @@ class Sequence:
     generated_ids: list[int] = field(default_factory=list)
     block_table: BlockTable | None = None
     is_paused: bool = False
+    num_prefilled: int = 0  # prompt positions whose keys/values are cached (chunked prefill)
 
     @property
     def request_id(self) -> str:
@@ -57,3 +58,17 @@ class Sequence:
     @property
     def last_token_id(self) -> int:
         return self.generated_ids[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Prompt positions ``start`` to ``end`` of one sequence, prefilled in one pass."""
+
+    seq: Sequence
+    start: int
+    end: int
+
+    @property
+    def is_last(self) -> bool:
+        """Whether this chunk completes the prompt: its pass samples the first token."""
+        return self.end == self.seq.num_prompt_tokens

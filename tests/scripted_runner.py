@@ -17,7 +17,7 @@ from typing import Any
 
 from engine import SamplingParams
 from engine.engine import Engine
-from engine.sequence import Sequence
+from engine.sequence import Chunk, Sequence
 
 EOS = 0  # decodes to nothing, like a special token
 
@@ -69,14 +69,17 @@ class ScriptedRunner:
         self.fail_sample = fail_sample
         self.prefills: list[list[str]] = []  # request ids of each prefill pass, in order
         self.decodes: list[list[str]] = []  # request ids of each decode pass, in order
+        self.chunks: list[list[tuple[str, int, int]]] = []  # (id, start, end) per prefill
 
     def new_generator(self, params: SamplingParams) -> random.Random | None:
         return None if params.temperature == 0.0 else random.Random(params.seed)
 
-    def prefill(self, seqs: list[Sequence]) -> list[int | Exception]:
+    def prefill(self, chunks: list[Chunk]) -> list[int | Exception | None]:
+        seqs = [c.seq for c in chunks]
         self.prefills.append([s.request_id for s in seqs])
+        self.chunks.append([(c.seq.request_id, c.start, c.end) for c in chunks])
         self._maybe_fail(seqs, self.fail_prefill, "prefill")
-        return [self._sample(s, s.prompt_ids[-1]) for s in seqs]
+        return [self._sample(c.seq, c.seq.prompt_ids[-1]) if c.is_last else None for c in chunks]
 
     def decode(self, seqs: list[Sequence]) -> list[int | Exception]:
         self.decodes.append([s.request_id for s in seqs])

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from engine import GenerationRequest, SamplingParams, TokenEvent
 from engine.engine import Engine
 
@@ -62,11 +64,31 @@ def test_running_sequences_decode_every_step_while_a_burst_is_prefilled(
     engine.cancel("running")
 
 
-def test_a_prompt_longer_than_the_budget_still_runs_alone(make_tiny_engine: MakeEngine) -> None:
-    engine = make_tiny_engine(max_batch=8, num_blocks=64, block_size=8, max_prefill_tokens=1)
-    engine.submit(GenerationRequest("long", PROMPT, 2, sampling=FIXED))
-    engine.submit(GenerationRequest("next", PROMPT, 2, sampling=FIXED))
+LONG_PROMPT = "The capital of Italy is Rome. The capital of France is Paris. A stream is an HTTP"
 
-    assert first_tokens_per_step(engine, ["long", "next"]) == [["long"], ["next"]]
-    engine.cancel("long")
-    engine.cancel("next")
+
+@pytest.mark.parametrize("model", ["tiny-gpt2", "tiny-llama"])
+@pytest.mark.parametrize("budget", [1, 5, 16])
+def test_a_prompt_over_the_budget_is_prefilled_in_chunks_with_a_whole_prefills_tokens(
+    make_tiny_engine: MakeEngine, model: str, budget: int
+) -> None:
+    # Chunked prefill (issue 10, section 2): each chunk attends to the cached positions
+    # before it; the first token comes after the last chunk, and greedy tokens are the
+    # ones a whole-prompt prefill gives.
+    def run(max_prefill_tokens: int) -> tuple[list[int], int]:
+        """The tokens, and the step (from 1) that gave the first one."""
+        engine = make_tiny_engine(model, num_blocks=64, block_size=4,
+                                  max_prefill_tokens=max_prefill_tokens)
+        engine.submit(GenerationRequest("long", LONG_PROMPT, 8, sampling=FIXED))
+        steps = []
+        while engine.has_work():
+            steps.append([e for e in engine.step() if isinstance(e, TokenEvent)])
+        first_step = next(i for i, tokens in enumerate(steps, 1) if tokens)
+        return [e.token_id for tokens in steps for e in tokens], first_step
+
+    whole, first_step = run(1000)
+    chunked, chunked_first_step = run(budget)
+    num_prompt_tokens = len(make_tiny_engine(model).tokenize(LONG_PROMPT))
+    assert first_step == 1
+    assert chunked_first_step == -(-num_prompt_tokens // budget)  # one step per chunk
+    assert chunked == whole

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from engine import EngineEvent, FinishEvent, FinishReason, GenerationRequest, TokenEvent
+from engine.block_manager import BlockAllocator
 from engine.engine import Engine
+from engine.scheduler import Scheduler
 from tests.scripted_runner import ScriptedRunner, scripted_engine
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -97,13 +99,45 @@ def test_running_sequences_decode_every_step_while_a_burst_is_prefilled() -> Non
     assert runner.decodes == [["running"], ["running", "b0"], ["running", "b0", "b1"]]
 
 
-def test_a_prompt_longer_than_the_budget_runs_alone() -> None:
+def test_a_prompt_longer_than_the_budget_is_prefilled_in_chunks() -> None:
     runner = ScriptedRunner()
-    engine = scripted_engine(runner, max_prefill_tokens=2)
-    _submit(engine, "long", "abcdef", 2)
-    _submit(engine, "short", "a", 2)
-    _run_until_idle(engine)
-    assert runner.prefills == [["long"], ["short"]]
+    engine = scripted_engine(runner, max_prefill_tokens=4)
+    _submit(engine, "running", "a", 8)
+    engine.step()
+    _submit(engine, "long", "abcdefghij", 2)  # 10 tokens: chunks of 4, 4 and 2
+    _submit(engine, "short", "ab", 2)
+    events = _run_until_idle(engine)
+    assert runner.chunks[1:] == [
+        [("long", 0, 4)], [("long", 4, 8)], [("long", 8, 10), ("short", 0, 2)]
+    ]
+    firsts = [e.request_id for e in events if isinstance(e, TokenEvent) and e.index == 0]
+    assert firsts == ["long", "short"]  # the first token comes with the last chunk
+    assert runner.decodes[:3] == [["running"]] * 3  # never held up by the long prompt
+    assert _text(events, "long") == "kl"
+
+
+def test_a_step_time_target_sets_the_prefill_budget_from_measured_costs() -> None:
+    scheduler = Scheduler(
+        BlockAllocator(8, 4), max_batch=8, max_prefill_tokens=1000, eos_token_ids=frozenset(),
+        max_step_ms=100.0,
+    )
+    assert scheduler.prefill_budget(0) == 1000  # nothing measured yet: the token cap
+    costs = scheduler.costs
+    for tokens, ms in ((16, 12.0), (64, 36.0), (16, 12.0), (64, 36.0)):
+        costs.observe_prefill(tokens, ms)  # 4 ms + 0.5 ms per token
+    costs.observe_decode(1, 20.0)
+    costs.observe_decode(9, 40.0)
+    assert scheduler.prefill_budget(0) == 192  # (100 - 4) / 0.5
+    assert scheduler.prefill_budget(5) == 132  # (100 - 30 - 4) / 0.5
+    assert scheduler.prefill_budget(1000) == 16  # decode fills it: the least
+
+
+def test_an_engine_with_a_step_time_target_calibrates_at_once() -> None:
+    runner = ScriptedRunner()
+    engine = scripted_engine(runner, max_step_ms=50.0)
+    assert engine.costs.prefill_line() is not None
+    assert engine.costs.decode_ms(8) is not None
+    assert engine.statistics().admitted == engine.statistics().releases == 0
 
 
 def test_admission_waits_for_blocks_in_arrival_order() -> None:

@@ -1,0 +1,233 @@
+"""Time of prefilling a burst of prompts: one at a time against one batched pass.
+
+``python -m tools.prefillbench [--json FILE]`` loads the embedded model once,
+admits the experiments' 32 prompts into an engine, and times, in rounds that
+alternate the variants so that all of them see the same load on a shared
+machine:
+
+* ``serial``: one forward pass per prompt (the engine before issue 10);
+* ``packed``: the engine's prefill, every prompt in ONE forward pass packed into
+  one row, causal attention run per prompt;
+* ``masked``: the same packed row, attention in one call with a block-diagonal
+  causal mask (what a varlen kernel would do);
+* ``padded``: the prompts right-padded into a (prompts, longest) batch, causal
+  attention per row, the padded keys never written to the cache.
+
+For each variant it reports the median (and least) time over the rounds, the
+ratio to serial, and whether each prompt's last-position logits equal serial's
+bit for bit, the largest difference, and whether every argmax agrees. On CPU,
+``packed`` gives each prompt the hidden states of its serial pass bit for bit;
+its logits still differ in the last bits (about 1e-5 on the embedded model)
+because serial projects one row at a time to the vocabulary, and MKL computes a
+one- or two-row product by another path than a many-row one: the same reason a
+batched decode's logits differ from a solo decode's. The variants other than
+``packed`` plug in their own attention functions here; the engine has only
+``packed`` (and ``serial``, with ``pack_prefill=False``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+
+from engine import GenerationRequest, SamplingParams
+from engine.attention import PagedBatch, prefill_batch
+from engine.engine import Engine
+from engine.model import load_model
+from engine.model_runner import ModelRunner
+from engine.sequence import Sequence
+from tools.prompts import load_prompts
+
+MASKED, PADDED = "prefillbench_masked", "prefillbench_padded"
+
+
+def masked_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    paged: PagedBatch | None = None,
+    mask: torch.Tensor | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """The packed row's keys written as the engine does, then ONE masked attention."""
+    assert paged is not None and mask is not None
+    _write(module, key, value, paged)
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def padded_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    paged: PagedBatch | None = None,
+    real: torch.Tensor | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """Only the real positions' keys written; causal attention per padded row."""
+    assert paged is not None and real is not None
+    pick = (key.transpose(1, 2)[real], value.transpose(1, 2)[real])  # (tokens, kv, dim)
+    layer: int = module.layer_idx  # type: ignore[assignment]
+    paged.cache.keys[layer].index_copy_(0, paged.write_slots, pick[0])
+    paged.cache.values[layer].index_copy_(0, paged.write_slots, pick[1])
+    out = F.scaled_dot_product_attention(
+        query, key, value, is_causal=True, scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _write(module: torch.nn.Module, key: torch.Tensor, value: torch.Tensor, p: PagedBatch) -> None:
+    layer: int = module.layer_idx  # type: ignore[assignment]
+    kv_heads, dim = key.shape[1], key.shape[3]
+    for cache, new in ((p.cache.keys[layer], key), (p.cache.values[layer], value)):
+        cache.index_copy_(0, p.write_slots, new.transpose(1, 2).reshape(-1, kv_heads, dim))
+
+
+AttentionInterface.register(MASKED, masked_attention)
+AttentionInterface.register(PADDED, padded_attention)
+Prefill = Callable[[ModelRunner, list[Sequence]], torch.Tensor]  # last-position logits
+
+
+@torch.inference_mode()
+def serial(runner: ModelRunner, seqs: list[Sequence]) -> torch.Tensor:
+    return torch.cat([_packed_logits(runner, [s]) for s in seqs])
+
+
+@torch.inference_mode()
+def packed(runner: ModelRunner, seqs: list[Sequence]) -> torch.Tensor:
+    return _packed_logits(runner, seqs)
+
+
+def _packed_logits(runner: ModelRunner, seqs: list[Sequence], **extra: object) -> torch.Tensor:
+    lengths = [s.num_prompt_tokens for s in seqs]
+    batch, positions = prefill_batch(runner.cache, runner._tables(seqs), lengths)
+    input_ids = torch.tensor([[t for s in seqs for t in s.prompt_ids]])
+    last = torch.cumsum(torch.tensor(lengths), 0) - 1
+    out = runner.model(
+        input_ids=input_ids, position_ids=positions, paged=batch, use_cache=False,
+        logits_to_keep=last, **extra,
+    )
+    return out.logits[0]
+
+
+@torch.inference_mode()
+def masked(runner: ModelRunner, seqs: list[Sequence]) -> torch.Tensor:
+    lengths = [s.num_prompt_tokens for s in seqs]
+    blocks = [torch.ones(n, n, dtype=torch.bool).tril() for n in lengths]
+    runner.model.set_attn_implementation(MASKED)
+    try:
+        return _packed_logits(runner, seqs, mask=torch.block_diag(*blocks))
+    finally:
+        runner.model.set_attn_implementation("streamscope_paged")
+
+
+@torch.inference_mode()
+def padded(runner: ModelRunner, seqs: list[Sequence]) -> torch.Tensor:
+    lengths = torch.tensor([s.num_prompt_tokens for s in seqs])
+    width = int(lengths.max())
+    positions = torch.arange(width).expand(len(seqs), -1)
+    real = positions < lengths[:, None]
+    input_ids = torch.tensor([s.prompt_ids + [0] * (width - len(s.prompt_ids)) for s in seqs])
+    slots = runner.cache.slots(runner._tables(seqs), positions)[real]
+    batch = PagedBatch(runner.cache, slots, None, None)
+    runner.model.set_attn_implementation(PADDED)
+    try:
+        hidden = runner.model.model(
+            input_ids=input_ids, position_ids=positions, paged=batch, use_cache=False, real=real
+        ).last_hidden_state
+    finally:
+        runner.model.set_attn_implementation("streamscope_paged")
+    return runner.model.lm_head(hidden[torch.arange(len(seqs)), lengths - 1])
+
+
+VARIANTS: dict[str, Prefill] = {
+    "serial": serial, "packed": packed, "masked": masked, "padded": padded
+}
+
+
+def admitted(model: str, count: int) -> tuple[ModelRunner, list[Sequence]]:
+    """An engine's runner and ``count`` admitted prompts (block tables, no prefill yet)."""
+    engine = Engine(
+        load_model(model, "cpu"), max_batch=count, num_blocks=count * 32, block_size=16,
+        max_prefill_tokens=1_000_000,  # every prompt in the one plan
+    )
+    prompts = load_prompts()
+    for i in range(count):
+        params = SamplingParams(ignore_eos=True)
+        engine.submit(GenerationRequest(f"p{i}", prompts[i % len(prompts)], 8, sampling=params))
+    engine.scheduler.apply_inbox()
+    seqs = engine.scheduler.schedule().prefill
+    assert isinstance(engine.runner, ModelRunner) and len(seqs) == count
+    return engine.runner, seqs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.prefillbench", description=__doc__)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds of every variant")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    runner, seqs = admitted(args.model, args.prompts)
+    times: dict[str, list[float]] = {name: [] for name in args.variants}
+    logits: dict[str, torch.Tensor] = {}
+    for round_ in range(args.rounds + 1):  # round 0 warms up, untimed
+        for name in args.variants:
+            started = time.perf_counter()
+            logits[name] = VARIANTS[name](runner, seqs)
+            if round_:
+                times[name].append((time.perf_counter() - started) * 1000)
+    reference = logits.get("serial", logits[args.variants[0]])
+    rows = []
+    base = statistics.median(times[args.variants[0]])
+    for name in args.variants:
+        diff = float((logits[name] - reference).abs().max())
+        ms = statistics.median(times[name])
+        rows.append({
+            "variant": name, "median_ms": round(ms, 1), "ratio": round(ms / base, 3),
+            "min_ms": round(min(times[name]), 1),
+            "bit_identical": bool(torch.equal(logits[name], reference)),
+            "max_abs_diff": diff,
+            "same_argmax": bool(torch.equal(logits[name].argmax(-1), reference.argmax(-1))),
+            "runs_ms": [round(t, 1) for t in times[name]],
+        })
+    tokens = sum(s.num_prompt_tokens for s in seqs)
+    print(f"{args.prompts} prompts, {tokens} tokens, {args.rounds} rounds, {args.model}")
+    print(f"{'variant':>8} {'median ms':>10} {'min ms':>8} {'ratio':>6} {'identical':>9} "
+          f"{'max diff':>9} {'argmax':>6}")
+    for row in rows:
+        print(f"{row['variant']:>8} {row['median_ms']:>10.1f} {row['min_ms']:>8.1f} "
+              f"{row['ratio']:>6.3f} {row['bit_identical']!s:>9} {row['max_abs_diff']:>9.2g} "
+              f"{row['same_argmax']!s:>6}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        summary = {"model": args.model, "prompts": args.prompts, "prompt_tokens": tokens,
+                   "rounds": args.rounds, "threads": torch.get_num_threads()}
+        args.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
