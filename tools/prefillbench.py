@@ -176,7 +176,7 @@ def admitted(model: str, count: int) -> tuple[ModelRunner, list[Sequence]]:
         params = SamplingParams(ignore_eos=True)
         engine.submit(GenerationRequest(f"p{i}", prompts[i % len(prompts)], 8, sampling=params))
     engine.scheduler.apply_inbox()
-    seqs = engine.scheduler.schedule().prefill
+    seqs = [chunk.seq for chunk in engine.scheduler.schedule().prefill]
     assert isinstance(engine.runner, ModelRunner) and len(seqs) == count
     return engine.runner, seqs
 
