@@ -14,11 +14,13 @@ up, by ``Engine.calibrate``) and fitted:
 ``prefill_tokens_within(target_ms, decode_rows)`` then says how many prompt
 tokens a step may carry so that it stays within ``target_ms`` with its decode
 pass. Pure Python, no torch; the numbers are only as good as the machine is
-steady, so the fit keeps adapting.
+steady, so the fit keeps adapting. Thread-safe: the stepping thread observes while
+another may estimate (``Engine.estimate_ttft_ms``).
 """
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 
 WINDOW = 64  # prefill passes in the fit: about a minute of bursts, forgetting older load
@@ -29,20 +31,25 @@ class StepCosts:
     def __init__(self) -> None:
         self._prefills: deque[tuple[int, float]] = deque(maxlen=WINDOW)
         self._decode_ms: dict[int, float] = {}
+        self._lock = threading.Lock()  # guards both
 
     def observe_prefill(self, tokens: int, ms: float) -> None:
-        self._prefills.append((tokens, ms))
+        with self._lock:
+            self._prefills.append((tokens, ms))
 
     def observe_decode(self, rows: int, ms: float) -> None:
-        old = self._decode_ms.get(rows)
-        self._decode_ms[rows] = ms if old is None else old + DECODE_WEIGHT * (ms - old)
+        with self._lock:
+            old = self._decode_ms.get(rows)
+            self._decode_ms[rows] = ms if old is None else old + DECODE_WEIGHT * (ms - old)
 
     def prefill_line(self) -> tuple[float, float] | None:
         """(fixed ms, ms per token) of a prefill pass, or None before any was seen."""
-        if not self._prefills:
+        with self._lock:
+            samples = list(self._prefills)
+        if not samples:
             return None
-        xs = [float(n) for n, _ in self._prefills]
-        ys = [ms for _, ms in self._prefills]
+        xs = [float(n) for n, _ in samples]
+        ys = [ms for _, ms in samples]
         mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
         var = sum((x - mean_x) ** 2 for x in xs)
         if var == 0:  # one size seen: no way to tell the overhead apart
@@ -59,18 +66,19 @@ class StepCosts:
         """A decode pass at batch ``rows``: 0 for none, None before any was seen."""
         if rows == 0:
             return 0.0
-        if not self._decode_ms:
+        with self._lock:
+            known = dict(self._decode_ms)
+        if not known:
             return None
-        if rows in self._decode_ms:
-            return self._decode_ms[rows]
-        below = [b for b in self._decode_ms if b < rows]
-        above = [b for b in self._decode_ms if b > rows]
+        if rows in known:
+            return known[rows]
+        below = [b for b in known if b < rows]
+        above = [b for b in known if b > rows]
         if below and above:
             lo, hi = max(below), min(above)
-            lo_ms, hi_ms = self._decode_ms[lo], self._decode_ms[hi]
-            return lo_ms + (hi_ms - lo_ms) * (rows - lo) / (hi - lo)
+            return known[lo] + (known[hi] - known[lo]) * (rows - lo) / (hi - lo)
         nearest = max(below) if below else min(above)
-        return self._decode_ms[nearest] * max(1.0, rows / nearest) ** 0.5  # grows sublinearly
+        return known[nearest] * max(1.0, rows / nearest) ** 0.5  # grows sublinearly
 
     def prefill_tokens_within(self, target_ms: float, decode_rows: int) -> int | None:
         """Prompt tokens a step with ``decode_rows`` decode rows may carry within

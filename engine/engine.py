@@ -246,6 +246,25 @@ class Engine:
         """The state at the last step boundary."""
         return self._snapshot
 
+    def estimate_ttft_ms(self, prompt_tokens: int) -> float | None:
+        """How long until a request of ``prompt_tokens`` submitted now gets its first
+        token, in ms, by the measured step costs; None before any was measured.
+
+        The step in flight ends first; then every prompt token queued ahead of this
+        request and its own are prefilled, at most a step's prefill budget a step, each
+        step also decoding the sequences that decode now. A wait for a batch slot or
+        for blocks is not in it. Thread-safe: it reads the last step boundary's state.
+        """
+        line = self.costs.prefill_line()
+        decode = self.costs.decode_ms(self._decoding)
+        if line is None or decode is None:
+            return None
+        fixed, per_token = line
+        ahead = self._to_prefill + self.scheduler.inbox_prompt_tokens() + prompt_tokens
+        steps = -(-ahead // max(self.scheduler.prefill_budget(self._decoding), 1))
+        in_flight = self._last_step_ms or 0.0
+        return in_flight + steps * (decode + fixed) + per_token * ahead
+
     # -- the step: only its one caller runs it --------------------------------
 
     def step(self, on_prefill: PrefillCallback | None = None) -> list[EngineEvent]:
@@ -362,6 +381,8 @@ class Engine:
 
     def _take_snapshot(self) -> EngineStatistics:
         scheduler = self.scheduler
+        self._to_prefill = scheduler.prompt_tokens_to_prefill()  # for estimate_ttft_ms
+        self._decoding = scheduler.num_decoding
         return EngineStatistics(
             blocks_total=self.allocator.num_blocks,
             blocks_free=self.allocator.num_free,

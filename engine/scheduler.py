@@ -104,7 +104,8 @@ class Scheduler:
         self.num_admitted = 0
         self._inbox: list[Sequence | tuple[Op, str]] = []
         self._live_ids: set[str] = set()  # submitted and not yet finished
-        self._inbox_lock = threading.Lock()  # guards _inbox and _live_ids
+        self._inbox_lock = threading.Lock()  # guards _inbox, _live_ids and the count below
+        self._inbox_prompt_tokens = 0  # prompt tokens of the submits in the inbox
 
     # -- wishes: any thread ------------------------------------------------------
 
@@ -115,6 +116,7 @@ class Scheduler:
                 raise DuplicateRequestId(f"request id {seq.request_id!r} is in use")
             self._live_ids.add(seq.request_id)
             self._inbox.append(seq)
+            self._inbox_prompt_tokens += seq.num_prompt_tokens
 
     def post(self, op: Op, request_id: str) -> None:
         with self._inbox_lock:
@@ -131,12 +133,18 @@ class Scheduler:
         )
         return can_admit or any(not s.is_paused for s in self.running.values())
 
+    def inbox_prompt_tokens(self) -> int:
+        """Prompt tokens of the submits not applied yet (any thread)."""
+        with self._inbox_lock:
+            return self._inbox_prompt_tokens
+
     # -- the step's phases: the stepping thread only ------------------------------
 
     def apply_inbox(self) -> list[EngineEvent]:
         """Apply the posted wishes in order; return the finishes of cancels."""
         with self._inbox_lock:
             wishes, self._inbox = self._inbox, []
+            self._inbox_prompt_tokens = 0
         events: list[EngineEvent] = []
         for wish in wishes:
             if isinstance(wish, Sequence):
@@ -233,6 +241,16 @@ class Scheduler:
         if request_id in self.running:
             return self.running[request_id]
         return next((s for s in self.waiting if s.request_id == request_id), None)
+
+    def prompt_tokens_to_prefill(self) -> int:
+        """Prompt tokens not cached yet, of every waiting and admitted sequence."""
+        admitted = sum(s.num_prompt_tokens - s.num_prefilled
+                       for s in self.running.values() if not s.generated_ids)
+        return admitted + sum(s.num_prompt_tokens for s in self.waiting)
+
+    @property
+    def num_decoding(self) -> int:
+        return sum(not s.is_paused and bool(s.generated_ids) for s in self.running.values())
 
     @property
     def num_paused(self) -> int:

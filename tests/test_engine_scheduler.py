@@ -17,6 +17,7 @@ import pytest
 
 from engine import EngineEvent, FinishEvent, FinishReason, GenerationRequest, TokenEvent
 from engine.block_manager import BlockAllocator
+from engine.costs import StepCosts
 from engine.engine import Engine
 from engine.scheduler import Scheduler
 from tests.scripted_runner import ScriptedRunner, scripted_engine
@@ -220,3 +221,22 @@ def test_length_ends_at_max_new_tokens_and_releases_once(max_new: int) -> None:
     engine.step()
     stats = engine.statistics()
     assert (stats.releases, stats.blocks_free) == (1, stats.blocks_total)
+
+
+def test_the_ttft_estimate_counts_the_prompt_tokens_ahead_and_the_steps_they_take() -> None:
+    engine = scripted_engine(max_prefill_tokens=8)
+    assert engine.estimate_ttft_ms(4) is None  # nothing measured
+    _submit(engine, "a", "abcd", 20)
+    engine.step()  # "a" decodes from now on
+    engine.costs = engine.scheduler.costs = StepCosts()  # known costs instead of measured
+    for tokens, ms in ((4, 6.0), (8, 8.0)):
+        engine.costs.observe_prefill(tokens, ms)  # 4 ms + 0.5 ms per token
+    engine.costs.observe_decode(1, 10.0)
+    _submit(engine, "b", "abcd")
+    _submit(engine, "c", "abcdefgh")
+    estimate = engine.estimate_ttft_ms(4)
+    in_flight = engine.statistics().last_step_ms
+    assert estimate is not None and in_flight is not None
+    # 4 + 8 tokens ahead and 4 of its own: two steps of 8, each with a's decode.
+    assert estimate - in_flight == pytest.approx(2 * (10.0 + 4.0) + 0.5 * 16)
+    engine.cancel("a")
