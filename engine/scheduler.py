@@ -13,7 +13,8 @@ decode rows (every running, unpaused sequence that already has a token to feed
 back) and then the prompts to prefill in this step, in arrival order, within the
 step's prefill budget: ``max_prefill_tokens``, or fewer with a step-time target
 (``max_step_ms``), what the measured costs (``costs.StepCosts``) say fits beside
-this step's decode pass. A prompt that fits the budget's room is prefilled
+this step's decode pass (a step with nothing to decode keeps the whole budget: no
+stream waits for it). A prompt that fits the budget's room is prefilled
 whole; one that does not waits for the next step, unless it is the first: then
 it is cut (chunked prefill), its first chunk fills the budget, and the rest
 follows in the next steps, so a long prompt never stalls the running streams
@@ -181,8 +182,11 @@ class Scheduler:
         return StepPlan(prefill, decode)
 
     def prefill_budget(self, decode_rows: int) -> int:
-        """Prompt tokens a step with ``decode_rows`` decode rows may prefill."""
-        if self.max_step_ms is None:
+        """Prompt tokens a step with ``decode_rows`` decode rows may prefill.
+
+        With no decode row, nobody waits for the step: the whole ``max_prefill_tokens``.
+        """
+        if self.max_step_ms is None or decode_rows == 0:
             return self.max_prefill_tokens
         within = self.costs.prefill_tokens_within(self.max_step_ms, decode_rows)
         if within is None:  # nothing measured yet

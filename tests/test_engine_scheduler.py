@@ -122,14 +122,15 @@ def test_a_step_time_target_sets_the_prefill_budget_from_measured_costs() -> Non
         BlockAllocator(8, 4), max_batch=8, max_prefill_tokens=1000, eos_token_ids=frozenset(),
         max_step_ms=100.0,
     )
-    assert scheduler.prefill_budget(0) == 1000  # nothing measured yet: the token cap
+    assert scheduler.prefill_budget(1) == 1000  # nothing measured yet: the token cap
     costs = scheduler.costs
     for tokens, ms in ((16, 12.0), (64, 36.0), (16, 12.0), (64, 36.0)):
         costs.observe_prefill(tokens, ms)  # 4 ms + 0.5 ms per token
     costs.observe_decode(1, 20.0)
     costs.observe_decode(9, 40.0)
-    assert scheduler.prefill_budget(0) == 192  # (100 - 4) / 0.5
+    assert scheduler.prefill_budget(1) == 152  # (100 - 20 - 4) / 0.5
     assert scheduler.prefill_budget(5) == 132  # (100 - 30 - 4) / 0.5
+    assert scheduler.prefill_budget(0) == 1000  # nobody decodes: nobody waits
     assert scheduler.prefill_budget(1000) == 16  # decode fills it: the least
 
 
