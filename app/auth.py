@@ -6,6 +6,12 @@ is answered 401 ``unauthorized`` with ``WWW-Authenticate: Bearer`` (``errors.py`
 check is a ``before_request`` hook, so it runs before a view reads the body, and it
 also covers unknown paths (a 401, not a 404: no route list for strangers).
 
+The browser page (``page.py``) reads a stream with ``EventSource``, which cannot send
+headers: on ``GET /v1/stream/<id>`` only (reading a stream that a request with the key
+created, never creating one) the key may instead come in the ``streamscope_key`` cookie
+(percent-encoded), which the page sets for path ``/v1/stream`` with ``SameSite=Strict``.
+The page itself and its script show no request data and are open.
+
 The comparison is ``hmac.compare_digest`` over SHA-256 digests: its time depends on
 neither the key's value nor its length.
 """
@@ -14,14 +20,18 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from urllib.parse import unquote
 
 from quart import Quart, request
 
 from .errors import ApiError, ErrorType
 
-# Probes and scrapers (load balancers, orchestrators, Prometheus) carry no key; these
-# show no request data.
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+# Probes and scrapers (load balancers, orchestrators, Prometheus) carry no key, nor does
+# a browser loading the page (page.py); these show no request data.
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/", "/page.js"})
+# EventSource sends cookies but no headers: where a page's stream reader may carry the key.
+STREAM_KEY_COOKIE = "streamscope_key"
+STREAM_READ_PREFIX = "/v1/stream/"
 
 
 def register_auth(app: Quart, api_key: str | None) -> None:
@@ -36,6 +46,11 @@ def register_auth(app: Quart, api_key: str | None) -> None:
         if request.path in OPEN_PATHS:
             return
         token = bearer_token(request.headers.get("Authorization", ""))
+        if token is None and request.method == "GET" and request.path.startswith(
+            STREAM_READ_PREFIX
+        ):
+            # latin-1: each byte one character, as for the header below
+            token = unquote(request.cookies.get(STREAM_KEY_COOKIE, ""), "latin-1") or None
         # Headers arrive decoded as latin-1, so this gives back the bytes that were sent.
         if token is None or not hmac.compare_digest(_digest(token.encode("latin-1")), expected):
             raise ApiError(

@@ -17,6 +17,7 @@ from .lab import register_lab
 from .lifespan import MakeEngine, Runtime, load_engine_from_settings, stop_deadline_s
 from .metrics import Metrics, make_metrics_blueprint
 from .openai_routes import make_openai_blueprint
+from .page import make_page_blueprint
 from .resumable import make_resumable_blueprint
 from .routes import make_blueprint
 from .settings import Settings
@@ -74,6 +75,7 @@ def create_app(
     app.register_blueprint(make_blueprint(runtime, metrics))
     app.register_blueprint(make_openai_blueprint(runtime, metrics))
     app.register_blueprint(make_resumable_blueprint(runtime, metrics))
+    app.register_blueprint(make_page_blueprint())  # GET /: the browser page
     app.register_blueprint(make_metrics_blueprint(metrics))
     register_lab(app, settings)  # laboratory probes, only with STREAMSCOPE_LAB_ROUTES
 
