@@ -21,10 +21,19 @@ another may estimate (``Engine.estimate_ttft_ms``).
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+from .block_manager import BlockTable
+from .sequence import Chunk, Sequence
+from .types import GenerationRequest
 
 WINDOW = 64  # prefill passes in the fit: about a minute of bursts, forgetting older load
 DECODE_WEIGHT = 0.2  # each new decode time's weight in its batch size's moving average
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 class StepCosts:
@@ -88,3 +97,41 @@ class StepCosts:
             return None
         fixed, per_token = line
         return max(int((target_ms - decode - fixed) / per_token), 0)
+
+
+def timed(run: Callable[[list[_T]], _R], items: list[_T],
+          observe: Callable[[int, float], None], size: int) -> _R:
+    """``run(items)``, and ``observe(size, its milliseconds)``."""
+    started = time.perf_counter()
+    result = run(items)
+    observe(size, (time.perf_counter() - started) * 1000)
+    return result
+
+
+class _Passes(Protocol):  # the forward passes of ``engine.Runner``
+    def prefill(self, chunks: list[Chunk]) -> list[int | Exception | None]: ...
+    def decode(self, seqs: list[Sequence]) -> list[int | Exception]: ...
+
+
+def calibrate(
+    runner: _Passes, costs: StepCosts, *, num_blocks: int, positions: int, max_batch: int
+) -> None:
+    """Time a few forward passes, so that a step-time budget has estimates from the
+    first step: a warm-up pass (not counted), prefills of two sizes and decodes at
+    batch 1 and at ``max_batch``, twice each. The dummy sequences share one table of
+    every block: run only while no sequence holds any (at start-up), their writes land
+    where nobody reads."""
+    table = BlockTable("calibration", list(range(num_blocks)), is_released=True)
+
+    def dummy(n: int, generated: int = 0) -> Sequence:
+        seq = Sequence(GenerationRequest("calibration", "", 1), [0] * n,
+                       None, None, None)  # type: ignore[arg-type]  # no text: never recorded
+        seq.block_table, seq.generated_ids = table, [0] * generated
+        return seq
+
+    small, large = min(32, positions // 4), min(256, positions // 2)
+    runner.prefill([Chunk(dummy(small), 0, small)])  # warm-up
+    for n in (small, large, small, large):
+        timed(runner.prefill, [Chunk(dummy(n), 0, n)], costs.observe_prefill, n)
+    for rows in (1, max_batch, 1, max_batch):
+        timed(runner.decode, [dummy(small, 1) for _ in range(rows)], costs.observe_decode, rows)

@@ -54,10 +54,10 @@ from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Sequence as Seq
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
-from .block_manager import BlockAllocator, BlockTable
-from .costs import StepCosts
+from .block_manager import BlockAllocator
+from .costs import StepCosts, calibrate, timed
 from .errors import EmptyPrompt, PromptTooLong, StepReentered
 from .scheduler import Op, Scheduler
 from .sequence import Chunk, Sequence
@@ -72,8 +72,6 @@ from .types import (
 from .validation import validate_request
 
 PrefillCallback = Callable[[list[EngineEvent]], None]
-_T = TypeVar("_T")
-_R = TypeVar("_R")
 
 # Prompt tokens prefilled in one step. A prefill costs time roughly in proportion to
 # its tokens, and every running stream waits for the whole step: a budget of about six
@@ -316,7 +314,7 @@ class Engine:
             return []
         tokens = sum(c.end - c.start for c in chunks)
         try:
-            outcomes = self._timed(self.runner.prefill, chunks, self.costs.observe_prefill, tokens)
+            outcomes = timed(self.runner.prefill, chunks, self.costs.observe_prefill, tokens)
         except Exception as exc:
             if len(chunks) > 1:
                 return [e for chunk in chunks for e in self._prefill([chunk])]
@@ -330,46 +328,20 @@ class Engine:
         if not seqs:
             return []
         try:
-            outcomes = self._timed(self.runner.decode, seqs, self.costs.observe_decode, len(seqs))
+            outcomes = timed(self.runner.decode, seqs, self.costs.observe_decode, len(seqs))
         except Exception as exc:
             error = f"decode failed: {exc}"
             return [self.scheduler.finish(s, FinishReason.ERROR, error=error) for s in seqs]
         record = self.scheduler.record_token
         return [e for s, out in zip(seqs, outcomes, strict=True) for e in record(s, out)]
 
-    def _timed(self, run: Callable[[list[_T]], _R], items: list[_T],
-               observe: Callable[[int, float], None], size: int) -> _R:
-        started = time.perf_counter()
-        result = run(items)
-        observe(size, (time.perf_counter() - started) * 1000)
-        return result
-
-    # -- costs ------------------------------------------------------------------
-
     def calibrate(self) -> None:
-        """Time a few forward passes before any request, so that the step-time budget
-        has estimates from the first step: a warm-up pass (not counted), prefills of
-        two sizes and decodes at batch 1 and at ``max_batch``. The dummy passes write
-        only into blocks no sequence holds (the cache is all free at start-up)."""
+        """Time a few dummy forward passes before any request (see ``costs.calibrate``)."""
         assert not self.scheduler.running, "calibrate before the first request"
         cached = self.allocator.num_blocks * self.allocator.block_size
-        positions = min(self.loaded.max_context, cached)
-        table = BlockTable("calibration", list(range(self.allocator.num_blocks)))
-        table.is_released = True  # never the allocator's: nothing to release
-
-        def dummy(n: int, generated: int = 0) -> Sequence:
-            seq = Sequence(GenerationRequest("calibration", "", 1), [0] * n,
-                           None, None, None)  # type: ignore[arg-type]
-            seq.block_table, seq.generated_ids = table, [0] * generated
-            return seq
-
-        small, large = min(32, positions // 4), min(256, positions // 2)
-        self.runner.prefill([Chunk(dummy(small), 0, small)])  # warm-up
-        for n in (small, large, small, large):
-            self._timed(self.runner.prefill, [Chunk(dummy(n), 0, n)], self.costs.observe_prefill, n)
-        for rows in (1, self.scheduler.max_batch, 1, self.scheduler.max_batch):
-            seqs = [dummy(small, 1) for _ in range(rows)]
-            self._timed(self.runner.decode, seqs, self.costs.observe_decode, rows)
+        calibrate(self.runner, self.costs, num_blocks=self.allocator.num_blocks,
+                  positions=min(self.loaded.max_context, cached),
+                  max_batch=self.scheduler.max_batch)
 
     def _record_step(self, started: float, *, decoded: bool, prefilled: bool) -> None:
         elapsed_ms = (time.perf_counter() - started) * 1000
