@@ -51,8 +51,12 @@ class Op(enum.Enum):
     RESUME = "resume"  # take it back into the decode batch
 
 
-# The least prompt tokens a step prefills when a prompt waits, however full the step
-# target is with decoding: a burst under a tight target still makes progress.
+# The least a step prefills while a prompt waits, however full the step target is with
+# decoding: the prompt tokens that cost this share of the target (and at least
+# MIN_PREFILL_TOKENS). Without it, a machine slower than the target starves prompts: a
+# burstbench run (decode alone over a 299 ms target, 16 tokens a step) took 86 s to
+# prefill a 1,000-token prompt; with it a step costs at most 1.5 targets.
+MIN_PREFILL_SHARE = 0.5
 MIN_PREFILL_TOKENS = 16
 
 
@@ -73,7 +77,7 @@ class Scheduler:
         max_prefill_tokens: prompt tokens prefilled per step, at most.
         eos_token_ids: tokens that end a sequence (unless its request ignores eos).
         max_step_ms: a step-time target: the prefill budget is what ``costs`` says
-            fits beside the step's decode pass (at least MIN_PREFILL_TOKENS).
+            fits beside the step's decode pass (at least MIN_PREFILL_SHARE of it).
         costs: the measured step costs (the engine feeds them).
     """
 
@@ -189,9 +193,10 @@ class Scheduler:
         if self.max_step_ms is None or decode_rows == 0:
             return self.max_prefill_tokens
         within = self.costs.prefill_tokens_within(self.max_step_ms, decode_rows)
-        if within is None:  # nothing measured yet
+        least = self.costs.prefill_tokens_within(self.max_step_ms * MIN_PREFILL_SHARE, 0)
+        if within is None or least is None:  # nothing measured yet
             return self.max_prefill_tokens
-        return min(self.max_prefill_tokens, max(within, MIN_PREFILL_TOKENS))
+        return min(self.max_prefill_tokens, max(within, least, MIN_PREFILL_TOKENS))
 
     def record_chunk(self, chunk: Chunk, token: int | Exception | None) -> list[EngineEvent]:
         """A prefilled chunk: its prompt positions are cached; the last one brings the

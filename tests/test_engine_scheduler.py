@@ -131,7 +131,8 @@ def test_a_step_time_target_sets_the_prefill_budget_from_measured_costs() -> Non
     assert scheduler.prefill_budget(1) == 152  # (100 - 20 - 4) / 0.5
     assert scheduler.prefill_budget(5) == 132  # (100 - 30 - 4) / 0.5
     assert scheduler.prefill_budget(0) == 1000  # nobody decodes: nobody waits
-    assert scheduler.prefill_budget(1000) == 16  # decode fills it: the least
+    assert scheduler.prefill_budget(9) == 112  # (100 - 40 - 4) / 0.5
+    assert scheduler.prefill_budget(1000) == 92  # decode fills it: (50 - 4) / 0.5, the least
 
 
 def test_an_engine_with_a_step_time_target_calibrates_at_once() -> None:
