@@ -135,6 +135,7 @@ function connect(r) {
       finish(r, "lost: the stream is over or expired on the server");
     } else {
       r.reopens += 1;
+      log(`reconnect refused; opening the stream again in ${REOPEN_MS / 1000} s`);
       setStatus("reconnecting…");
       setTimeout(() => { if (!r.over) connect(r); }, REOPEN_MS);
     }
