@@ -66,4 +66,4 @@ async def refuse(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCalla
         })
         await send({"type": "http.response.body", "body": body, "more_body": False})
     else:  # a websocket: this server has none
-        await send({"type": "websocket.close", "code": 1011})
+        await send({"type": "websocket.close", "code": 1011, "reason": None})
