@@ -396,13 +396,17 @@ def _draw(fig: Any, samples: list[dict[str, Any]], early: list[dict[str, Any]]) 
     timeline.set_title("the server during the run (ends at zero)")
     timeline.legend()
     timeline.grid(alpha=0.3)
-    xs = [r["tokens_read"] for r in early]
-    ys = [r["completion_tokens"] or 0 for r in early]
+    # Only streams with a finish record: the hub remembers the most recent finishes, and a
+    # stream without one has no count of what the engine made for it.
+    accounted = [r for r in early if r["completion_tokens"] is not None]
+    xs = [r["tokens_read"] for r in accounted]
+    ys = [r["completion_tokens"] for r in accounted]
     waste.scatter(xs, ys, s=12, alpha=0.6)
     top = max(xs + ys + [1])
     waste.plot([0, top], [0, top], color="grey", linestyle="--", label="made = read")
     waste.set_xlabel("tokens the client read")
     waste.set_ylabel("tokens the engine made")
-    waste.set_title(f"{len(early)} streams whose clients left early")
+    waste.set_title(f"{len(accounted)} of {len(early)} streams whose clients left early\n"
+                    "(those with a finish record)")
     waste.legend()
     waste.grid(alpha=0.3)
