@@ -37,12 +37,7 @@ def make_openai_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     """The OpenAI routes, bound to one app's runtime; each request reports to ``metrics``."""
     bp = Blueprint("openai", __name__)
     settings = runtime.settings
-    limits = RequestLimits(
-        max_prompt_chars=settings.max_prompt_chars,
-        max_new_tokens_limit=settings.max_new_tokens_limit,
-        default_max_new_tokens=settings.default_max_new_tokens,
-        request_policies=settings.request_policies,
-    )
+    limits = RequestLimits.from_settings(settings)
     models = ServedModels(settings.model, settings.model_name, created=int(time.time()))
 
     async def answer(

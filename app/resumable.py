@@ -200,12 +200,7 @@ def make_resumable_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     """``POST /v1/requests``, ``GET /v1/stream/<id>``, ``DELETE /v1/requests/<id>``."""
     bp = Blueprint("resumable", __name__)
     settings = runtime.settings
-    limits = RequestLimits(
-        max_prompt_chars=settings.max_prompt_chars,
-        max_new_tokens_limit=settings.max_new_tokens_limit,
-        default_max_new_tokens=settings.default_max_new_tokens,
-        request_policies=settings.request_policies,
-    )
+    limits = RequestLimits.from_settings(settings)
 
     @bp.post("/v1/requests")
     async def create_request() -> Response:

@@ -37,12 +37,7 @@ def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     """The routes, bound to one app's runtime; each request reports to ``metrics``."""
     bp = Blueprint("streamscope", __name__)
     settings = runtime.settings
-    limits = RequestLimits(
-        max_prompt_chars=settings.max_prompt_chars,
-        max_new_tokens_limit=settings.max_new_tokens_limit,
-        default_max_new_tokens=settings.default_max_new_tokens,
-        request_policies=settings.request_policies,
-    )
+    limits = RequestLimits.from_settings(settings)
 
     async def read_generate_body() -> GenerateBody:
         """Read (``serving.read_body``) and validate.

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from engine import GenerationRequest, SamplingParams
 from streams import PolicyName
+
+if TYPE_CHECKING:
+    from .settings import Settings
 
 # Stop strings are matched against every token's text; a few short ones cover real use
 # (OpenAI allows 4) and keep the matcher's per-token work small.
@@ -38,6 +41,15 @@ class RequestLimits:
     default_max_new_tokens: int
     # The policies a request may pick (STREAMSCOPE_REQUEST_POLICIES); never naive.
     request_policies: frozenset[PolicyName]
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RequestLimits:
+        return cls(
+            max_prompt_chars=settings.max_prompt_chars,
+            max_new_tokens_limit=settings.max_new_tokens_limit,
+            default_max_new_tokens=settings.default_max_new_tokens,
+            request_policies=settings.request_policies,
+        )
 
 
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
