@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import socket
 import struct
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,14 +26,9 @@ import trio
 
 from engine import FinishReason
 from tests.http_server import SETTLE_TIMEOUT_S, RunningServer, StartServer
+from tools.page_screenshot import CHROMEDRIVER, CHROMIUM, headless_chromium
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 INSTALL = "apt-get update && apt-get install -y chromium chromium-driver"
-CHROMIUM_FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-)
 PROMPT = "The capital of France is"
 TOKENS = 24  # greedy, ignore_eos: 26 events, about 2.5 kB on the wire
 CUT_AFTER_BYTES = 600  # into the fifth or sixth token event: cut mid-event
@@ -98,23 +92,8 @@ def browser() -> Iterator[Browser]:
     if missing:
         pytest.fail(f"{' and '.join(missing)} missing: the browser tests need Debian's "
                     f"Chromium; install it with: {INSTALL}", pytrace=False)
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        pytest.fail("selenium missing: pip install -e '.[test]'", pytrace=False)
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    with tempfile.TemporaryDirectory(prefix="streamscope-chromium-") as profile:
-        options.add_argument(f"--user-data-dir={profile}")
-        driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER),
-                                  options=options)
-        try:
-            yield Browser(driver)
-        finally:
-            driver.quit()
+    with headless_chromium() as driver:
+        yield Browser(driver)
 
 
 # -- a proxy that drops the stream once --------------------------------------------------
