@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import EngineEvent, FinishEvent, FinishReason, GenerationRequest, SamplingParams
-from engine.attention import PagedBatch, decode_batch, paged_attention
+from engine.attention import PagedBatch, decode_batch, paged_attention, prefill_batch
 from engine.engine import Engine
 from engine.kv_cache import PagedKVCache
 from engine.model import LoadedModel, load_model
@@ -252,6 +252,46 @@ def test_paged_decode_batch_of_different_lengths_matches_sdpa(num_kv_heads: int)
     for row, (k, v) in enumerate(zip(full_k, full_v, strict=True)):
         expected = _reference(q[row : row + 1], k, v, causal=False)
         torch.testing.assert_close(out[row : row + 1], expected)
+
+
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+def test_packed_prefill_batch_attends_within_each_prompt_and_writes_its_blocks(
+    num_kv_heads: int,
+) -> None:
+    generator = torch.Generator().manual_seed(2)
+    cache, layer = _cache(num_kv_heads), types.SimpleNamespace(layer_idx=1)
+    lengths, tables = [3, 7, 5], TABLES[:3]
+    width = max(map(len, tables))
+    padded = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    batch, positions = prefill_batch(cache, padded, lengths)
+    assert positions.tolist() == [[*range(3), *range(7), *range(5)]]
+    total = sum(lengths)
+    q = torch.randn(1, NUM_HEADS, total, HEAD_DIM, generator=generator)
+    k, v = (torch.randn(1, num_kv_heads, total, HEAD_DIM, generator=generator) for _ in "kv")
+    out, _ = paged_attention(layer, q, k, v, None, paged=batch)
+    start = 0
+    for table, n in zip(tables, lengths, strict=True):
+        part = slice(start, start + n)
+        expected = _reference(q[:, :, part], k[:, :, part], v[:, :, part], causal=True)
+        assert torch.equal(out[:, part], expected)  # the solo call's exact result
+        slots = _slots(cache, table, range(n))
+        assert torch.equal(cache.keys[1][slots], k[0, :, part].transpose(0, 1))
+        start += n
+
+
+def test_a_later_chunk_attends_to_its_cached_prefix_and_itself() -> None:
+    generator = torch.Generator().manual_seed(3)
+    cache, layer = _cache(2), types.SimpleNamespace(layer_idx=0)
+    table, n, cut = torch.tensor([TABLES[3]]), 13, 5
+    q = torch.randn(1, NUM_HEADS, n, HEAD_DIM, generator=generator)
+    k, v = (torch.randn(1, 2, n, HEAD_DIM, generator=generator) for _ in "kv")
+    first, _ = prefill_batch(cache, table, [cut])
+    paged_attention(layer, q[:, :, :cut], k[:, :, :cut], v[:, :, :cut], None, paged=first)
+    second, positions = prefill_batch(cache, table, [n - cut], [cut])
+    assert positions.tolist() == [list(range(cut, n))]
+    out, _ = paged_attention(layer, q[:, :, cut:], k[:, :, cut:], v[:, :, cut:], None,
+                             paged=second)
+    torch.testing.assert_close(out, _reference(q, k, v, causal=True)[:, cut:])
 
 
 def test_paged_attention_without_a_batch_raises() -> None:
