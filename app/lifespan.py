@@ -353,7 +353,7 @@ class Runtime:
             self.engine = built
             self.hub = streams.Hub(built, self.settings.hub_settings())
             self.resumption = streams.ResumeRegistry(
-                streams.MemoryEventLog(), grace_s=self.settings.resume_grace_s,
+                _resume_log(self.settings), grace_s=self.settings.resume_grace_s,
                 max_detached_bytes=self.settings.resume_max_bytes,
             )
             await nursery.start(self.resumption.run)
@@ -448,6 +448,16 @@ def _hub_fields(hub: streams.Hub | None) -> dict[str, Any]:
         "events_dropped": stats.events_dropped,
         "slow_client_drops": stats.slow_client_drops,
     }
+
+
+def _resume_log(settings: Settings) -> streams.EventLog:
+    """The log of resumable streams the settings choose: memory, or a shared Redis whose
+    keys outlive their owner by the grace period (``streams/redis_log.py``)."""
+    if settings.resume_store is None:
+        return streams.MemoryEventLog()
+    from streams.redis_log import RedisEventLog  # redis-py only where it is used
+
+    return RedisEventLog.from_url(settings.resume_store, ttl_s=settings.resume_grace_s)
 
 
 def _resume_fields(registry: streams.ResumeRegistry | None) -> dict[str, Any]:

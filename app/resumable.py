@@ -24,7 +24,9 @@ Ownership: the stream belongs to the resumption registry from the moment it open
 (``ResumableOwner``, given to ``Runtime.open_stream``); a response's connection owns its
 ``Reader``, whose ``close()`` hands the stream back to the registry when the response
 ends, however it ends. ``streams/resumption.py`` tells the hand-over and what happens
-when nobody comes back. Keep-alive comments as on any stream; no lab padding.
+when nobody comes back. With ``STREAMSCOPE_RESUME_STORE=redis://...`` the GET works on
+any replica: one that does not own the stream serves the shared log (a
+``RemoteReader``). Keep-alive comments as on any stream; no lab padding.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from streams import (
     PolicyName,
     Reader,
     ReaderBusy,
+    RemoteReader,
     ResumeRegistry,
     StreamItem,
     TokenStream,
@@ -121,7 +124,9 @@ class ResumableEventBody(ResponseBody):
     then live events; keep-alive comments in between. ``__aexit__`` lets the reader go.
     """
 
-    def __init__(self, reader: Reader, *, keepalive_s: float, send_retry: bool) -> None:
+    def __init__(
+        self, reader: Reader | RemoteReader, *, keepalive_s: float, send_retry: bool
+    ) -> None:
         self.reader = reader
         self.keepalive_s = keepalive_s
         self._retry = send_retry

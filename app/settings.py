@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from streams import HubSettings, PolicyName
 
@@ -86,6 +87,10 @@ class Settings:
         "most bytes of event logs held for resumable streams without a reader, "
         "server-wide; a detached stream that would pass it ends with error "
         "resume_log_full"))
+    resume_store: str | None = field(default=None, repr=False, metadata={**_doc(
+        "where resumable streams' event logs live: unset, this process's memory; "
+        "redis://host:port/db, a Redis that several replicas share, so that a stream "
+        "resumes on any of them (see Several replicas)"), "shown": "(memory)"})
     max_new_tokens_limit: int = field(default=1024, metadata=_doc(
         "the largest max_new_tokens a request may ask for (422 above)"))
     default_max_new_tokens: int = field(default=64, metadata=_doc(
@@ -219,6 +224,13 @@ def _positive_seconds(raw: str) -> float:
     return value
 
 
+def _resume_store(raw: str) -> str:
+    scheme = urlsplit(raw).scheme
+    if scheme in ("redis", "rediss", "unix") and "://" in raw:
+        return raw
+    raise ValueError("expected redis://host:port/db (or rediss://, unix://)")
+
+
 def _positive_ms(raw: str) -> float:
     try:
         value = float(raw)
@@ -289,6 +301,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "resume_grace_s": _positive_seconds,
     "shutdown_grace_s": _positive_seconds,
     "max_step_ms": _positive_ms,
+    "resume_store": _resume_store,
     "detect_disconnect": _boolean,
     "lab_routes": _boolean,
     "lab_pad_bytes": _pad_bytes,

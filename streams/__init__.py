@@ -18,12 +18,14 @@ from .hub_types import StepEngine as StepEngine
 from .policy import PolicyName as PolicyName
 from .resume_log import EventLog as EventLog
 from .resume_log import MemoryEventLog as MemoryEventLog
+from .resume_log import SharedEventLog as SharedEventLog
 from .resumption import BadPosition as BadPosition
 from .resumption import Holding as Holding
 from .resumption import LoggedEvent as LoggedEvent
 from .resumption import NothingToResume as NothingToResume
 from .resumption import Reader as Reader
 from .resumption import ReaderBusy as ReaderBusy
+from .resumption import RemoteReader as RemoteReader
 from .resumption import ResumeError as ResumeError
 from .resumption import ResumeRegistry as ResumeRegistry
 from .resumption import ResumeStatistics as ResumeStatistics
@@ -56,11 +58,13 @@ __all__ = [
     "PolicyName",
     "Reader",
     "ReaderBusy",
+    "RemoteReader",
     "ResumeError",
     "ResumeRegistry",
     "ResumeStatistics",
     "SSEParser",
     "ServerSentEvent",
+    "SharedEventLog",
     "StepEngine",
     "StreamEnd",
     "StreamError",

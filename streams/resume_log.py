@@ -1,16 +1,17 @@
 """The event log of resumable streams: what a reader that comes back replays.
 
 Owns the encoded events of each resumable stream, numbered from 1 in the order they
-were made, and nothing else: it knows no Trio, no engine and no HTTP. ``EventLog`` is
-the interface the resumption registry (``resumption.py``) uses; ``MemoryEventLog``, a
-dict of lists in this process, is the default. A shared store (Redis streams, for
-several replicas serving one client population: issue 11) implements the same three
-operations.
+were made, and nothing else: it knows no engine and no HTTP (``MemoryEventLog`` no
+Trio either). ``EventLog`` is the interface the resumption registry (``resumption.py``)
+uses; ``MemoryEventLog``, a dict of lists in this process, is the default. A shared
+store (``redis_log.RedisEventLog``: Redis streams, for several replicas serving one
+client population, issue 11) implements the same three operations for the replica that
+owns a stream, and ``SharedEventLog``'s async ones for a reader on any replica.
 
 Synchronous on purpose: a live event is taken from its stream and logged with no
 checkpoint between (``resumption.py``), so no cancel can lose one. A networked store
-keeps that property by appending to a local buffer that a task of its own flushes;
-``read_after`` then reads the buffer's tail after the store's.
+keeps that property by appending to a local copy and a queue that a task of its own
+writes out in order (``redis_log.py``); the owner's ``read_after`` reads the local copy.
 
 Bounds: the log does not limit itself. The registry gives each stream at most its own
 events (a start, at most ``max_new_tokens`` tokens, one last event) and caps the bytes
@@ -19,14 +20,17 @@ of the streams no reader holds (``resume_max_bytes``).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
+
+import trio
 
 
 class EventLog(Protocol):
     """Encoded events per stream id, numbered 1, 2, ...; every method sync, no checkpoint."""
 
-    def append(self, stream_id: str, n: int, data: bytes) -> None:
-        """Store event ``n`` of ``stream_id`` (a new stream starts at 1).
+    def append(self, stream_id: str, n: int, data: bytes, *, last: bool = False) -> None:
+        """Store event ``n`` of ``stream_id`` (a new stream starts at 1); ``last``: the
+        stream's last event (a reader on another replica stops after it).
 
         Raises:
             ValueError: ``n`` is not the stream's next number (the log never has a gap
@@ -44,6 +48,51 @@ class EventLog(Protocol):
         ...
 
 
+@runtime_checkable
+class SharedEventLog(EventLog, Protocol):
+    """An ``EventLog`` that other replicas read: what a reader there needs, async.
+
+    The owner replica (the one whose engine generates the stream) appends; a reader on
+    any replica follows the log (``read_remote``) until the event appended ``last``.
+    One reader at a time across replicas: a remote reader holds a lease (a token with
+    a time to live, renewed while it reads), which the owner checks before it lets a
+    local reader attach and before it ends a stream whose grace period ran out.
+    """
+
+    lease_s: float  # a remote reader's lease lives this long unless renewed
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Write what ``append``/``expire`` queued, in order, until cancelled."""
+        ...
+
+    async def tail(self, stream_id: str) -> tuple[int, bool] | None:
+        """(n of the last event in the store, whether it is the last), or None."""
+        ...
+
+    async def read_remote(
+        self, stream_id: str, after: int, *, wait_s: float
+    ) -> list[tuple[int, bytes, bool]] | None:
+        """Events after ``after`` as (n, data, last), waiting up to ``wait_s`` for one
+        (empty: none came); None: the store no longer holds the stream."""
+        ...
+
+    async def claim_reader(self, stream_id: str, token: str) -> bool:
+        """Take the stream's reader lease for ``token``; False if someone holds it."""
+        ...
+
+    async def renew_reader(self, stream_id: str, token: str) -> bool:
+        """Extend ``token``'s lease; False if it is not ``token``'s any more."""
+        ...
+
+    def release_reader(self, stream_id: str, token: str) -> None:
+        """Let the lease go (queued, sync, never a checkpoint)."""
+        ...
+
+    async def reader_held(self, stream_id: str) -> bool:
+        """Whether a reader (on any replica) holds the stream's lease now."""
+        ...
+
+
 class MemoryEventLog:
     """``EventLog`` in this process's memory: one list of bytes per stream."""
 
@@ -51,7 +100,7 @@ class MemoryEventLog:
         self._events: dict[str, list[bytes]] = {}
         self._bytes: dict[str, int] = {}
 
-    def append(self, stream_id: str, n: int, data: bytes) -> None:
+    def append(self, stream_id: str, n: int, data: bytes, *, last: bool = False) -> None:
         events = self._events.setdefault(stream_id, [])
         if n != len(events) + 1:
             raise ValueError(f"event {n} of {stream_id!r} follows {len(events)}")

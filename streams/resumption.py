@@ -49,12 +49,25 @@ connection broke before the last event reached it.
 Cancellation: the holders run in the registry's nursery (``run``); cancelling ``run``
 cancels them, and each closes its stream (the engine is asked to cancel) and expires
 its log on the way out.
+
+Several replicas (a ``SharedEventLog``: Redis, ``redis_log.py``): the replica whose engine
+generates a stream owns it, exactly as above, and its log also goes to the store. A
+reader that comes back to another replica (the balancer chose it) gets a
+``RemoteReader``: it replays the store after its position and follows it (blocking
+reads) until the event marked last, holding the stream's reader lease (a key with a
+time to live that it renews). The owner, meanwhile, holds the stream DETACHED; when the
+grace period runs out it looks at the lease, and while a remote reader holds it the
+stream goes on for another grace period. A local attach while the lease is held is
+``ReaderBusy``. Not yet: a remote reader does not see a reader attached on the owner
+(both may read; neither loses or doubles an event), and a stream whose owner died has
+no generator (its log expires; failover is the next step of issue 11).
 """
 
 from __future__ import annotations
 
 import enum
 import math
+import secrets
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,11 +77,14 @@ import trio
 
 from engine import FinishEvent
 
-from .resume_log import EventLog
+from .resume_log import EventLog, SharedEventLog
 from .stream import ErrorType, StreamError, StreamItem, TokenStream
 
 Encode = Callable[[int, StreamItem], bytes]
 TAKEN_OVER = "a reader took the stream over"
+# How long a reader on another replica waits for the shared log to reach the position
+# it claims (the owner's writer task lags its live readers by a batch).
+POSITION_WAIT_S = 2.0
 
 
 class Observer(Protocol):
@@ -159,10 +175,11 @@ class ResumableStream:
         data = self._encode(self.last_n + 1, item)
         if self.holding is Holding.DETACHED and self._registry._would_overflow(len(data)):
             return self._overflow()
-        self._append(data)
+        ends = isinstance(item, FinishEvent | StreamError)
+        self._append(data, last=ends)
         if self._observer is not None:
             self._observer.observe(item)
-        if isinstance(item, FinishEvent | StreamError):
+        if ends:
             self.is_ended = True
             self.stream.close()  # the engine is done with it: no cancel, just unregister
         return self.last_n, data
@@ -175,14 +192,14 @@ class ResumableStream:
                             "for streams without a reader")
         self.stream.close()
         data = self._encode(self.last_n + 1, error)
-        self._append(data)
+        self._append(data, last=True)
         if self._observer is not None:
             self._observer.observe(error)
         self.is_ended = True
         return self.last_n, data
 
-    def _append(self, data: bytes) -> None:
-        self._registry._log.append(self.request_id, self.last_n + 1, data)
+    def _append(self, data: bytes, *, last: bool = False) -> None:
+        self._registry._log.append(self.request_id, self.last_n + 1, data, last=last)
         self.last_n += 1
         self.log_bytes += len(data)
         self._registry._log_bytes += len(data)
@@ -243,6 +260,70 @@ class Reader:
         self._entry._registry._detach(self._entry, self)
 
 
+class RemoteReader:
+    """The one reader, on this replica, of a stream another replica owns: it follows the
+    shared log from event ``after + 1`` until the stream's last event, holding the
+    stream's reader lease (renewed while it reads; released by ``close``).
+
+    Made by ``ResumeRegistry.attach`` only; the same interface as ``Reader``.
+    """
+
+    def __init__(self, log: SharedEventLog, request_id: str, after: int, token: str) -> None:
+        self._log = log
+        self._request_id = request_id
+        self._pos = after
+        self._token = token
+        self._pending: deque[tuple[int, bytes, bool]] = deque()
+        self._ended = False
+        self._closed = False
+        self._renewed_at = trio.current_time()
+
+    @property
+    def request_id(self) -> str:
+        return self._request_id
+
+    async def receive(self) -> LoggedEvent:
+        """The next event from the shared log, waiting for the owner to append it.
+
+        Raises:
+            trio.EndOfChannel: this reader has the stream's last event.
+            trio.ClosedResourceError: closed, the log is gone (expired or deleted: the
+                owner ended the stream without a last event), or the lease was lost.
+
+        Cancellation: safe at every checkpoint; an event leaves ``_pending`` only when
+        returned, and a read cancelled in flight is read again.
+        """
+        await trio.lowlevel.checkpoint()
+        log = self._log
+        while not self._pending:
+            if self._closed:
+                raise trio.ClosedResourceError("the reader was closed")
+            if self._ended:
+                raise trio.EndOfChannel
+            if trio.current_time() - self._renewed_at >= log.lease_s / 3:
+                if not await log.renew_reader(self._request_id, self._token):
+                    raise trio.ClosedResourceError("the reader lease was lost")
+                self._renewed_at = trio.current_time()
+            events = await log.read_remote(self._request_id, self._pos,
+                                           wait_s=log.lease_s / 5)
+            if events is None:
+                raise trio.ClosedResourceError("the stream's log is gone")
+            self._pending.extend(e for e in events if e[0] > self._pos)
+            if self._pending:
+                self._ended = self._pending[-1][2]
+        if self._closed:
+            raise trio.ClosedResourceError("the reader was closed")
+        n, data, _ = self._pending.popleft()
+        self._pos = n
+        return LoggedEvent(n, data, None)
+
+    def close(self) -> None:
+        """Let the lease go (queued). Sync, idempotent, never a checkpoint."""
+        if not self._closed:
+            self._closed = True
+            self._log.release_reader(self._request_id, self._token)
+
+
 class ResumeRegistry:
     """The resumable streams of one server and the nursery that holds detached ones.
 
@@ -259,6 +340,7 @@ class ResumeRegistry:
         self.grace_s = grace_s
         self.max_detached_bytes = max_detached_bytes
         self._log = log
+        self._shared = log if isinstance(log, SharedEventLog) else None
         self._entries: dict[str, ResumableStream] = {}
         self._nursery: trio.Nursery | None = None
         self._log_bytes = self._detached_bytes = 0
@@ -275,6 +357,8 @@ class ResumeRegistry:
             raise RuntimeError("the registry runs once")
         try:
             async with trio.open_nursery() as nursery:
+                if self._shared is not None:
+                    await nursery.start(self._shared.run)
                 self._nursery = nursery
                 task_status.started()
                 await trio.sleep_forever()
@@ -310,8 +394,10 @@ class ResumeRegistry:
             return None
         return reader
 
-    async def attach(self, request_id: str, after: int) -> Reader:
-        """The stream's reader from event ``after + 1`` on (0: from the start).
+    async def attach(self, request_id: str, after: int) -> Reader | RemoteReader:
+        """The stream's reader from event ``after + 1`` on (0: from the start): a
+        ``Reader`` if this replica owns the stream, else (with a shared log) a
+        ``RemoteReader`` of the shared log.
 
         Raises:
             NothingToResume: unknown or expired, or ended with ``after`` its last event.
@@ -322,6 +408,12 @@ class ResumeRegistry:
         the holder has nothing left to do but exit, so it takes one scheduling round.
         """
         entry = self._entries.get(request_id)
+        if entry is None and self._shared is not None:
+            return await self._attach_remote(self._shared, request_id, after)
+        if entry is not None and entry._reader is None and self._shared is not None:
+            if await self._shared.reader_held(request_id):  # a reader on another replica
+                raise ReaderBusy(request_id)
+            entry = self._entries.get(request_id)  # it may have gone meanwhile
         if entry is None:
             await trio.lowlevel.checkpoint()
             raise NothingToResume(request_id)
@@ -348,6 +440,33 @@ class ResumeRegistry:
         entry._holder_scope, entry._holder_done, entry._taken_over = None, trio.Event(), False
         self._resumes += 1
         return reader
+
+    async def _attach_remote(
+        self, log: SharedEventLog, request_id: str, after: int
+    ) -> RemoteReader:
+        """A reader of a stream another replica owns (see ``attach``). A position past
+        the store's last event is waited for (``POSITION_WAIT_S``): the owner writes an
+        event to its reader before its writer task puts it in the store."""
+        tail = await log.tail(request_id)
+        if tail is None:
+            raise NothingToResume(request_id)
+        last_n, ended = tail
+        with trio.move_on_after(POSITION_WAIT_S):
+            while after > last_n and not ended:
+                events = await log.read_remote(request_id, last_n, wait_s=POSITION_WAIT_S)
+                if events is None:
+                    raise NothingToResume(request_id)
+                if events:
+                    last_n, _, ended = events[-1]
+        if after > last_n:
+            raise BadPosition(f"event {after} of a stream that has made {last_n}")
+        if ended and after == last_n:
+            raise NothingToResume(request_id)
+        token = secrets.token_hex(8)
+        if not await log.claim_reader(request_id, token):
+            raise ReaderBusy(request_id)
+        self._resumes += 1
+        return RemoteReader(log, request_id, after, token)
 
     def cancel(self, request_id: str) -> bool:
         """End a stream at once (the engine is asked to cancel it unless it finished)
@@ -405,17 +524,30 @@ class ResumeRegistry:
 
         Cancellation: by a reader taking over, nothing is undone (the reader goes on
         from the log); by the deadline, ``cancel()`` or the registry stopping, the
-        stream is closed (the engine asked to cancel) and its log expired.
+        stream is closed (the engine asked to cancel) and its log expired. With a shared
+        log, a deadline that passes while a reader on another replica holds the stream's
+        lease starts another grace period instead.
         """
         try:
-            with scope:
-                while not entry.is_ended:
-                    try:
-                        item = await entry.stream.receive()
-                    except (trio.EndOfChannel, trio.ClosedResourceError):
-                        break
-                    entry.log_item(item)  # Invariant: no checkpoint since the take
-                await trio.sleep_forever()  # keep the log for a reader until the deadline
+            while True:
+                with scope:
+                    while not entry.is_ended:
+                        try:
+                            item = await entry.stream.receive()
+                        except (trio.EndOfChannel, trio.ClosedResourceError):
+                            break
+                        entry.log_item(item)  # Invariant: no checkpoint since the take
+                    await trio.sleep_forever()  # keep the log for a reader until the deadline
+                if (self._shared is None or entry._taken_over or entry.holding is Holding.GONE
+                        or trio.current_time() < scope.deadline):
+                    break
+                # The grace period ran out; a reader on another replica may be following
+                # the shared log: if one holds the lease, another grace period.
+                held = await self._shared.reader_held(entry.request_id)
+                if not held or entry._taken_over or entry.holding is Holding.GONE:
+                    break
+                scope = trio.CancelScope(deadline=trio.current_time() + self.grace_s)
+                entry._holder_scope = scope
         finally:
             if not entry._taken_over and entry.holding is not Holding.GONE:
                 if scope.cancelled_caught and trio.current_time() >= scope.deadline:

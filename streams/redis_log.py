@@ -1,0 +1,272 @@
+"""The resumable-stream log in Redis, shared by replicas (``STREAMSCOPE_RESUME_STORE``).
+
+Layout: one Redis stream per resumable stream, ``streamscope:{<id>}:events``, entry id
+``0-<n>`` (the event's number: XADD with an explicit id refuses an id at or below the
+last, so the store itself never holds a duplicate or an out-of-order event), fields
+``d`` (the encoded SSE event) and ``e`` (``1`` on the stream's last event). A reader's
+lease is ``streamscope:{<id>}:reader`` (a token, PX ``lease_s``). The braces keep both
+keys in one Redis Cluster slot.
+
+Why Redis Streams and not lists: XRANGE from an id replays exactly the events after a
+position (a list would need the index arithmetic, and nothing refuses a duplicate), and
+XREAD BLOCK from that id follows new events with no lost wake-up (an entry appended
+between the replay and the block is returned at once); pub/sub would need a second
+connection per follower and loses what is published while it is not subscribed.
+
+Writes: ``append`` and ``expire`` are sync and never a checkpoint (the registry logs an
+item in the same step as it takes it). They change a local ``MemoryEventLog`` (the owner
+replays its own streams from memory) and queue the Redis commands; ``run`` writes the
+queue in order, one pipeline per batch, in a worker thread. A batch that fails to reach
+Redis is tried again, in order, after a pause (the explicit ids make a partly applied
+batch safe to repeat). Every ``refresh_s`` the keys of the streams this replica holds
+get their time to live back (``ttl_s``): a stream outlives its owner's death by at most
+``ttl_s``; the owner deletes a stream's keys when it forgets it.
+
+Threads: redis-py's sync client, called through ``trio.to_thread.run_sync`` with
+CapacityLimiters: one token for the writer (order), ``max_readers`` for readers (a
+follower's XREAD BLOCK holds a thread and a connection for at most ``follow_wait_s``;
+a cancelled read is abandoned and gives both back when Redis answers). No maintained
+Trio-native Redis client exists; redis-py's asyncio client would need trio-asyncio.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import redis
+import trio
+
+from .resume_log import MemoryEventLog
+
+log = logging.getLogger(__name__)
+
+KEY_PREFIX = "streamscope:"
+RETRY_PAUSE_S = 0.5  # after a batch failed to reach Redis
+# Compare-and-renew / compare-and-delete of a reader's lease (one round trip, atomic).
+_RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
+          "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end")
+_RELEASE = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
+            "return redis.call('del', KEYS[1]) else return 0 end")
+
+Op = Callable[[Any], None]  # queues one command on a redis-py pipeline
+
+
+def events_key(stream_id: str) -> str:
+    return f"{KEY_PREFIX}{{{stream_id}}}:events"
+
+
+def reader_key(stream_id: str) -> str:
+    return f"{KEY_PREFIX}{{{stream_id}}}:reader"
+
+
+@dataclass(frozen=True, slots=True)
+class RedisLogStatistics:
+    pending: int  # commands queued, not yet written
+    batches: int  # pipelines written
+    commands: int  # commands written
+    errors: int  # batches that failed to reach Redis (then tried again)
+
+
+class RedisEventLog:
+    """``SharedEventLog`` in Redis Streams (see the module docstring).
+
+    Args:
+        client: a redis-py client (``decode_responses=False``); its pool needs
+            ``max_readers + 1`` connections.
+        ttl_s: how long a stream's keys live after its owner last touched them.
+        lease_s: a remote reader's lease.
+        follow_wait_s: one XREAD BLOCK at most (a follower renews its lease between).
+    """
+
+    def __init__(
+        self, client: redis.Redis, *, ttl_s: float, lease_s: float = 5.0,
+        follow_wait_s: float = 1.0, max_readers: int = 16,
+    ) -> None:
+        if not (0 < ttl_s < math.inf and 0 < follow_wait_s < lease_s < math.inf):
+            raise ValueError("need 0 < ttl_s < inf and 0 < follow_wait_s < lease_s < inf")
+        self.lease_s = lease_s
+        self.ttl_s = ttl_s
+        self.follow_wait_s = follow_wait_s
+        self.refresh_s = ttl_s / 3
+        self._client = client
+        self._local = MemoryEventLog()
+        self._last: dict[str, bool] = {}  # stream id -> its last event is logged
+        self._ops: list[Op] = []
+        self._wake = trio.Event()
+        self._write_limiter = trio.CapacityLimiter(1)
+        self._read_limiter = trio.CapacityLimiter(max_readers)
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+        self._batches = self._commands = self._errors = 0
+
+    @classmethod
+    def from_url(cls, url: str, *, ttl_s: float, max_readers: int = 16,
+                 **options: Any) -> RedisEventLog:
+        """A log on a new client for ``redis://host:port/db`` (its own bounded pool)."""
+        follow_wait_s = options.get("follow_wait_s", 1.0)
+        pool = redis.BlockingConnectionPool.from_url(
+            url, max_connections=max_readers + 2, timeout=10.0,
+            socket_timeout=follow_wait_s + 10.0, socket_connect_timeout=5.0,
+        )
+        return cls(redis.Redis(connection_pool=pool), ttl_s=ttl_s,
+                   max_readers=max_readers, **options)
+
+    # -- EventLog: the owner's side, sync, never a checkpoint ------------------------
+
+    def append(self, stream_id: str, n: int, data: bytes, *, last: bool = False) -> None:
+        self._local.append(stream_id, n, data)  # raises on a gap or a duplicate
+        self._last[stream_id] = last
+        key, ttl_ms = events_key(stream_id), self._ms(self.ttl_s)
+        fields = {"d": data, "e": b"1" if last else b"0"}
+
+        def op(pipe: Any) -> None:
+            pipe.xadd(key, fields, id=f"0-{n}")
+            pipe.pexpire(key, ttl_ms)
+
+        self._queue(op)
+
+    def read_after(self, stream_id: str, n: int) -> list[bytes] | None:
+        return self._local.read_after(stream_id, n)
+
+    def expire(self, stream_id: str) -> int:
+        self._last.pop(stream_id, None)
+        keys = (events_key(stream_id), reader_key(stream_id))
+        self._queue(lambda pipe: pipe.delete(*keys))
+        return self._local.expire(stream_id)
+
+    @property
+    def total_bytes(self) -> int:
+        return self._local.total_bytes
+
+    def statistics(self) -> RedisLogStatistics:
+        return RedisLogStatistics(len(self._ops), self._batches, self._commands, self._errors)
+
+    # -- the writer ------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Write the queue in order until cancelled; refresh held streams' time to live.
+
+        Cancellation: at the wait, nothing is lost but what is still queued (the keys
+        then expire by their time to live); a batch in its thread is finished first.
+        """
+        task_status.started()
+        next_refresh = trio.current_time() + self.refresh_s
+        while True:
+            with trio.move_on_at(next_refresh):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            if trio.current_time() >= next_refresh:
+                self._queue_refresh()
+                next_refresh = trio.current_time() + self.refresh_s
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write everything queued now, in order (a failed batch is tried again)."""
+        while self._ops:
+            batch = self._ops
+            self._ops = []
+            while True:
+                try:
+                    await trio.to_thread.run_sync(self._write, batch,
+                                                  limiter=self._write_limiter)
+                    break
+                except redis.RedisError as exc:
+                    self._errors += 1
+                    log.warning("resume log: a batch of %d did not reach Redis (%r); "
+                                "trying again", len(batch), exc)
+                    await trio.sleep(RETRY_PAUSE_S)
+            self._batches += 1
+
+    def _write(self, batch: list[Op]) -> None:
+        """In a worker thread: one pipeline, no transaction (order is kept anyway)."""
+        pipe = self._client.pipeline(transaction=False)
+        for op in batch:
+            op(pipe)
+        results = pipe.execute(raise_on_error=False)
+        self._commands += len(results)
+        for result in results:
+            # An XADD at an id already there: a batch tried again after it partly
+            # applied. Anything else is a bug or a misconfigured server: say so.
+            if isinstance(result, redis.ResponseError) and "equal or smaller" not in str(result):
+                log.error("resume log: Redis refused a command: %r", result)
+
+    def _queue(self, op: Op) -> None:
+        self._ops.append(op)
+        self._wake.set()
+
+    def _queue_refresh(self) -> None:
+        keys, ttl_ms = [events_key(s) for s in self._last], self._ms(self.ttl_s)
+
+        def op(pipe: Any) -> None:
+            for key in keys:
+                pipe.pexpire(key, ttl_ms)
+
+        if keys:
+            self._queue(op)
+
+    # -- SharedEventLog: any replica's readers, async --------------------------------
+
+    async def tail(self, stream_id: str) -> tuple[int, bool] | None:
+        entries = await self._read(self._client.xrevrange, events_key(stream_id), "+", "-",
+                                   count=1)
+        if not entries:
+            return None
+        n, _, last = _entry(entries[0])
+        return n, last
+
+    async def read_remote(
+        self, stream_id: str, after: int, *, wait_s: float
+    ) -> list[tuple[int, bytes, bool]] | None:
+        return await self._read(self._read_blocking, events_key(stream_id), after, wait_s)
+
+    def _read_blocking(
+        self, key: str, after: int, wait_s: float
+    ) -> list[tuple[int, bytes, bool]] | None:
+        """In a worker thread: the replay (XRANGE), else a block for the next (XREAD)."""
+        entries: Any = self._client.xrange(key, f"(0-{after}", "+")
+        if not entries:
+            if not self._client.exists(key):
+                return None
+            answer: Any = self._client.xread({key: f"0-{after}"}, block=self._ms(wait_s))
+            if isinstance(answer, dict):  # RESP3: {key: [entries]}
+                entries = next(iter(answer.values()), [])
+            else:  # RESP2: [[key, [entries]]]
+                entries = answer[0][1] if answer else []
+        return [_entry(e) for e in entries]
+
+    async def claim_reader(self, stream_id: str, token: str) -> bool:
+        return bool(await self._read(self._client.set, reader_key(stream_id), token, nx=True,
+                                     px=self._ms(self.lease_s)))
+
+    async def renew_reader(self, stream_id: str, token: str) -> bool:
+        return bool(await self._read(self._renew, keys=[reader_key(stream_id)],
+                                     args=[token, self._ms(self.lease_s)]))
+
+    def release_reader(self, stream_id: str, token: str) -> None:
+        key = reader_key(stream_id)
+        self._queue(lambda pipe: self._release(keys=[key], args=[token], client=pipe))
+
+    async def reader_held(self, stream_id: str) -> bool:
+        return bool(await self._read(self._client.exists, reader_key(stream_id)))
+
+    async def _read(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``call`` in a reader thread; abandoned if cancelled (the thread gives its
+        limiter token and connection back when Redis answers)."""
+        return await trio.to_thread.run_sync(partial(call, *args, **kwargs),
+                                             limiter=self._read_limiter,
+                                             abandon_on_cancel=True)
+
+    @staticmethod
+    def _ms(seconds: float) -> int:
+        return max(1, math.ceil(seconds * 1000))
+
+
+def _entry(entry: Any) -> tuple[int, bytes, bool]:
+    """(n, data, last) of one XRANGE/XREAD entry ``(b"0-<n>", {b"d": ..., b"e": ...})``."""
+    entry_id, fields = entry
+    return int(entry_id.split(b"-")[1]), fields[b"d"], fields[b"e"] == b"1"

@@ -1,0 +1,391 @@
+"""Several replicas (issue 11, first part): the resumable-stream log in a real Redis, a
+stream resumed on another replica, directly and through a real HAProxy running
+``deploy/haproxy.cfg``.
+
+The tests start ``redis-server`` and ``haproxy`` on loopback with free ports; a missing
+binary FAILS the test with the command that installs it (CI installs both). The two
+replicas are in-process hypercorn servers (``tests/http_server.py``) on the tiny model,
+sharing one Redis through ``STREAMSCOPE_RESUME_STORE``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+import trio
+
+from engine import FinishReason
+from streams import Holding, ServerSentEvent, SSEParser
+from streams.redis_log import RedisEventLog, events_key, reader_key
+from tests.http_clients import RawClient, long_body, stream_body
+from tests.http_server import RunningServer, StartServer
+
+SHORT_TOKENS = 12  # 14 events: start, 12 tokens, done
+START_TIMEOUT_S = 10.0
+DEPLOY = os.path.join(os.path.dirname(os.path.dirname(__file__)), "deploy")
+
+
+# -- the real processes --------------------------------------------------------------
+
+def binary(name: str, package: str) -> str:
+    path = shutil.which(name) or next(
+        (p for p in (f"/usr/bin/{name}", f"/usr/sbin/{name}") if os.path.exists(p)), None)
+    if path is None:
+        pytest.fail(f"{name} is missing: apt-get update && apt-get install -y {package}")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    """Sync poll, for a process starting (no Trio loop in a session fixture)."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="session")
+def redis_process() -> Iterator[str]:
+    """A redis-server on a free loopback port, no persistence; yields its URL."""
+    port = free_port()
+    process = subprocess.Popen(
+        [binary("redis-server", "redis-server"), "--bind", "127.0.0.1", "--port", str(port),
+         "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port)
+
+    def answers() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
+    try:
+        wait_until(answers, "redis-server")
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        client.close()
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest.fixture
+def redis_url(redis_process: str) -> Iterator[str]:
+    """The shared Redis, empty."""
+    client = redis.Redis.from_url(redis_process)
+    client.flushdb()
+    yield redis_process
+    client.close()
+
+
+@pytest.fixture
+def haproxy() -> Iterator[Callable[[RunningServer, RunningServer], str]]:
+    """``start(a, b)``: HAProxy with deploy/haproxy.cfg in front of two replicas; returns
+    its base URL once both replicas pass its health check."""
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def start(a: RunningServer, b: RunningServer) -> str:
+        port = free_port()
+        env = {**os.environ, "STREAMSCOPE_LB_BIND": f"127.0.0.1:{port}",
+               "STREAMSCOPE_REPLICA_A": f"{a.host}:{a.port}",
+               "STREAMSCOPE_REPLICA_B": f"{b.host}:{b.port}"}
+        process = subprocess.Popen(
+            [binary("haproxy", "haproxy"), "-db", "-f", os.path.join(DEPLOY, "haproxy.cfg")],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+        processes.append(process)
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for process in processes:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+def short_body(**fields: Any) -> dict[str, Any]:
+    return stream_body(max_new_tokens=SHORT_TOKENS, ignore_eos=True, **fields)
+
+
+def parse(raw: bytes) -> list[ServerSentEvent]:
+    parser = SSEParser()
+    return parser.feed(raw) + parser.close()
+
+
+def token_ids(events: list[ServerSentEvent]) -> list[int]:
+    import json
+
+    return [json.loads(e.data)["id"] for e in events if e.event == "token"]
+
+
+def positions(events: list[ServerSentEvent], request_id: str) -> list[int]:
+    result = []
+    for e in events:
+        assert e.id is not None
+        stream_id, _, n = e.id.rpartition(":")
+        assert stream_id == request_id
+        result.append(int(n))
+    return result
+
+
+def holding(server: RunningServer, request_id: str) -> Holding:
+    registry = server.app.runtime.resumption
+    assert registry is not None
+    return registry.holding(request_id)
+
+
+async def cut_after(host: str, port: int, owner: Callable[[str], RunningServer],
+                    body: dict[str, Any], k: int) -> tuple[str, list[ServerSentEvent]]:
+    """POST a resumable stream, read k events, reset the connection, and wait until its
+    owner noticed (the stream is detached there). Returns its id and the k events."""
+    client = RawClient(host, port)
+    await client.post("/v1/stream", {**body, "resumable": True})
+    await client.read_until(lambda events: len(events) >= max(k, 1))
+    request_id = client.request_id()
+    received = client.events[:k]
+    client.close_abort()
+    server = owner(request_id)
+    await server.wait_for(lambda: holding(server, request_id) is Holding.DETACHED,
+                          f"{request_id} detached")
+    return request_id, received
+
+
+async def get_resume(base_url: str, request_id: str, last: str | None) -> httpx.Response:
+    headers = {} if last is None else {"Last-Event-ID": last}
+    async with httpx.AsyncClient(base_url=base_url, timeout=START_TIMEOUT_S) as client:
+        return await client.get(f"/v1/stream/{request_id}", headers=headers)
+
+
+async def two_replicas(start_server: StartServer, redis_url: str,
+                       **settings: Any) -> tuple[RunningServer, RunningServer]:
+    a = await start_server(resume_store=redis_url, **settings)
+    b = await start_server(resume_store=redis_url, **settings)
+    return a, b
+
+
+# -- the log in Redis ------------------------------------------------------------------
+
+async def test_redis_log_replays_follows_and_expires(redis_url: str) -> None:
+    log = RedisEventLog.from_url(redis_url, ttl_s=30.0)
+    store = redis.Redis.from_url(redis_url)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(log.run)
+        log.append("s1", 1, b"one")
+        log.append("s1", 2, b"two")
+        with pytest.raises(ValueError, match="follows"):
+            log.append("s1", 4, b"gap")
+        await log.flush()
+
+        assert await log.tail("s1") == (2, False)
+        assert log.read_after("s1", 0) == [b"one", b"two"]  # the owner's local copy
+        assert await log.read_remote("s1", 1, wait_s=0.1) == [(2, b"two", False)]
+        assert 0 < store.pttl(events_key("s1")) <= 30_000
+
+        async def append_later() -> None:
+            await trio.sleep(0.05)
+            log.append("s1", 3, b"three", last=True)
+
+        nursery.start_soon(append_later)
+        followed = await log.read_remote("s1", 2, wait_s=5.0)  # blocks until it comes
+        assert followed == [(3, b"three", True)]
+        assert await log.tail("s1") == (3, True)
+
+        assert log.expire("s1") == len(b"onetwothree")
+        await log.flush()
+        assert await log.read_remote("s1", 0, wait_s=0.1) is None
+        assert await log.tail("s1") is None
+        nursery.cancel_scope.cancel()
+    store.close()
+
+
+async def test_redis_log_keys_die_with_their_time_to_live(redis_url: str) -> None:
+    """An owner that stops refreshing (it died) leaves nothing behind after ttl_s."""
+    log = RedisEventLog.from_url(redis_url, ttl_s=0.3, lease_s=0.5, follow_wait_s=0.1)
+    log.append("s2", 1, b"one")
+    await log.flush()  # no run(): nobody refreshes, as after a SIGKILL
+    assert await log.tail("s2") == (1, False)
+    with trio.fail_after(START_TIMEOUT_S):
+        while await log.tail("s2") is not None:  # noqa: ASYNC110 (Redis's clock)
+            await trio.sleep(0.05)
+    assert await log.read_remote("s2", 0, wait_s=0.1) is None
+
+
+async def test_reader_lease_is_one_holder_at_a_time(redis_url: str) -> None:
+    log = RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=0.5, follow_wait_s=0.1)
+    assert await log.claim_reader("s3", "t1")
+    assert not await log.claim_reader("s3", "t2")
+    assert await log.renew_reader("s3", "t1")
+    assert not await log.renew_reader("s3", "t2")
+    log.release_reader("s3", "t2")  # not its lease: nothing happens
+    await log.flush()
+    assert await log.reader_held("s3")
+    log.release_reader("s3", "t1")
+    await log.flush()
+    assert not await log.reader_held("s3")
+    assert await log.claim_reader("s3", "t2")
+    with trio.fail_after(START_TIMEOUT_S):  # not renewed: it lapses
+        while await log.reader_held("s3"):  # noqa: ASYNC110 (Redis's clock)
+            await trio.sleep(0.05)
+
+
+# -- two replicas, one Redis ------------------------------------------------------------
+
+async def test_a_stream_cut_on_one_replica_resumes_on_the_other_exactly(
+    start_server: StartServer, redis_url: str,
+) -> None:
+    a, b = await two_replicas(start_server, redis_url)
+    async with a.client() as client:
+        whole = parse((await client.post("/v1/stream", json=short_body())).content)
+    expected, num_events = token_ids(whole), len(whole)
+
+    for k in (1, 2, 7, num_events - 1):
+        request_id, received = await cut_after(a.host, a.port, lambda _: a, short_body(), k)
+        response = await get_resume(b.base_url, request_id, f"{request_id}:{k}")
+        rest = parse(response.content)
+
+        assert response.status_code == 200, (k, response.content)
+        assert positions(received + rest, request_id) == list(range(1, num_events + 1)), k
+        assert token_ids(received + rest) == expected, k
+        assert rest[-1].event == "done"
+        assert holding(b, request_id) is Holding.GONE  # B never owned it
+    b_stats = b.app.runtime.statistics()
+    assert (b_stats["resumes"], b_stats["resumable_streams"]) == (4, 0)
+
+
+async def test_a_remote_reader_keeps_the_stream_past_the_grace_period(
+    start_server: StartServer, redis_url: str,
+) -> None:
+    """The owner's grace runs out while B follows: the lease makes it go on."""
+    a, b = await two_replicas(start_server, redis_url, resume_grace_s=0.3)
+    body = stream_body(max_new_tokens=300, ignore_eos=True)
+    async with a.client() as client:
+        request_id = (await client.post("/v1/requests", json=body)).json()["id"]
+    response = await get_resume(b.base_url, request_id, None)
+    events = parse(response.content)
+
+    assert positions(events, request_id) == list(range(1, 300 + 3))
+    assert events[-1].event == "done"
+    assert token_ids(events) == a.recorder.token_ids_of(request_id)
+    finish = await a.wait_finished(request_id)
+    assert finish.reason is FinishReason.LENGTH
+    assert a.app.runtime.statistics()["resume_expiries"] == 0
+
+
+async def test_one_reader_across_replicas_and_delete_ends_it_everywhere(
+    start_server: StartServer, redis_url: str,
+) -> None:
+    a, b = await two_replicas(start_server, redis_url)
+    request_id, _ = await cut_after(a.host, a.port, lambda _: a, long_body(), 2)
+
+    async with b.client() as client, client.stream(
+        "GET", f"/v1/stream/{request_id}", headers={"Last-Event-ID": f"{request_id}:2"}
+    ) as remote:
+        chunks = remote.aiter_bytes()  # kept: a dropped iterator closes the response
+        await chunks.__anext__()  # B follows the shared log now, holding the lease
+        busy_on_a = await get_resume(a.base_url, request_id, f"{request_id}:2")
+        busy_on_b = await get_resume(b.base_url, request_id, f"{request_id}:2")
+    # B's reader let go (its lease released, queued): A's own reader may attach again.
+    store = redis.Redis.from_url(redis_url)
+    await a.wait_for(lambda: not store.exists(reader_key(request_id)), "the lease released")
+    async with a.client() as client, client.stream(
+        "GET", f"/v1/stream/{request_id}", headers={"Last-Event-ID": f"{request_id}:2"}
+    ) as local:
+        status_on_a = local.status_code
+        deleted = await client.delete(f"/v1/requests/{request_id}")
+    await a.wait_for(lambda: not store.exists(events_key(request_id)), "the log deleted")
+    gone_on_b = await get_resume(b.base_url, request_id, None)
+    store.close()
+
+    assert (busy_on_a.status_code, busy_on_b.status_code) == (409, 409)
+    assert busy_on_a.json()["error"]["type"] == "stream_busy"
+    assert (status_on_a, deleted.status_code, gone_on_b.status_code) == (200, 204, 204)
+    assert (await a.wait_finished(request_id)).reason is FinishReason.CANCELLED
+
+
+async def test_a_finished_stream_expires_from_redis_after_the_grace_period(
+    start_server: StartServer, redis_url: str,
+) -> None:
+    a, b = await two_replicas(start_server, redis_url, resume_grace_s=0.3)
+    async with a.client() as client:
+        response = await client.post("/v1/stream", json=short_body(resumable=True))
+    request_id = response.headers["X-Request-ID"]
+    store = redis.Redis.from_url(redis_url)
+    assert store.exists(events_key(request_id)) or await _flushed(a, store, request_id)
+
+    await a.wait_for(lambda: not store.exists(events_key(request_id)), "the log expired")
+    gone = await get_resume(b.base_url, request_id, f"{request_id}:3")
+    store.close()
+
+    assert gone.status_code == 204
+    assert a.app.runtime.statistics()["resumable_streams"] == 0
+
+
+async def _flushed(server: RunningServer, store: redis.Redis, request_id: str) -> bool:
+    await server.wait_for(lambda: bool(store.exists(events_key(request_id))),
+                          "the log written to Redis")
+    return True
+
+
+# -- through HAProxy -------------------------------------------------------------------
+
+async def test_resume_through_haproxy_gives_the_uninterrupted_tokens(
+    start_server: StartServer, redis_url: str,
+    haproxy: Callable[[RunningServer, RunningServer], str],
+) -> None:
+    a, b = await two_replicas(start_server, redis_url)
+    base_url = haproxy(a, b)
+    host, port = base_url.removeprefix("http://").rsplit(":", 1)
+    await wait_ready_through(base_url)
+    async with httpx.AsyncClient(base_url=base_url, timeout=START_TIMEOUT_S) as client:
+        whole = parse((await client.post("/v1/stream", json=short_body())).content)
+    expected, num_events = token_ids(whole), len(whole)
+
+    def owner(request_id: str) -> RunningServer:
+        return a if holding(a, request_id) is not Holding.GONE else b
+
+    remote = 0
+    for k in (1, 3, 5, 8, 10, 13):
+        request_id, received = await cut_after(host, int(port), owner, short_body(), k)
+        own = owner(request_id)
+        resumes_before = own.app.runtime.statistics()["resumes"]
+        response = await get_resume(base_url, request_id, f"{request_id}:{k}")
+        rest = parse(response.content)
+        remote += own.app.runtime.statistics()["resumes"] == resumes_before
+
+        assert response.status_code == 200, (k, response.content)
+        assert positions(received + rest, request_id) == list(range(1, num_events + 1)), k
+        assert token_ids(received + rest) == expected, k
+    # leastconn round-robins replicas of equal load: some resumes landed on the other.
+    assert remote > 0
+
+
+async def wait_ready_through(base_url: str) -> None:
+    """Until HAProxy answers /ready (the replicas were ready before it started, and
+    HAProxy counts a server UP until its checks fail)."""
+    with trio.fail_after(START_TIMEOUT_S):
+        while True:
+            try:
+                async with httpx.AsyncClient(base_url=base_url) as client:
+                    if (await client.get("/ready")).status_code == 200:
+                        return
+            except httpx.TransportError:
+                pass
+            await trio.sleep(0.05)
