@@ -70,7 +70,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import trio
-from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
+from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, ASGISendEvent
 from quart.asgi import ASGIHTTPConnection
 from quart.wrappers import Request, Response
 from quart_trio.asgi import TrioASGIHTTPConnection
@@ -111,7 +111,8 @@ class StreamingConnection(TrioASGIHTTPConnection):
     """quart-trio's HTTP connection plus the four rules of the module docstring."""
 
     app: StreamscopeApp
-    client_gone = False  # http.disconnect arrived
+    client_gone = False  # http.disconnect arrived before the response's last byte went out
+    response_complete = False  # the response's last body message was handed to hypercorn
 
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         """Serve one request; close every stream it opened on the way out.
@@ -133,8 +134,11 @@ class StreamingConnection(TrioASGIHTTPConnection):
         Cancellation: ends the loop (the handler finished, or the server stops).
         """
         await ASGIHTTPConnection.handle_messages(self, request, receive)
-        self.client_gone = True
-        self.app.metrics.disconnected()
+        # hypercorn sends http.disconnect at the end of every response too (from inside
+        # the last send): only one that comes before it is a client that left.
+        if not self.response_complete:
+            self.client_gone = True
+            self.app.metrics.disconnected()
         if self.app.runtime.settings.detect_disconnect:
             nursery.cancel_scope.cancel(reason=CLIENT_DISCONNECTED)
 
@@ -146,6 +150,7 @@ class StreamingConnection(TrioASGIHTTPConnection):
         Cancellation: at any await; a streaming body is closed by its ``__aexit__``,
         or by ``__call__`` if Quart never entered it.
         """
+        send = self._noting_completion(send)
         response = await self.app.handle_request(request)
         timeout = self.app.config["RESPONSE_TIMEOUT"]
         if isinstance(response, Response) and response.timeout is not Ellipsis:
@@ -153,6 +158,16 @@ class StreamingConnection(TrioASGIHTTPConnection):
         with trio.move_on_after(math.inf if timeout is None else timeout):
             await self._send_response(send, response)
         nursery.cancel_scope.cancel(reason="response sent")
+
+    def _noting_completion(self, send: ASGISendCallable) -> ASGISendCallable:
+        """``send`` that sets ``response_complete`` as the last body message goes out."""
+
+        async def send_noting_completion(message: ASGISendEvent) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                self.response_complete = True
+            await send(message)
+
+        return send_noting_completion
 
     async def _send_response(self, send: ASGISendCallable, response: Any) -> None:
         """Quart's send, plus the farewell of rule 3 when the server cuts a stream.

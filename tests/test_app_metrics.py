@@ -81,6 +81,8 @@ async def test_finished_streams_agree_with_stats_and_usage(server: RunningServer
     assert value(samples, "streamscope_request_queue_time_seconds_count") == 4
     assert value(samples, "streamscope_inter_token_latency_seconds_count") == 19 - 4
     assert value(samples, "streamscope_e2e_request_latency_seconds_count") == 4
+    # hypercorn reports http.disconnect after every response: none of these clients left.
+    assert value(samples, "streamscope_client_disconnects_total") == 0
     # TTFT starts at arrival, the queue time only once the engine accepted the request.
     assert (value(samples, "streamscope_time_to_first_token_seconds_sum")
             >= value(samples, "streamscope_request_queue_time_seconds_sum") > 0)
@@ -98,6 +100,7 @@ async def test_refusal_is_counted_by_status_and_type(server: RunningServer) -> N
     assert value(samples, "streamscope_refusals_total",
                  status="422", type="invalid_request") == 1
     assert value(samples, "streamscope_refusals_total", status="404", type="not_found") == 1
+    assert value(samples, "streamscope_client_disconnects_total") == 0
     assert not any(name == "streamscope_requests_finished_total" for name, _ in samples)
     assert value(samples, "streamscope_prompt_tokens_total") == 0
 
