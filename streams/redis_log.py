@@ -16,7 +16,8 @@ connection per follower and loses what is published while it is not subscribed.
 Writes: ``append`` and ``expire`` are sync and never a checkpoint (the registry logs an
 item in the same step as it takes it). They change a local ``MemoryEventLog`` (the owner
 replays its own streams from memory) and queue the Redis commands; ``run`` writes the
-queue in order, one pipeline per batch, in a worker thread. A batch that fails to reach
+queue in order, one pipeline per batch, in a worker thread; each stream appended to in
+a batch gets its time to live set once, at the batch's end. A batch that fails to reach
 Redis is tried again, in order, after a pause (the explicit ids make a partly applied
 batch safe to repeat). Every ``refresh_s`` the keys of the streams this replica holds
 get their time to live back (``ttl_s``): a stream outlives its owner's death by at most
@@ -97,6 +98,7 @@ class RedisEventLog:
         self._local = MemoryEventLog()
         self._last: dict[str, bool] = {}  # stream id -> its last event is logged
         self._ops: list[Op] = []
+        self._touched: set[str] = set()  # keys appended to since the last batch was taken
         self._wake = trio.Event()
         self._write_limiter = trio.CapacityLimiter(1)
         self._read_limiter = trio.CapacityLimiter(max_readers)
@@ -121,14 +123,10 @@ class RedisEventLog:
     def append(self, stream_id: str, n: int, data: bytes, *, last: bool = False) -> None:
         self._local.append(stream_id, n, data)  # raises on a gap or a duplicate
         self._last[stream_id] = last
-        key, ttl_ms = events_key(stream_id), self._ms(self.ttl_s)
+        key = events_key(stream_id)
         fields = {"d": data, "e": b"1" if last else b"0"}
-
-        def op(pipe: Any) -> None:
-            pipe.xadd(key, fields, id=f"0-{n}")
-            pipe.pexpire(key, ttl_ms)
-
-        self._queue(op)
+        self._touched.add(key)  # its time to live is set once per batch
+        self._queue(lambda pipe: pipe.xadd(key, fields, id=f"0-{n}"))
 
     def read_after(self, stream_id: str, n: int) -> list[bytes] | None:
         return self._local.read_after(stream_id, n)
@@ -168,8 +166,10 @@ class RedisEventLog:
     async def flush(self) -> None:
         """Write everything queued now, in order (a failed batch is tried again)."""
         while self._ops:
-            batch = self._ops
-            self._ops = []
+            batch, touched = self._ops, self._touched
+            self._ops, self._touched = [], set()
+            ttl_ms = self._ms(self.ttl_s)
+            batch.extend(partial(_pexpire, key, ttl_ms) for key in touched)
             while True:
                 try:
                     await trio.to_thread.run_sync(self._write, batch,
@@ -264,6 +264,10 @@ class RedisEventLog:
     @staticmethod
     def _ms(seconds: float) -> int:
         return max(1, math.ceil(seconds * 1000))
+
+
+def _pexpire(key: str, ttl_ms: int, pipe: Any) -> None:
+    pipe.pexpire(key, ttl_ms)
 
 
 def _entry(entry: Any) -> tuple[int, bytes, bool]:
