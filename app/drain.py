@@ -78,20 +78,22 @@ class HypercornWorker:
 
     shutdown_event: _Event
     graceful_timeout_s: float
+    main_pid: int  # hypercorn's main process, which spawned this one
 
 
 def hypercorn_worker() -> HypercornWorker | None:
     """This process as hypercorn 0.18's spawned CLI worker, or None (``--workers 0``,
     ``hypercorn.trio.serve``, or another hypercorn version that passes other arguments)."""
     kwargs: Any = getattr(multiprocessing.current_process(), "_kwargs", None)
-    if not isinstance(kwargs, dict) or multiprocessing.parent_process() is None:
+    parent = multiprocessing.parent_process()
+    if not isinstance(kwargs, dict) or parent is None or parent.pid is None:
         return None
     event: Any = kwargs.get("shutdown_event")
     config: Any = kwargs.get("config")
     timeout = getattr(config, "graceful_timeout", None)
     if not callable(getattr(event, "is_set", None)) or not isinstance(timeout, int | float):
         return None
-    return HypercornWorker(event, float(timeout))
+    return HypercornWorker(event, float(timeout), parent.pid)
 
 
 async def watch_for_stop(runtime: Runtime) -> None:
@@ -151,8 +153,10 @@ async def _first_stop(signals: AsyncIterator[int], worker: HypercornWorker | Non
 def _stop_hypercorn(worker: HypercornWorker | None) -> None:
     """Ask hypercorn for its graceful stop, as an operator would (see the docstring)."""
     if worker is not None:
-        if not worker.shutdown_event.is_set():
-            os.kill(os.getppid(), signal.SIGTERM)
+        # Only while hypercorn's main process is still our parent: had it died, this
+        # process would have been reparented (to a container's init, say).
+        if not worker.shutdown_event.is_set() and os.getppid() == worker.main_pid:
+            os.kill(worker.main_pid, signal.SIGTERM)
         return
     # --workers 0: Trio's handler turns SIGINT into KeyboardInterrupt; raised here, in
     # protected code, Trio delivers it to the main task: hypercorn's serve loop, which

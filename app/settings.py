@@ -100,8 +100,9 @@ class Settings:
     max_prompt_chars: int = field(default=32_768, metadata=_doc(
         "longest prompt in characters (422 above); the token budget is checked too"))
     api_key: str | None = field(default=None, repr=False, metadata={**_doc(
-        "if set, every route but /health, /ready and /metrics needs `Authorization: Bearer "
-        "<key>` (401 without); visible ASCII characters"), "shown": "(off)"})
+        "if set, every route but /health, /ready, /metrics and the page (/, /page.js) needs "
+        "`Authorization: Bearer <key>` (401 without); visible ASCII characters"),
+        "shown": "(off)"})
     shutdown_grace_s: float = field(default=5.0, metadata=_doc(
         "the drain deadline: after SIGTERM, how long open streams may finish before they "
         "get error shutdown; hypercorn's --graceful-timeout must be at least this + 1"))
