@@ -82,7 +82,10 @@ if TYPE_CHECKING:
     from .factory import StreamscopeApp
 
 # The farewell is one small write to a socket that was fine a moment ago; if it cannot
-# go out in this long the reader is not reading, and shutdown must not wait for it.
+# go out in this long the reader is not reading, and shutdown must not wait for it. The
+# bound holds while hypercorn waits for its send lock; once its own shielded send_all
+# has begun on a full socket, no deadline of ours reaches it (hypercorn's
+# graceful_timeout then ends the connection).
 FAREWELL_TIMEOUT_S = 1.0
 _OWNED_STREAMS = "streamscope.streams"  # ASGI scope key: streams opened for this request
 CLIENT_DISCONNECTED = "client disconnected"
@@ -173,7 +176,8 @@ class StreamingConnection(TrioASGIHTTPConnection):
         """Quart's send, plus the farewell of rule 3 when the server cuts a stream.
 
         Cancellation: re-raised after the farewell (shielded, at most
-        ``FAREWELL_TIMEOUT_S``); the body has closed its stream already.
+        ``FAREWELL_TIMEOUT_S``, with the caveat at that constant); the body has closed its
+        stream already.
         """
         try:
             await super()._send_response(send, response)
