@@ -84,8 +84,7 @@ if TYPE_CHECKING:
 # The farewell is one small write to a socket that was fine a moment ago; if it cannot
 # go out in this long the reader is not reading, and shutdown must not wait for it. The
 # bound holds while hypercorn waits for its send lock; once its own shielded send_all
-# has begun on a full socket, no deadline of ours reaches it (hypercorn's
-# graceful_timeout then ends the connection).
+# has begun on a full socket, no deadline of ours reaches it.
 FAREWELL_TIMEOUT_S = 1.0
 _OWNED_STREAMS = "streamscope.streams"  # ASGI scope key: streams opened for this request
 CLIENT_DISCONNECTED = "client disconnected"
