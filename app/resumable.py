@@ -16,7 +16,8 @@ The wire contract (a browser page builds on it; keep it exactly):
   reconnecting on a 204). 400 ``bad_request`` for an id of another stream; 422
   ``invalid_request`` for a malformed one or an n the stream has not reached; 409
   ``stream_busy`` while another reader holds the stream (one reader at a time: the first
-  keeps it; it lets go when its connection ends).
+  keeps it; it lets go when its connection ends); 503 ``unavailable`` (Retry-After)
+  when the stream is another replica's and the shared log does not answer.
 * ``DELETE /v1/requests/<request_id>``: ends a resumable stream at once (the engine is
   asked to cancel it; its log is dropped): 204, or 404 ``not_found``.
 
@@ -46,6 +47,7 @@ from streams import (
     ReaderBusy,
     RemoteReader,
     ResumeRegistry,
+    StoreUnavailable,
     StreamItem,
     TokenStream,
 )
@@ -243,6 +245,9 @@ def make_resumable_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
                            "connection ends") from None
         except BadPosition as exc:
             raise ApiError(ErrorType.INVALID_REQUEST, str(exc)) from None
+        except StoreUnavailable:
+            raise ApiError(ErrorType.UNAVAILABLE, "the shared stream log does not answer; "
+                           "try again", retry_after_s=RETRY_MS / 1000) from None
         own_stream(request.scope, reader)
         body = ResumableEventBody(reader, keepalive_s=settings.keepalive_s, send_retry=True)
         return sse_response(body, request_id, headers={"X-Resume-URL": resume_url(request_id)})

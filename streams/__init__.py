@@ -19,6 +19,7 @@ from .policy import PolicyName as PolicyName
 from .resume_log import EventLog as EventLog
 from .resume_log import MemoryEventLog as MemoryEventLog
 from .resume_log import SharedEventLog as SharedEventLog
+from .resume_log import StoreUnavailable as StoreUnavailable
 from .resumption import BadPosition as BadPosition
 from .resumption import Holding as Holding
 from .resumption import LoggedEvent as LoggedEvent
@@ -66,6 +67,7 @@ __all__ = [
     "ServerSentEvent",
     "SharedEventLog",
     "StepEngine",
+    "StoreUnavailable",
     "StreamEnd",
     "StreamError",
     "StreamItem",

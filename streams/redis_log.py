@@ -42,7 +42,7 @@ from typing import Any
 import redis
 import trio
 
-from .resume_log import MemoryEventLog
+from .resume_log import MemoryEventLog, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +149,8 @@ class RedisEventLog:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Write the queue in order until cancelled; refresh held streams' time to live.
 
-        Cancellation: at the wait, nothing is lost but what is still queued (the keys
-        then expire by their time to live); a batch in its thread is finished first.
+        Cancellation: what is still queued is not written (the keys then expire by
+        their time to live); a batch in its thread is abandoned (it may still land).
         """
         task_status.started()
         next_refresh = trio.current_time() + self.refresh_s
@@ -173,7 +173,8 @@ class RedisEventLog:
             while True:
                 try:
                     await trio.to_thread.run_sync(self._write, batch,
-                                                  limiter=self._write_limiter)
+                                                  limiter=self._write_limiter,
+                                                  abandon_on_cancel=True)
                     break
                 except redis.RedisError as exc:
                     self._errors += 1
@@ -256,10 +257,17 @@ class RedisEventLog:
 
     async def _read(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``call`` in a reader thread; abandoned if cancelled (the thread gives its
-        limiter token and connection back when Redis answers)."""
-        return await trio.to_thread.run_sync(partial(call, *args, **kwargs),
-                                             limiter=self._read_limiter,
-                                             abandon_on_cancel=True)
+        limiter token and connection back when Redis answers).
+
+        Raises:
+            StoreUnavailable: Redis did not answer, or refused the command.
+        """
+        try:
+            return await trio.to_thread.run_sync(partial(call, *args, **kwargs),
+                                                 limiter=self._read_limiter,
+                                                 abandon_on_cancel=True)
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"Redis: {exc!r}") from exc
 
     @staticmethod
     def _ms(seconds: float) -> int:

@@ -48,6 +48,10 @@ class EventLog(Protocol):
         ...
 
 
+class StoreUnavailable(Exception):
+    """A shared log's store did not answer (its async methods raise it)."""
+
+
 @runtime_checkable
 class SharedEventLog(EventLog, Protocol):
     """An ``EventLog`` that other replicas read: what a reader there needs, async.
@@ -57,6 +61,9 @@ class SharedEventLog(EventLog, Protocol):
     One reader at a time across replicas: a remote reader holds a lease (a token with
     a time to live, renewed while it reads), which the owner checks before it lets a
     local reader attach and before it ends a stream whose grace period ran out.
+
+    The async methods raise ``StoreUnavailable`` when the store does not answer; the
+    sync ones never wait for it (the writer tries a batch again until it is written).
     """
 
     lease_s: float  # a remote reader's lease lives this long unless renewed

@@ -77,7 +77,7 @@ import trio
 
 from engine import FinishEvent
 
-from .resume_log import EventLog, SharedEventLog
+from .resume_log import EventLog, SharedEventLog, StoreUnavailable
 from .stream import ErrorType, StreamError, StreamItem, TokenStream
 
 Encode = Callable[[int, StreamItem], bytes]
@@ -288,7 +288,8 @@ class RemoteReader:
         Raises:
             trio.EndOfChannel: this reader has the stream's last event.
             trio.ClosedResourceError: closed, the log is gone (expired or deleted: the
-                owner ended the stream without a last event), or the lease was lost.
+                owner ended the stream without a last event), the lease was lost, or
+                the store did not answer.
 
         Cancellation: safe at every checkpoint; an event leaves ``_pending`` only when
         returned, and a read cancelled in flight is read again.
@@ -300,12 +301,15 @@ class RemoteReader:
                 raise trio.ClosedResourceError("the reader was closed")
             if self._ended:
                 raise trio.EndOfChannel
-            if trio.current_time() - self._renewed_at >= log.lease_s / 3:
-                if not await log.renew_reader(self._request_id, self._token):
-                    raise trio.ClosedResourceError("the reader lease was lost")
-                self._renewed_at = trio.current_time()
-            events = await log.read_remote(self._request_id, self._pos,
-                                           wait_s=log.lease_s / 5)
+            try:
+                if trio.current_time() - self._renewed_at >= log.lease_s / 3:
+                    if not await log.renew_reader(self._request_id, self._token):
+                        raise trio.ClosedResourceError("the reader lease was lost")
+                    self._renewed_at = trio.current_time()
+                events = await log.read_remote(self._request_id, self._pos,
+                                               wait_s=log.lease_s / 5)
+            except StoreUnavailable as exc:  # the client comes back, maybe elsewhere
+                raise trio.ClosedResourceError(str(exc)) from exc
             if events is None:
                 raise trio.ClosedResourceError("the stream's log is gone")
             self._pending.extend(e for e in events if e[0] > self._pos)
@@ -403,6 +407,8 @@ class ResumeRegistry:
             NothingToResume: unknown or expired, or ended with ``after`` its last event.
             BadPosition: ``after`` is past the last event made.
             ReaderBusy: another reader holds it.
+            StoreUnavailable: the stream is not this replica's and the shared log's
+                store did not answer.
 
         Cancellation: the only checkpoint is the wait for the holder to exit, shielded:
         the holder has nothing left to do but exit, so it takes one scheduling round.
@@ -411,7 +417,7 @@ class ResumeRegistry:
         if entry is None and self._shared is not None:
             return await self._attach_remote(self._shared, request_id, after)
         if entry is not None and entry._reader is None and self._shared is not None:
-            if await self._shared.reader_held(request_id):  # a reader on another replica
+            if await self._remote_reader_holds(self._shared, request_id):
                 raise ReaderBusy(request_id)
             entry = self._entries.get(request_id)  # it may have gone meanwhile
         if entry is None:
@@ -467,6 +473,15 @@ class ResumeRegistry:
             raise ReaderBusy(request_id)
         self._resumes += 1
         return RemoteReader(log, request_id, after, token)
+
+    @staticmethod
+    async def _remote_reader_holds(log: SharedEventLog, request_id: str) -> bool:
+        """Whether a reader on another replica holds the stream; without an answer from
+        the store, no (this replica goes on as it would alone)."""
+        try:
+            return await log.reader_held(request_id)
+        except StoreUnavailable:
+            return False
 
     def cancel(self, request_id: str) -> bool:
         """End a stream at once (the engine is asked to cancel it unless it finished)
@@ -543,7 +558,7 @@ class ResumeRegistry:
                     break
                 # The grace period ran out; a reader on another replica may be following
                 # the shared log: if one holds the lease, another grace period.
-                held = await self._shared.reader_held(entry.request_id)
+                held = await self._remote_reader_holds(self._shared, entry.request_id)
                 if not held or entry._taken_over or entry.holding is Holding.GONE:
                     break
                 scope = trio.CancelScope(deadline=trio.current_time() + self.grace_s)

@@ -60,30 +60,53 @@ def wait_until(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.02)
 
 
-@pytest.fixture(scope="session")
-def redis_process() -> Iterator[str]:
-    """A redis-server on a free loopback port, no persistence; yields its URL."""
+def spawn_redis() -> tuple[subprocess.Popen[bytes], str]:
+    """A redis-server on a free loopback port, no persistence, answering; and its URL."""
     port = free_port()
     process = subprocess.Popen(
         [binary("redis-server", "redis-server"), "--bind", "127.0.0.1", "--port", str(port),
          "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    client = redis.Redis(port=port)
-
-    def answers() -> bool:
-        try:
-            return bool(client.ping())
-        except redis.ConnectionError:
-            return False
-
+    url = f"redis://127.0.0.1:{port}/0"
     try:
-        wait_until(answers, "redis-server")
-        yield f"redis://127.0.0.1:{port}/0"
+        wait_until(lambda: _pings(url), "redis-server")
+    except BaseException:
+        process.kill()
+        raise
+    return process, url
+
+
+def _pings(url: str) -> bool:
+    client = redis.Redis.from_url(url)
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
     finally:
         client.close()
-        process.terminate()
+
+
+@pytest.fixture(scope="session")
+def redis_process() -> Iterator[str]:
+    """The shared Redis of these tests; yields its URL."""
+    process, url = spawn_redis()
+    yield url
+    process.terminate()
+    process.wait(timeout=10)
+
+
+@pytest.fixture
+def own_redis() -> Iterator[tuple[str, Callable[[], None]]]:
+    """A Redis of the test's own, and a function that kills it (SIGKILL)."""
+    process, url = spawn_redis()
+
+    def kill() -> None:
+        process.kill()
         process.wait(timeout=10)
+
+    yield url, kill
+    kill()
 
 
 @pytest.fixture
@@ -403,3 +426,28 @@ async def test_the_redis_log_bench_runs_in_a_second(redis_url: str) -> None:
     delays = small_stepped["follower_delay_ms"]
     assert 0 < delays["p50"] <= delays["max"]
     assert not redis.Redis.from_url(redis_url).keys("streamscope:*")  # all expired
+
+
+async def test_without_redis_the_owner_still_serves_and_others_answer_503(
+    start_server: StartServer, own_redis: tuple[str, Callable[[], None]],
+) -> None:
+    """Redis dies: the owner streams and resumes from its local copy as it would alone
+    (its writer retries); another replica refuses the resume with a retryable 503."""
+    url, kill_redis = own_redis
+    a, b = await two_replicas(start_server, url)
+    kill_redis()
+
+    async with a.client() as client:
+        whole = parse((await client.post("/v1/stream", json=short_body())).content)
+    request_id, received = await cut_after(a.host, a.port, lambda _: a, short_body(), 3)
+    elsewhere = await get_resume(b.base_url, request_id, f"{request_id}:3")
+    here = await get_resume(a.base_url, request_id, f"{request_id}:3")
+    rest = parse(here.content)
+
+    assert elsewhere.status_code == 503
+    assert elsewhere.json()["error"]["type"] == "unavailable"
+    assert elsewhere.headers["Retry-After"] == "1"
+    assert here.status_code == 200
+    assert token_ids(received + rest) == token_ids(whole)
+    assert positions(received + rest, request_id) == list(range(1, len(whole) + 1))
+
