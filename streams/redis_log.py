@@ -24,7 +24,8 @@ get their time to live back (``ttl_s``): a stream outlives its owner's death by 
 ``ttl_s``; the owner deletes a stream's keys when it forgets it.
 
 Threads: redis-py's sync client, called through ``trio.to_thread.run_sync`` with
-CapacityLimiters: one token for the writer (order), ``max_readers`` for readers (a
+a lock for the writer (one batch at a time, in order) and a CapacityLimiter of
+``max_readers`` for readers (a
 follower's XREAD BLOCK holds a thread and a connection for at most ``follow_wait_s``;
 a cancelled read is abandoned and gives both back when Redis answers). No maintained
 Trio-native Redis client exists; redis-py's asyncio client would need trio-asyncio.
@@ -100,7 +101,8 @@ class RedisEventLog:
         self._ops: list[Op] = []
         self._touched: set[str] = set()  # keys appended to since the last batch was taken
         self._wake = trio.Event()
-        self._write_limiter = trio.CapacityLimiter(1)
+        self._writer = trio.Lock()
+        self._stopped = False  # a write was abandoned: nothing more may be written
         self._read_limiter = trio.CapacityLimiter(max_readers)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
@@ -149,8 +151,7 @@ class RedisEventLog:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Write the queue in order until cancelled; refresh held streams' time to live.
 
-        Cancellation: what is still queued is not written (the keys then expire by
-        their time to live); a batch in its thread is abandoned (it may still land).
+        Cancellation: as ``flush``'s; the log then writes nothing more.
         """
         task_status.started()
         next_refresh = trio.current_time() + self.refresh_s
@@ -164,24 +165,38 @@ class RedisEventLog:
             await self.flush()
 
     async def flush(self) -> None:
-        """Write everything queued now, in order (a failed batch is tried again)."""
-        while self._ops:
-            batch, touched = self._ops, self._touched
-            self._ops, self._touched = [], set()
-            ttl_ms = self._ms(self.ttl_s)
-            batch.extend(partial(_pexpire, key, ttl_ms) for key in touched)
-            while True:
+        """Write everything queued now, in order (a failed batch is tried again).
+
+        One writer at a time (a lock held across a batch's retries): a later batch
+        never reaches Redis before an earlier one, whoever calls.
+
+        Cancellation: the batch in flight is abandoned to its thread (a stop does not
+        wait for a Redis that does not answer) and the log writes nothing more, so no
+        later batch can overtake it; what is left expires by its time to live.
+        """
+        async with self._writer:
+            while self._ops and not self._stopped:
+                batch, touched = self._ops, self._touched
+                self._ops, self._touched = [], set()
+                ttl_ms = self._ms(self.ttl_s)
+                batch.extend(partial(_pexpire, key, ttl_ms) for key in touched)
                 try:
-                    await trio.to_thread.run_sync(self._write, batch,
-                                                  limiter=self._write_limiter,
-                                                  abandon_on_cancel=True)
-                    break
-                except redis.RedisError as exc:
-                    self._errors += 1
-                    log.warning("resume log: a batch of %d did not reach Redis (%r); "
-                                "trying again", len(batch), exc)
-                    await trio.sleep(RETRY_PAUSE_S)
-            self._batches += 1
+                    await self._write_until_written(batch)
+                except trio.Cancelled:
+                    self._stopped = True  # this batch may never land: none may follow
+                    raise
+                self._batches += 1
+
+    async def _write_until_written(self, batch: list[Op]) -> None:
+        while True:
+            try:
+                await trio.to_thread.run_sync(self._write, batch, abandon_on_cancel=True)
+                return
+            except redis.RedisError as exc:
+                self._errors += 1
+                log.warning("resume log: a batch of %d did not reach Redis (%r); "
+                            "trying again", len(batch), exc)
+                await trio.sleep(RETRY_PAUSE_S)
 
     def _write(self, batch: list[Op]) -> None:
         """In a worker thread: one pipeline, no transaction (order is kept anyway)."""

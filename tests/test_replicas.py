@@ -451,3 +451,30 @@ async def test_without_redis_the_owner_still_serves_and_others_answer_503(
     assert token_ids(received + rest) == token_ids(whole)
     assert positions(received + rest, request_id) == list(range(1, len(whole) + 1))
 
+
+
+async def test_concurrent_resumes_on_other_replicas_get_one_reader(
+    start_server: StartServer, redis_url: str,
+) -> None:
+    """The lease is one atomic SET NX: of 4 simultaneous resumes, one reads, 3 get 409."""
+    a, b = await two_replicas(start_server, redis_url)
+    request_id, _ = await cut_after(a.host, a.port, lambda _: a, long_body(), 2)
+    statuses: list[int] = []
+    all_in = trio.Event()
+
+    async def resume_once() -> None:
+        async with b.client() as client, client.stream(
+            "GET", f"/v1/stream/{request_id}", headers={"Last-Event-ID": f"{request_id}:2"}
+        ) as response:
+            statuses.append(response.status_code)
+            if len(statuses) == 4:
+                all_in.set()
+            await all_in.wait()  # the reader holds the lease until every answer is in
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            nursery.start_soon(resume_once)
+    async with a.client() as client:
+        await client.delete(f"/v1/requests/{request_id}")
+
+    assert sorted(statuses) == [200, 409, 409, 409]
