@@ -263,6 +263,25 @@ async def burst(
     return BurstResult.of(answers)
 
 
+# The kernel's own count of what happened at the listen queues (/proc/net/netstat; for
+# this network namespace, so other traffic in it counts too): connections that arrived
+# at a full accept queue (their SYN or final ACK dropped, to be sent again by the client),
+# SYN cookies sent for a full SYN queue, and resets sent.
+KERNEL_COUNTERS = ("TcpExt:ListenOverflows", "TcpExt:SyncookiesSent", "Tcp:OutRsts")
+
+
+def kernel_counters() -> dict[str, int]:
+    counters: dict[str, int] = {}
+    for path in ("/proc/net/netstat", "/proc/net/snmp"):
+        with suppress(OSError), open(path) as file:
+            lines = file.read().splitlines()
+            for names, values in zip(lines[::2], lines[1::2], strict=False):
+                prefix, *keys = names.split()
+                for key, value in zip(keys, values.split()[1:], strict=False):
+                    counters[prefix + key] = int(value)
+    return {name: counters.get(name, 0) for name in KERNEL_COUNTERS}
+
+
 def open_files(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -340,8 +359,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     report["server"] = " ".join([Path(command[0]).name, *command[1:]])
     async with start_server(command) as server:
         before = open_files(server.pid)
+        counted = kernel_counters()
         result = await burst(server.url, args.clients, max_new_tokens=args.max_new_tokens,
                              timeout_s=args.timeout, connect_limit=args.connect_limit)
+        report["kernel"] = {k: v - counted[k] for k, v in kernel_counters().items()}
         after = await settle_open_files(server.pid, before)
         async with httpx.AsyncClient(base_url=server.url, trust_env=False) as http:
             stats = (await http.get("/stats")).json()
