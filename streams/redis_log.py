@@ -52,6 +52,13 @@ RETRY_PAUSE_S = 0.5  # after a batch failed to reach Redis
 # Compare-and-renew / compare-and-delete of a reader's lease (one round trip, atomic).
 _RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
           "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end")
+# Take a lease that is free, or held by a token this replica has released but whose
+# release is still queued (its own reader that just left).
+_CLAIM = ("local v = redis.call('get', KEYS[1]) "
+          "if v then local free = false "
+          "for i = 3, #ARGV do if v == ARGV[i] then free = true end end "
+          "if not free then return 0 end end "
+          "redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1")
 _RELEASE = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
             "return redis.call('del', KEYS[1]) else return 0 end")
 
@@ -94,18 +101,21 @@ class RedisEventLog:
         self.lease_s = lease_s
         self.ttl_s = ttl_s
         self.follow_wait_s = follow_wait_s
-        self.refresh_s = ttl_s / 3
+        self.refresh_s = min(ttl_s, lease_s) / 3
         self._client = client
         self._local = MemoryEventLog()
         self._last: dict[str, bool] = {}  # stream id -> its last event is logged
         self._ops: list[Op] = []
+        self._local_leases: dict[str, str] = {}  # stream id -> token of a reader here
         self._touched: set[str] = set()  # keys appended to since the last batch was taken
+        self._releasing: dict[str, set[str]] = {}  # stream id -> tokens released, queued
         self._wake = trio.Event()
         self._writer = trio.Lock()
         self._stopped = False  # a write was abandoned: nothing more may be written
         self._read_limiter = trio.CapacityLimiter(max_readers)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
+        self._claim = client.register_script(_CLAIM)
         self._batches = self._commands = self._errors = 0
 
     @classmethod
@@ -135,6 +145,7 @@ class RedisEventLog:
 
     def expire(self, stream_id: str) -> int:
         self._last.pop(stream_id, None)
+        self._local_leases.pop(stream_id, None)
         keys = (events_key(stream_id), reader_key(stream_id))
         self._queue(lambda pipe: pipe.delete(*keys))
         return self._local.expire(stream_id)
@@ -176,13 +187,15 @@ class RedisEventLog:
         """
         async with self._writer:
             while self._ops and not self._stopped:
-                batch, touched = self._ops, self._touched
-                self._ops, self._touched = [], set()
+                batch, touched, releasing = self._ops, self._touched, self._releasing
+                self._ops, self._touched, self._releasing = [], set(), {}
                 ttl_ms = self._ms(self.ttl_s)
                 batch.extend(partial(_pexpire, key, ttl_ms) for key in touched)
                 try:
                     await self._write_until_written(batch)
                 except trio.Cancelled:
+                    for stream_id, tokens in releasing.items():  # not written after all
+                        self._releasing.setdefault(stream_id, set()).update(tokens)
                     self._stopped = True  # this batch may never land: none may follow
                     raise
                 self._batches += 1
@@ -216,13 +229,17 @@ class RedisEventLog:
         self._wake.set()
 
     def _queue_refresh(self) -> None:
+        """The held streams' time to live, and the leases of this replica's readers."""
         keys, ttl_ms = [events_key(s) for s in self._last], self._ms(self.ttl_s)
+        leases, lease_ms = list(self._local_leases.items()), self._ms(self.lease_s)
 
         def op(pipe: Any) -> None:
             for key in keys:
                 pipe.pexpire(key, ttl_ms)
+            for stream_id, token in leases:
+                self._renew(keys=[reader_key(stream_id)], args=[token, lease_ms], client=pipe)
 
-        if keys:
+        if keys or leases:
             self._queue(op)
 
     # -- SharedEventLog: any replica's readers, async --------------------------------
@@ -256,14 +273,27 @@ class RedisEventLog:
         return [_entry(e) for e in entries]
 
     async def claim_reader(self, stream_id: str, token: str) -> bool:
-        return bool(await self._read(self._client.set, reader_key(stream_id), token, nx=True,
-                                     px=self._ms(self.lease_s)))
+        released = sorted(self._releasing.get(stream_id, ()))
+        return bool(await self._read(self._claim, keys=[reader_key(stream_id)],
+                                     args=[token, self._ms(self.lease_s), *released]))
 
     async def renew_reader(self, stream_id: str, token: str) -> bool:
         return bool(await self._read(self._renew, keys=[reader_key(stream_id)],
                                      args=[token, self._ms(self.lease_s)]))
 
+    def hold_local_reader(self, stream_id: str, token: str, *, claimed: bool) -> None:
+        key, lease_ms = reader_key(stream_id), self._ms(self.lease_s)
+        self._local_leases[stream_id] = token
+        if not claimed:  # a new stream: nobody else knows its id yet
+            self._queue(lambda pipe: pipe.set(key, token, px=lease_ms))
+
+    def release_local_reader(self, stream_id: str) -> None:
+        token = self._local_leases.pop(stream_id, None)
+        if token is not None:
+            self.release_reader(stream_id, token)
+
     def release_reader(self, stream_id: str, token: str) -> None:
+        self._releasing.setdefault(stream_id, set()).add(token)
         key = reader_key(stream_id)
         self._queue(lambda pipe: self._release(keys=[key], args=[token], client=pipe))
 

@@ -58,9 +58,9 @@ class SharedEventLog(EventLog, Protocol):
 
     The owner replica (the one whose engine generates the stream) appends; a reader on
     any replica follows the log (``read_remote``) until the event appended ``last``.
-    One reader at a time across replicas: a remote reader holds a lease (a token with
-    a time to live, renewed while it reads), which the owner checks before it lets a
-    local reader attach and before it ends a stream whose grace period ran out.
+    One reader at a time across replicas: every reader, on the owner or elsewhere, holds
+    the stream's lease (a token with a time to live, renewed while it reads); the owner
+    also checks it before it ends a stream whose grace period ran out.
 
     The async methods raise ``StoreUnavailable`` when the store does not answer; the
     sync ones never wait for it (the writer tries a batch again until it is written).
@@ -84,7 +84,8 @@ class SharedEventLog(EventLog, Protocol):
         ...
 
     async def claim_reader(self, stream_id: str, token: str) -> bool:
-        """Take the stream's reader lease for ``token``; False if someone holds it."""
+        """Take the stream's reader lease for ``token``; False if someone holds it (a
+        lease this replica released, the release still queued, counts as free)."""
         ...
 
     async def renew_reader(self, stream_id: str, token: str) -> bool:
@@ -94,6 +95,17 @@ class SharedEventLog(EventLog, Protocol):
     def release_reader(self, stream_id: str, token: str) -> None:
         """Let the lease go (queued, sync, never a checkpoint)."""
         ...
+
+    def hold_local_reader(self, stream_id: str, token: str, *, claimed: bool) -> None:
+        """A reader on this replica (the owner) holds the lease as ``token`` (``claimed``:
+        by ``claim_reader``; else it is set, queued: a stream just opened); the log
+        renews it until ``release_local_reader`` or ``expire``. Sync, no checkpoint."""
+        ...
+
+    def release_local_reader(self, stream_id: str) -> None:
+        """Let this replica's reader's lease go (queued). Sync, never a checkpoint."""
+        ...
+
 
     async def reader_held(self, stream_id: str) -> bool:
         """Whether a reader (on any replica) holds the stream's lease now."""

@@ -54,13 +54,14 @@ Several replicas (a ``SharedEventLog``: Redis, ``redis_log.py``): the replica wh
 generates a stream owns it, exactly as above, and its log also goes to the store. A
 reader that comes back to another replica (the balancer chose it) gets a
 ``RemoteReader``: it replays the store after its position and follows it (blocking
-reads) until the event marked last, holding the stream's reader lease (a key with a
-time to live that it renews). The owner, meanwhile, holds the stream DETACHED; when the
-grace period runs out it looks at the lease, and while a remote reader holds it the
-stream goes on for another grace period. A local attach while the lease is held is
-``ReaderBusy``. Not yet: a remote reader does not see a reader attached on the owner
-(both may read; neither loses or doubles an event), and a stream whose owner died has
-no generator (its log expires; failover is the next step of issue 11).
+reads) until the event marked last. Every reader, here or there, holds the stream's
+reader lease (a key with a time to live, renewed while it is held; the owner's writer
+task renews its own readers'): one reader at a time across replicas, a second gets
+``ReaderBusy``. The owner, meanwhile, holds the stream DETACHED; when the grace period
+runs out it looks at the lease, and while a remote reader holds it the stream goes on
+for another grace period. Without an answer from the store, the owner goes on as if
+alone. Not yet: a stream whose owner died has no generator (its log expires; failover
+is the next step of issue 11).
 """
 
 from __future__ import annotations
@@ -396,6 +397,9 @@ class ResumeRegistry:
         if not attach:
             reader.close()
             return None
+        if self._shared is not None:
+            self._shared.hold_local_reader(entry.request_id, secrets.token_hex(8),
+                                           claimed=False)
         return reader
 
     async def attach(self, request_id: str, after: int) -> Reader | RemoteReader:
@@ -412,14 +416,38 @@ class ResumeRegistry:
 
         Cancellation: the only checkpoint is the wait for the holder to exit, shielded:
         the holder has nothing left to do but exit, so it takes one scheduling round.
+        With a shared log, also the claim of the lease (nothing changed yet; a claim
+        that lands after all is released, or lapses).
         """
         entry = self._entries.get(request_id)
-        if entry is None and self._shared is not None:
-            return await self._attach_remote(self._shared, request_id, after)
-        if entry is not None and entry._reader is None and self._shared is not None:
-            if await self._remote_reader_holds(self._shared, request_id):
-                raise ReaderBusy(request_id)
-            entry = self._entries.get(request_id)  # it may have gone meanwhile
+        log = self._shared
+        if log is None:
+            return await self._attach_local(request_id, after)
+        if entry is None:
+            return await self._attach_remote(log, request_id, after)
+        token = secrets.token_hex(8)
+        try:
+            if entry._reader is None and not await self._claim(log, request_id, token):
+                raise ReaderBusy(request_id)  # a reader on another replica
+            reader = await self._attach_local(request_id, after)
+        except BaseException:
+            log.release_reader(request_id, token)
+            raise
+        log.hold_local_reader(request_id, token, claimed=True)
+        return reader
+
+    @staticmethod
+    async def _claim(log: SharedEventLog, request_id: str, token: str) -> bool:
+        """The lease for this replica's reader; without an answer from the store, yes
+        (this replica goes on as it would alone)."""
+        try:
+            return await log.claim_reader(request_id, token)
+        except StoreUnavailable:
+            return True
+
+    async def _attach_local(self, request_id: str, after: int) -> Reader:
+        """``attach`` for a stream this replica owns."""
+        entry = self._entries.get(request_id)
         if entry is None:
             await trio.lowlevel.checkpoint()
             raise NothingToResume(request_id)
@@ -517,6 +545,8 @@ class ResumeRegistry:
     def _detach(self, entry: ResumableStream, reader: Reader) -> None:
         if entry._reader is not reader or entry.holding is Holding.GONE:
             return
+        if self._shared is not None:
+            self._shared.release_local_reader(entry.request_id)
         entry._reader = None
         entry.holding = Holding.DETACHED
         self._detached_bytes += entry.log_bytes

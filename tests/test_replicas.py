@@ -478,3 +478,29 @@ async def test_concurrent_resumes_on_other_replicas_get_one_reader(
         await client.delete(f"/v1/requests/{request_id}")
 
     assert sorted(statuses) == [200, 409, 409, 409]
+
+
+async def test_a_reader_on_the_owner_holds_the_stream_against_other_replicas(
+    start_server: StartServer, redis_url: str,
+) -> None:
+    a, b = await two_replicas(start_server, redis_url)
+    first = RawClient(a.host, a.port)
+    await first.post("/v1/stream", {**long_body(), "resumable": True})
+    await first.read_tokens(2)
+    request_id = first.request_id()
+    store = redis.Redis.from_url(redis_url)
+    await a.wait_for(lambda: bool(store.exists(reader_key(request_id))), "the lease set")
+
+    busy = await get_resume(b.base_url, request_id, f"{request_id}:2")
+    first.close_abort()
+    await a.wait_for(lambda: holding(a, request_id) is Holding.DETACHED, "detached")
+    async with b.client() as client, client.stream(
+        "GET", f"/v1/stream/{request_id}", headers={"Last-Event-ID": f"{request_id}:2"}
+    ) as remote:
+        status = remote.status_code
+        async with a.client() as other:
+            deleted = await other.delete(f"/v1/requests/{request_id}")
+    store.close()
+
+    assert (busy.status_code, status, deleted.status_code) == (409, 200, 204)
+    assert (await a.wait_finished(request_id)).reason is FinishReason.CANCELLED
