@@ -9,9 +9,10 @@ The same app as ``hypercorn -k trio app:app`` (``create_app``, the ``STREAMSCOPE
 settings from the environment, ``http_fixes`` installed by importing ``app``), served in
 this process by ``hypercorn.trio.serve``. Why a command of our own: hypercorn's defaults
 are a web server's, and one of them loses clients here. Its listen backlog of 100 is
-what a burst of clients opening streams at the same moment overflows: 600 clients at once
-against ``hypercorn -k trio app:app`` got 217 connection resets and no HTTP answer
-(docs/results.md, "A burst of 1,000 clients"). The defaults below (``serving_defaults``)
+what a burst of clients opening streams at the same moment overflows: of 1,000 clients at
+once against ``hypercorn -k trio app:app``, 464-564 got a connection reset from the kernel
+and no HTTP answer; none under this command (docs/results.md, "A burst of 1,000
+clients"). The defaults below (``serving_defaults``)
 each say why; a ``--config`` file (hypercorn's own TOML or Python format, any setting
 hypercorn has) overrides them, and ``--bind`` overrides the file's ``bind``.
 
@@ -56,8 +57,9 @@ log = logging.getLogger("streamscope.app")
 DEFAULT_BIND = "127.0.0.1:8000"  # hypercorn's; a public address is the operator's choice
 # The listen backlog: connections the kernel completes and holds until the server
 # accepts them. A burst of clients opening streams at once arrives faster than one
-# event loop accepts; past the backlog the kernel drops or resets them, and those clients
-# get no HTTP answer at all, not even a 429. 2048 is uvicorn's and gunicorn's default;
+# event loop accepts; past the backlog the kernel drops their packets (the clients wait for
+# retransmits) or resets them (a SYN-cookie connection whose first segment it dropped), and
+# those clients get no HTTP answer at all, not even a 429. 2048 is uvicorn's and gunicorn's default;
 # Linux caps it at net.core.somaxconn (4096 since 5.4): the server warns when that is less.
 LISTEN_BACKLOG = 2048
 # h11's limit on an incomplete event: a request head (request line and headers) still

@@ -16,7 +16,11 @@ Clients: one raw Trio socket each (no pool, no retry: a library that retries wou
 the resets), made before the start; then one Event releases every ``connect`` at once
 (``--connect-limit`` bounds how many are in progress together; default: all). Each sends
 ``POST /v1/stream`` with ``Connection: close`` and reads to EOF, within ``--timeout``
-from the release (past it: a hang).
+from the release (past it: a hang). The request goes out as two writes, its head and
+then its body, as httpx (httpcore over h11) and most HTTP clients send it; that is what
+meets the kernel's resets when the listen backlog overflows (on Linux 6.18 with SYN
+cookies, a burst of one-write requests waited for retransmits but was never reset).
+``--one-write`` sends each request in one write instead, to compare.
 
 Started servers (``--server``, on the tiny GPT-2, CPU, one torch thread, a free port)
 are stopped with SIGTERM afterwards; before that the tool reads ``/stats`` (is the cache
@@ -201,12 +205,13 @@ def dechunk(body: bytes) -> bytes:
 async def one_client(
     host: str,
     port: int,
-    request: bytes,
+    writes: list[bytes],
     start: trio.Event,
     limiter: trio.CapacityLimiter,
     timeout_s: float,
 ) -> Answer:
-    """Connect at ``start``, send, read to EOF. Cancellation: the socket is closed."""
+    """Connect at ``start``, send ``writes`` (each in one ``send``: they are small), read
+    to EOF. Cancellation: the socket is closed."""
     family = trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET
     with trio.socket.socket(family, trio.socket.SOCK_STREAM) as sock:
         await start.wait()
@@ -218,7 +223,9 @@ async def one_client(
                 async with limiter:
                     await sock.connect((host, port))
                 connect_s = time.monotonic() - began
-                await sock.send(request)  # small: one send
+                for data in writes:
+                    while data:
+                        data = data[await sock.send(data):]
                 while data := await sock.recv(RECV_BYTES):
                     chunks.append(data)
             except OSError as exc:
@@ -243,17 +250,20 @@ async def burst(
     max_new_tokens: int = 8,
     timeout_s: float = 30.0,
     connect_limit: int | None = None,
+    one_write: bool = False,
 ) -> BurstResult:
     """``clients`` streams opened at the same moment against ``url`` (see the docstring)."""
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     request = request_bytes(host, port, max_new_tokens)
+    head, _, body = request.partition(b"\r\n\r\n")
+    writes = [request] if one_write else [head + b"\r\n\r\n", body]
     start = trio.Event()
     limiter = trio.CapacityLimiter(connect_limit or clients)
     answers: list[Answer] = []
 
     async def run(index: int) -> None:
-        answers.append(await one_client(host, port, request, start, limiter, timeout_s))
+        answers.append(await one_client(host, port, writes, start, limiter, timeout_s))
 
     async with trio.open_nursery() as nursery:
         for index in range(clients):
@@ -348,10 +358,12 @@ async def settle_open_files(pid: int, baseline: int) -> int:
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     limits = raise_open_files_limit()
-    report: dict[str, Any] = {"clients": args.clients, "rlimit_nofile": limits}
+    report: dict[str, Any] = {"clients": args.clients, "rlimit_nofile": limits,
+                              "writes": "one" if args.one_write else "head, then body"}
     if args.url:
         result = await burst(args.url, args.clients, max_new_tokens=args.max_new_tokens,
-                             timeout_s=args.timeout, connect_limit=args.connect_limit)
+                             timeout_s=args.timeout, connect_limit=args.connect_limit,
+                             one_write=args.one_write)
         report["server"] = args.url
         report["result"] = asdict(result)
         return report
@@ -361,7 +373,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         before = open_files(server.pid)
         counted = kernel_counters()
         result = await burst(server.url, args.clients, max_new_tokens=args.max_new_tokens,
-                             timeout_s=args.timeout, connect_limit=args.connect_limit)
+                             timeout_s=args.timeout, connect_limit=args.connect_limit,
+                             one_write=args.one_write)
         report["kernel"] = {k: v - counted[k] for k, v in kernel_counters().items()}
         after = await settle_open_files(server.pid, before)
         async with httpx.AsyncClient(base_url=server.url, trust_env=False) as http:
@@ -386,6 +399,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="seconds from the release a client waits for its whole answer")
     parser.add_argument("--connect-limit", type=int, default=None,
                         help="connects in progress at once (default: all)")
+    parser.add_argument("--one-write", action="store_true",
+                        help="send each request in one write, not its head and then its body")
     parser.add_argument("--json", type=Path, help="write the report here too")
     return parser.parse_args(argv)
 
