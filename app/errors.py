@@ -67,7 +67,8 @@ class ErrorType(enum.StrEnum):
     UNAVAILABLE = "unavailable"  # the engine failed; the server cannot serve
     SLOW_CLIENT = "slow_client"  # the reader stayed behind too long (SSE error)
     ENGINE_ERROR = "engine_error"  # the engine failed this request (SSE error)
-    STREAM_BUSY = "stream_busy"  # another reader holds this resumable stream
+    STREAM_BUSY = "stream_busy"  # the resumable stream's old reader did not let go in time
+    TAKEN_OVER = "taken_over"  # a newer reader took this resumable stream over (SSE error)
     RESUME_LOG_FULL = "resume_log_full"  # detached, its log passed the server's cap (SSE error)
     INTERNAL_ERROR = "internal_error"  # a bug: logged with its traceback
 
@@ -90,6 +91,7 @@ STATUS: dict[ErrorType, int] = {
     ErrorType.SLOW_CLIENT: 503,
     ErrorType.ENGINE_ERROR: 500,
     ErrorType.STREAM_BUSY: 409,
+    ErrorType.TAKEN_OVER: 409,
     ErrorType.RESUME_LOG_FULL: 503,
     ErrorType.INTERNAL_ERROR: 500,
 }

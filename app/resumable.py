@@ -14,10 +14,14 @@ The wire contract (a browser page builds on it; keep it exactly):
   from the log, then live, each exactly once; the first line is ``retry: 1000`` (once).
   204 for a stream unknown or expired, or ended with n its last event (EventSource stops
   reconnecting on a 204). 400 ``bad_request`` for an id of another stream; 422
-  ``invalid_request`` for a malformed one or an n the stream has not reached; 409
-  ``stream_busy`` while another reader holds the stream (one reader at a time: the first
-  keeps it; it lets go when its connection ends); 503 ``unavailable`` (Retry-After)
-  when the stream is another replica's and the shared log does not answer.
+  ``invalid_request`` for a malformed one or an n the stream has not reached; 503
+  ``unavailable`` (Retry-After) when the stream is another replica's and the shared log
+  does not answer. One reader at a time, the newest: a GET while another reader holds
+  the stream takes it over (the server cannot tell a silently dead connection from a
+  live one); the old reader gets no more events, and its body ends with one ``error``
+  event ``taken_over`` without an id (not part of the stream: an EventSource keeps its
+  Last-Event-ID, and a page that sees it stops instead of taking the stream back). 409
+  ``stream_busy`` only if the old reader did not let go within a bound (try again).
 * ``DELETE /v1/requests/<request_id>``: ends a resumable stream at once (the engine is
   asked to cancel it; its log is dropped): 204, or 404 ``not_found``.
 
@@ -32,6 +36,7 @@ any replica: one that does not own the stream serves the shared log (a
 
 from __future__ import annotations
 
+import json
 from types import TracebackType
 
 import trio
@@ -49,7 +54,9 @@ from streams import (
     ResumeRegistry,
     StoreUnavailable,
     StreamItem,
+    TakenOver,
     TokenStream,
+    encode_event,
 )
 
 from .connection import own_stream
@@ -58,13 +65,26 @@ from .lifespan import Runtime
 from .metrics import Metrics, RequestTimer
 from .schemas import RequestLimits, parse_generate_body
 from .serving import json_response, read_body, sse_response
-from .sse_body import KEEPALIVE_COMMENT, encode_json_event, item_event, start_event
+from .sse_body import (
+    KEEPALIVE_COMMENT,
+    encode_json_event,
+    error_data,
+    item_event,
+    start_event,
+)
 
 # How soon an EventSource reconnects after its connection dropped (the ``retry`` field,
 # in ms): well within the grace period, and not a tight loop against a server that
 # is briefly away.
 RETRY_MS = 1000
 RETRY_LINE = f"retry: {RETRY_MS}\n".encode()  # a field line alone: applied, dispatches nothing
+# The old reader's last event when a newer one took its stream over: no id (it is not
+# part of the stream), so an EventSource keeps its Last-Event-ID.
+TAKEN_OVER_EVENT = encode_event(
+    json.dumps(error_data(ErrorType.TAKEN_OVER, "another reader took this stream over"),
+               separators=(",", ":")),
+    event="error",
+)
 # n in an event id has at most this many digits: far more events than max_new_tokens allows.
 MAX_POSITION_DIGITS = 9
 
@@ -123,7 +143,8 @@ class ResumableOwner:
 
 class ResumableEventBody(ResponseBody):
     """The SSE body of one reader of a resumable stream: the log after its position,
-    then live events; keep-alive comments in between. ``__aexit__`` lets the reader go.
+    then live events; keep-alive comments in between; ``TAKEN_OVER_EVENT`` last if a
+    newer reader took the stream over. ``__aexit__`` lets the reader go.
     """
 
     def __init__(
@@ -132,6 +153,7 @@ class ResumableEventBody(ResponseBody):
         self.reader = reader
         self.keepalive_s = keepalive_s
         self._retry = send_retry
+        self._over = False
 
     async def __aenter__(self) -> ResumableEventBody:
         """Cancellation: no checkpoint."""
@@ -154,12 +176,17 @@ class ResumableEventBody(ResponseBody):
 
         Cancellation: at ``reader.receive()``, with nothing taken (it is cancel-safe).
         """
+        if self._over:
+            raise StopAsyncIteration
         if self._retry:
             self._retry = False
             return RETRY_LINE
         with trio.move_on_after(self.keepalive_s):
             try:
                 event = await self.reader.receive()
+            except TakenOver:
+                self._over = True
+                return TAKEN_OVER_EVENT
             except (trio.EndOfChannel, trio.ClosedResourceError):
                 raise StopAsyncIteration from None
             return event.data
@@ -241,8 +268,8 @@ def make_resumable_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
             return Response(b"", status=204)
         except ReaderBusy:
             raise ApiError(ErrorType.STREAM_BUSY,
-                           "another reader holds this stream; it lets go when its "
-                           "connection ends") from None
+                           "the stream's previous reader did not let go in time; "
+                           "try again") from None
         except BadPosition as exc:
             raise ApiError(ErrorType.INVALID_REQUEST, str(exc)) from None
         except StoreUnavailable:

@@ -30,6 +30,7 @@ from .resumption import RemoteReader as RemoteReader
 from .resumption import ResumeError as ResumeError
 from .resumption import ResumeRegistry as ResumeRegistry
 from .resumption import ResumeStatistics as ResumeStatistics
+from .resumption import TakenOver as TakenOver
 from .sse import ServerSentEvent as ServerSentEvent
 from .sse import SSEParser as SSEParser
 from .sse import encode_comment as encode_comment
@@ -73,6 +74,7 @@ __all__ = [
     "StreamItem",
     "StreamState",
     "StreamStatistics",
+    "TakenOver",
     "TokenStream",
     "WaitingLimitReached",
     "encode_comment",

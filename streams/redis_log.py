@@ -4,8 +4,10 @@ Layout: one Redis stream per resumable stream, ``streamscope:{<id>}:events``, en
 ``0-<n>`` (the event's number: XADD with an explicit id refuses an id at or below the
 last, so the store itself never holds a duplicate or an out-of-order event), fields
 ``d`` (the encoded SSE event) and ``e`` (``1`` on the stream's last event). A reader's
-lease is ``streamscope:{<id>}:reader`` (a token, PX ``lease_s``). The braces keep both
-keys in one Redis Cluster slot.
+lease is ``streamscope:{<id>}:reader`` (a token, PX ``lease_s``): a new reader takes it
+over (a plain SET of its token), and the old one finds at its next renewal (a
+compare-and-renew) that it is not its own any more. The braces keep both keys in one
+Redis Cluster slot.
 
 Why Redis Streams and not lists: XRANGE from an id replays exactly the events after a
 position (a list would need the index arithmetic, and nothing refuses a duplicate), and
@@ -50,15 +52,10 @@ log = logging.getLogger(__name__)
 KEY_PREFIX = "streamscope:"
 RETRY_PAUSE_S = 0.5  # after a batch failed to reach Redis
 # Compare-and-renew / compare-and-delete of a reader's lease (one round trip, atomic).
+# A lease that is another token's, or none (taken over by a reader that has left since,
+# or lapsed), is not renewed: its old holder stops.
 _RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
           "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end")
-# Take a lease that is free, or held by a token this replica has released but whose
-# release is still queued (its own reader that just left).
-_CLAIM = ("local v = redis.call('get', KEYS[1]) "
-          "if v then local free = false "
-          "for i = 3, #ARGV do if v == ARGV[i] then free = true end end "
-          "if not free then return 0 end end "
-          "redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1")
 _RELEASE = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
             "return redis.call('del', KEYS[1]) else return 0 end")
 
@@ -108,14 +105,16 @@ class RedisEventLog:
         self._ops: list[Op] = []
         self._local_leases: dict[str, str] = {}  # stream id -> token of a reader here
         self._touched: set[str] = set()  # keys appended to since the last batch was taken
-        self._releasing: dict[str, set[str]] = {}  # stream id -> tokens released, queued
+        # stream id -> token of a new stream's lease whose SET is queued, or in flight:
+        # renewing it needs no round trip (and would find no lease yet).
+        self._setting: dict[str, str] = {}
+        self._setting_in_flight: dict[str, str] = {}
         self._wake = trio.Event()
         self._writer = trio.Lock()
         self._stopped = False  # a write was abandoned: nothing more may be written
         self._read_limiter = trio.CapacityLimiter(max_readers)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
-        self._claim = client.register_script(_CLAIM)
         self._batches = self._commands = self._errors = 0
 
     @classmethod
@@ -187,17 +186,17 @@ class RedisEventLog:
         """
         async with self._writer:
             while self._ops and not self._stopped:
-                batch, touched, releasing = self._ops, self._touched, self._releasing
-                self._ops, self._touched, self._releasing = [], set(), {}
+                batch, touched, setting = self._ops, self._touched, self._setting
+                self._ops, self._touched, self._setting = [], set(), {}
+                self._setting_in_flight = setting
                 ttl_ms = self._ms(self.ttl_s)
                 batch.extend(partial(_pexpire, key, ttl_ms) for key in touched)
                 try:
                     await self._write_until_written(batch)
                 except trio.Cancelled:
-                    for stream_id, tokens in releasing.items():  # not written after all
-                        self._releasing.setdefault(stream_id, set()).update(tokens)
                     self._stopped = True  # this batch may never land: none may follow
                     raise
+                self._setting_in_flight = {}
                 self._batches += 1
 
     async def _write_until_written(self, batch: list[Op]) -> None:
@@ -272,12 +271,14 @@ class RedisEventLog:
                 entries = answer[0][1] if answer else []
         return [_entry(e) for e in entries]
 
-    async def claim_reader(self, stream_id: str, token: str) -> bool:
-        released = sorted(self._releasing.get(stream_id, ()))
-        return bool(await self._read(self._claim, keys=[reader_key(stream_id)],
-                                     args=[token, self._ms(self.lease_s), *released]))
+    async def claim_reader(self, stream_id: str, token: str) -> None:
+        await self._read(self._client.set, reader_key(stream_id), token,
+                         px=self._ms(self.lease_s))
 
     async def renew_reader(self, stream_id: str, token: str) -> bool:
+        if token in (self._setting.get(stream_id), self._setting_in_flight.get(stream_id)):
+            await trio.lowlevel.checkpoint()
+            return True  # its SET is on its way
         return bool(await self._read(self._renew, keys=[reader_key(stream_id)],
                                      args=[token, self._ms(self.lease_s)]))
 
@@ -285,6 +286,7 @@ class RedisEventLog:
         key, lease_ms = reader_key(stream_id), self._ms(self.lease_s)
         self._local_leases[stream_id] = token
         if not claimed:  # a new stream: nobody else knows its id yet
+            self._setting[stream_id] = token
             self._queue(lambda pipe: pipe.set(key, token, px=lease_ms))
 
     def release_local_reader(self, stream_id: str) -> None:
@@ -293,7 +295,6 @@ class RedisEventLog:
             self.release_reader(stream_id, token)
 
     def release_reader(self, stream_id: str, token: str) -> None:
-        self._releasing.setdefault(stream_id, set()).add(token)
         key = reader_key(stream_id)
         self._queue(lambda pipe: self._release(keys=[key], args=[token], client=pipe))
 

@@ -58,9 +58,10 @@ class SharedEventLog(EventLog, Protocol):
 
     The owner replica (the one whose engine generates the stream) appends; a reader on
     any replica follows the log (``read_remote``) until the event appended ``last``.
-    One reader at a time across replicas: every reader, on the owner or elsewhere, holds
-    the stream's lease (a token with a time to live, renewed while it reads); the owner
-    also checks it before it ends a stream whose grace period ran out.
+    One reader at a time across replicas, the newest: every reader, on the owner or
+    elsewhere, holds the stream's lease (a token with a time to live, renewed while it
+    reads); a new reader takes it over, and the old one learns it when it renews. The
+    owner also checks it before it ends a stream whose grace period ran out.
 
     The async methods raise ``StoreUnavailable`` when the store does not answer; the
     sync ones never wait for it (the writer tries a batch again until it is written).
@@ -83,13 +84,13 @@ class SharedEventLog(EventLog, Protocol):
         (empty: none came); None: the store no longer holds the stream."""
         ...
 
-    async def claim_reader(self, stream_id: str, token: str) -> bool:
-        """Take the stream's reader lease for ``token``; False if someone holds it (a
-        lease this replica released, the release still queued, counts as free)."""
+    async def claim_reader(self, stream_id: str, token: str) -> None:
+        """Take the stream's reader lease for ``token``, from whoever holds it."""
         ...
 
     async def renew_reader(self, stream_id: str, token: str) -> bool:
-        """Extend ``token``'s lease; False if it is not ``token``'s any more."""
+        """Extend ``token``'s lease; False if it is not ``token``'s any more (taken over,
+        or lapsed). A new stream's lease whose SET is still queued counts as held."""
         ...
 
     def release_reader(self, stream_id: str, token: str) -> None:

@@ -33,8 +33,16 @@ has every event exactly once, in order. A reader positioned after ``n`` first re
 the log after ``n``, then takes live items; while it holds the stream nobody else
 takes any, so what it reads is gap-free.
 
-One reader at a time: ``attach`` while a reader holds the stream raises
-``ReaderBusy`` (the app answers 409); the first reader is not disturbed.
+One reader at a time, the newest: ``attach`` while a reader holds the stream takes it
+over. The server cannot tell a reader whose connection died silently (no FIN, no RST:
+a phone that changed networks) from a live one, so the newcomer wins: the old reader is
+marked taken over, its take in progress (if any) is cancelled (``TokenStream.receive``
+is cancel-safe: nothing is lost) and ``attach`` waits, shielded and bounded
+(``TAKEOVER_WAIT_S``), for that take to exit, as it waits for a detached holder; so
+one task takes items at a time and the new reader's log-then-live reading is gap-free.
+The old reader's next ``receive`` raises ``TakenOver`` (it gets no more events); its
+``close`` changes nothing. A take that does not exit within the bound (a starved loop)
+gives ``ReaderBusy`` instead, and the old reader still ends at its next ``receive``.
 
 Memory: a stream's log holds at most its own events (the opening, at most
 ``max_new_tokens`` tokens, one last event). The bytes of detached streams (running or
@@ -56,16 +64,21 @@ reader that comes back to another replica (the balancer chose it) gets a
 ``RemoteReader``: it replays the store after its position and follows it (blocking
 reads) until the event marked last. Every reader, here or there, holds the stream's
 reader lease (a key with a time to live, renewed while it is held; the owner's writer
-task renews its own readers'): one reader at a time across replicas, a second gets
-``ReaderBusy``. The owner, meanwhile, holds the stream DETACHED; when the grace period
-runs out it looks at the lease, and while a remote reader holds it the stream goes on
-for another grace period. Without an answer from the store, the owner goes on as if
-alone. Not yet: a stream whose owner died has no generator (its log expires; failover
-is the next step of issue 11).
+task renews its own readers' too). A new reader, here or there, takes the lease over
+(it sets the lease to its own token); the old reader learns it at its next renewal
+(a remote reader before each read of the store, a reader on the owner every
+``LEASE_CHECK_S`` while it reads) and ends with ``TakenOver``: on the owner it then
+lets go of the stream, which its holder takes (no item lost: the new reader follows
+the shared log the owner writes). The owner, meanwhile, holds the stream DETACHED;
+when the grace period runs out it looks at the lease, and while a remote reader holds
+it the stream goes on for another grace period. Without an answer from the store, the
+owner goes on as if alone. Not yet: a stream whose owner died has no generator (its log
+expires; failover is the next step of issue 11).
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 import secrets
@@ -83,6 +96,13 @@ from .stream import ErrorType, StreamError, StreamItem, TokenStream
 
 Encode = Callable[[int, StreamItem], bytes]
 TAKEN_OVER = "a reader took the stream over"
+# How long a takeover waits for the old reader's cancelled take to exit: one scheduling
+# round in practice; the bound only keeps a starved loop from holding the new reader.
+TAKEOVER_WAIT_S = 5.0
+# How often a reader on the owner renews its lease while it reads (with a shared log),
+# and so how soon it sees that a reader on another replica took the stream over: one
+# round trip to the store a quarter second per stream read here, never one per event.
+LEASE_CHECK_S = 0.25
 # How long a reader on another replica waits for the shared log to reach the position
 # it claims (the owner's writer task lags its live readers by a batch).
 POSITION_WAIT_S = 2.0
@@ -104,7 +124,11 @@ class NothingToResume(ResumeError):
 
 
 class ReaderBusy(ResumeError):
-    """Another reader holds the stream."""
+    """The old reader did not let go within ``TAKEOVER_WAIT_S`` (try again)."""
+
+
+class TakenOver(trio.ClosedResourceError):
+    """A newer reader took the stream over: this reader gets no more events."""
 
 
 class BadPosition(ResumeError):
@@ -215,11 +239,16 @@ class Reader:
     hands the stream back to the registry.
     """
 
-    def __init__(self, entry: ResumableStream, after: int) -> None:
+    def __init__(self, entry: ResumableStream, after: int, token: str | None = None) -> None:
         self._entry = entry
         self._pos = after
+        self._token = token  # its lease's token, with a shared log
         self._pending: deque[bytes] = deque()
         self._closed = False
+        self._taken_over = False
+        self._take: tuple[trio.CancelScope, trio.Event] | None = None  # a take in progress
+        self._attached = trio.Event()  # set when its attach is done (the old one let go)
+        self._renewed_at = trio.current_time()
 
     @property
     def request_id(self) -> str:
@@ -231,13 +260,19 @@ class Reader:
 
         Raises:
             trio.EndOfChannel: the stream ended and this reader has its last event.
+            TakenOver: a newer reader took the stream over (here, or with a shared log
+                on another replica: found at the lease's renewal).
             trio.ClosedResourceError: the reader was closed, or the stream cancelled.
 
         Cancellation: safe at every checkpoint, as ``TokenStream.receive``: an event
-        leaves the log's pending list, or an item the stream, only when returned.
+        leaves the log's pending list, or an item the stream, only when returned. A
+        takeover cancels the take (only it) and the reader ends with ``TakenOver``.
         """
         await trio.lowlevel.checkpoint()
+        await self._renew_lease()
         entry = self._entry
+        if self._taken_over:
+            raise TakenOver(TAKEN_OVER)
         if self._closed or entry.holding is Holding.GONE:
             raise trio.ClosedResourceError("the resumable stream is gone")
         if not self._pending and self._pos < entry.last_n:
@@ -247,10 +282,48 @@ class Reader:
             return LoggedEvent(self._pos, self._pending.popleft(), None)
         if entry.is_ended:
             raise trio.EndOfChannel
-        item = await entry.stream.receive()
-        # Invariant: no checkpoint between taking the item and logging it.
-        self._pos, data = entry.log_item(item)
-        return LoggedEvent(self._pos, data, item)
+        done = trio.Event()
+        with trio.CancelScope() as scope:
+            self._take = scope, done
+            try:
+                item = await entry.stream.receive()
+                # Invariant: no checkpoint between taking the item and logging it.
+                self._pos, data = entry.log_item(item)
+                return LoggedEvent(self._pos, data, item)
+            finally:
+                self._take = None
+                done.set()
+        raise TakenOver(TAKEN_OVER)  # only the takeover cancels this scope
+
+    async def _renew_lease(self) -> None:
+        """With a shared log, every ``LEASE_CHECK_S``: renew this reader's lease, or find
+        that a reader on another replica took it. Without an answer from the store, go
+        on (as alone). Cancellation: nothing changed."""
+        log = self._entry._registry._shared
+        if log is None or self._token is None or self._taken_over:
+            return
+        if trio.current_time() - self._renewed_at < min(LEASE_CHECK_S, log.lease_s / 3):
+            return
+        try:
+            held = await log.renew_reader(self._entry.request_id, self._token)
+        except StoreUnavailable:
+            held = True
+        if not held:
+            self._taken_over = True
+        self._renewed_at = trio.current_time()
+
+    async def _taken_over_by_another(self) -> bool:
+        """Mark this reader taken over; wait, shielded and bounded, until its own attach
+        is done and its take in progress (cancelled now) has exited. True once no take
+        of it is left, False if the bound passed first."""
+        self._taken_over = True
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + TAKEOVER_WAIT_S):
+            await self._attached.wait()  # set already, but for a reader still attaching
+            take = self._take
+            if take is not None:
+                take[0].cancel(reason=TAKEN_OVER)
+                await take[1].wait()
+        return self._attached.is_set() and self._take is None
 
     def close(self) -> None:
         """Let go of the stream: the registry holds it for the grace period (see the
@@ -264,7 +337,8 @@ class Reader:
 class RemoteReader:
     """The one reader, on this replica, of a stream another replica owns: it follows the
     shared log from event ``after + 1`` until the stream's last event, holding the
-    stream's reader lease (renewed while it reads; released by ``close``).
+    stream's reader lease (renewed before each read of the store, where it finds the
+    lease taken over; released by ``close``).
 
     Made by ``ResumeRegistry.attach`` only; the same interface as ``Reader``.
     """
@@ -277,7 +351,6 @@ class RemoteReader:
         self._pending: deque[tuple[int, bytes, bool]] = deque()
         self._ended = False
         self._closed = False
-        self._renewed_at = trio.current_time()
 
     @property
     def request_id(self) -> str:
@@ -288,9 +361,10 @@ class RemoteReader:
 
         Raises:
             trio.EndOfChannel: this reader has the stream's last event.
+            TakenOver: another reader took the lease over (found at a renewal).
             trio.ClosedResourceError: closed, the log is gone (expired or deleted: the
-                owner ended the stream without a last event), the lease was lost, or
-                the store did not answer.
+                owner ended the stream without a last event), or the store did not
+                answer.
 
         Cancellation: safe at every checkpoint; an event leaves ``_pending`` only when
         returned, and a read cancelled in flight is read again.
@@ -303,10 +377,12 @@ class RemoteReader:
             if self._ended:
                 raise trio.EndOfChannel
             try:
-                if trio.current_time() - self._renewed_at >= log.lease_s / 3:
-                    if not await log.renew_reader(self._request_id, self._token):
-                        raise trio.ClosedResourceError("the reader lease was lost")
-                    self._renewed_at = trio.current_time()
+                # Before every read of the store (one round trip a batch of events): a
+                # reader taken over stops at once, not at a renewal seconds later.
+                if not await log.renew_reader(self._request_id, self._token):
+                    if await log.tail(self._request_id) is None:  # the owner forgot it
+                        raise trio.ClosedResourceError("the stream's log is gone")
+                    raise TakenOver(TAKEN_OVER)
                 events = await log.read_remote(self._request_id, self._pos,
                                                wait_s=log.lease_s / 5)
             except StoreUnavailable as exc:  # the client comes back, maybe elsewhere
@@ -392,14 +468,15 @@ class ResumeRegistry:
         self._entries[entry.request_id] = entry
         entry.holding = Holding.ATTACHED
         entry.log_opening(opening)
-        reader = Reader(entry, 0)
+        token = secrets.token_hex(8) if self._shared is not None and attach else None
+        reader = Reader(entry, 0, token)
+        reader._attached.set()
         entry._reader = reader
         if not attach:
             reader.close()
             return None
-        if self._shared is not None:
-            self._shared.hold_local_reader(entry.request_id, secrets.token_hex(8),
-                                           claimed=False)
+        if self._shared is not None and token is not None:
+            self._shared.hold_local_reader(entry.request_id, token, claimed=False)
         return reader
 
     async def attach(self, request_id: str, after: int) -> Reader | RemoteReader:
@@ -410,14 +487,16 @@ class ResumeRegistry:
         Raises:
             NothingToResume: unknown or expired, or ended with ``after`` its last event.
             BadPosition: ``after`` is past the last event made.
-            ReaderBusy: another reader holds it.
+            ReaderBusy: the reader it takes over did not let go in time (see the
+                module docstring).
             StoreUnavailable: the stream is not this replica's and the shared log's
                 store did not answer.
 
         Cancellation: the only checkpoint is the wait for the holder to exit, shielded:
         the holder has nothing left to do but exit, so it takes one scheduling round.
-        With a shared log, also the claim of the lease (nothing changed yet; a claim
-        that lands after all is released, or lapses).
+        With a shared log, also the claim of the lease (it is taken over from the
+        old reader; a claim that lands after a cancel is released, or lapses).
+        A reader attached now is taken over: see the module docstring.
         """
         entry = self._entries.get(request_id)
         log = self._shared
@@ -425,11 +504,11 @@ class ResumeRegistry:
             return await self._attach_local(request_id, after)
         if entry is None:
             return await self._attach_remote(log, request_id, after)
+        self._check_position(entry, after)  # before the lease changes hands
         token = secrets.token_hex(8)
         try:
-            if entry._reader is None and not await self._claim(log, request_id, token):
-                raise ReaderBusy(request_id)  # a reader on another replica
-            reader = await self._attach_local(request_id, after)
+            await self._claim(log, request_id, token)
+            reader = await self._attach_local(request_id, after, token)
         except BaseException:
             log.release_reader(request_id, token)
             raise
@@ -437,28 +516,48 @@ class ResumeRegistry:
         return reader
 
     @staticmethod
-    async def _claim(log: SharedEventLog, request_id: str, token: str) -> bool:
-        """The lease for this replica's reader; without an answer from the store, yes
-        (this replica goes on as it would alone)."""
-        try:
-            return await log.claim_reader(request_id, token)
-        except StoreUnavailable:
-            return True
+    async def _claim(log: SharedEventLog, request_id: str, token: str) -> None:
+        """Take the lease over for this replica's reader; without an answer from the
+        store, go on (this replica goes on as it would alone)."""
+        with contextlib.suppress(StoreUnavailable):
+            await log.claim_reader(request_id, token)
 
-    async def _attach_local(self, request_id: str, after: int) -> Reader:
+    @staticmethod
+    def _check_position(entry: ResumableStream, after: int) -> None:
+        if after > entry.last_n:
+            raise BadPosition(f"event {after} of a stream that has made {entry.last_n}")
+        if entry.is_ended and after == entry.last_n:
+            raise NothingToResume(entry.request_id)
+
+    async def _attach_local(self, request_id: str, after: int, token: str | None = None) -> Reader:
         """``attach`` for a stream this replica owns."""
         entry = self._entries.get(request_id)
         if entry is None:
             await trio.lowlevel.checkpoint()
             raise NothingToResume(request_id)
-        if after > entry.last_n:
-            raise BadPosition(f"event {after} of a stream that has made {entry.last_n}")
-        if entry.is_ended and after == entry.last_n:
-            raise NothingToResume(request_id)
-        if entry._reader is not None:
-            raise ReaderBusy(request_id)
-        reader = Reader(entry, after)
-        entry._reader = reader  # claimed now: a second attach meanwhile is busy
+        self._check_position(entry, after)
+        reader = Reader(entry, after, token)
+        old, entry._reader = entry._reader, reader  # a third attach meanwhile takes it over
+        try:
+            if old is not None:
+                if not await old._taken_over_by_another():
+                    if entry._reader is reader:
+                        entry._reader = old  # it ends at its next receive; its close detaches
+                    raise ReaderBusy(request_id)
+            else:
+                await self._take_from_holder(entry)
+            if entry.holding is Holding.GONE:  # forgotten meanwhile (DELETE, or the holder)
+                raise NothingToResume(request_id)
+        finally:
+            reader._attached.set()
+        if entry._reader is not reader:  # a third attach took it over meanwhile
+            reader._taken_over = True
+        self._resumes += 1
+        return reader
+
+    async def _take_from_holder(self, entry: ResumableStream) -> None:
+        """The detached stream back from its holder (ATTACHED again). Cancellation: the
+        wait is shielded (the holder has no await left but its cancelled one)."""
         scope = entry._holder_scope
         if scope is not None:
             entry._taken_over = True
@@ -466,14 +565,12 @@ class ResumeRegistry:
             with trio.CancelScope(shield=True):
                 await entry._holder_done.wait()
         else:
-            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.cancel_shielded_checkpoint()
         if entry.holding is Holding.GONE:  # the holder forgot it before it saw the cancel
-            raise NothingToResume(request_id)
+            return
         entry.holding = Holding.ATTACHED
         self._detached_bytes -= entry.log_bytes
         entry._holder_scope, entry._holder_done, entry._taken_over = None, trio.Event(), False
-        self._resumes += 1
-        return reader
 
     async def _attach_remote(
         self, log: SharedEventLog, request_id: str, after: int
@@ -497,8 +594,7 @@ class ResumeRegistry:
         if ended and after == last_n:
             raise NothingToResume(request_id)
         token = secrets.token_hex(8)
-        if not await log.claim_reader(request_id, token):
-            raise ReaderBusy(request_id)
+        await log.claim_reader(request_id, token)  # taken over from any reader holding it
         self._resumes += 1
         return RemoteReader(log, request_id, after, token)
 

@@ -3,7 +3,8 @@
 The wire contract is in ``app/resumable.py``'s docstring. A client "drops" after k
 events by resetting its connection (RST) and counts only the first k events it parsed as
 received; the test waits until the server noticed (the stream is detached) before it
-resumes, since one reader at a time holds a stream.
+resumes (a resume while the first reader is attached takes the stream over: tested
+on its own).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 
 from engine import FinishReason
 from streams import Holding, ServerSentEvent, SSEParser
@@ -175,24 +177,47 @@ async def test_bad_last_event_id_is_refused_with_the_envelope(
     assert response.json()["error"]["type"] == error_type
 
 
-async def test_one_reader_at_a_time_a_second_gets_409(server: RunningServer) -> None:
+async def read_events(response: httpx.Response, count: int) -> list[ServerSentEvent]:
+    """The first ``count`` events of a streamed response (iterating its body)."""
+    parser, events = SSEParser(), []
+    async for chunk in response.aiter_bytes():
+        events += parser.feed(chunk)
+        if len(events) >= count:
+            break
+    return events[:count]
+
+
+async def test_a_second_reader_takes_over_a_silently_dead_first_at_once(
+    server: RunningServer,
+) -> None:
+    """The first client stops reading and never closes (no FIN, no RST: a phone that
+    changed networks): the server cannot know it is gone. A second reader takes the
+    stream over at once; the first gets no more events, and its body ends with an
+    ``error`` event ``taken_over`` (no id: it is not part of the stream)."""
     first = await open_resumable(server, long_body())
-    await first.read_tokens(2)
+    await first.read_tokens(2)  # from now on it reads nothing and stays open
     request_id = first.request_id()
+    k = len(first.events)
 
-    busy, _ = await resume(server, request_id, f"{request_id}:1")
-    first.close_abort()
-    await wait_detached(server, request_id)
-    async with server.client() as client, client.stream(
-        "GET", f"/v1/stream/{request_id}", headers={"Last-Event-ID": f"{request_id}:3"}
-    ) as second:
-        status = second.status_code
-        async with server.client() as other:
-            deleted = await other.delete(f"/v1/requests/{request_id}")
+    with trio.fail_after(2.0):  # at once, not after the dead connection times out
+        async with server.client() as client, client.stream(
+            "GET", f"/v1/stream/{request_id}", headers={"Last-Event-ID": f"{request_id}:{k}"}
+        ) as second:
+            status = second.status_code
+            taken = await read_events(second, 10) if status == 200 else []
+    async with server.client() as client:
+        deleted = await client.delete(f"/v1/requests/{request_id}")
+    await first.read_to_end()  # what the server wrote to the first, all buffered
+    first.sock.close()
 
-    assert busy.status_code == 409
-    assert busy.json()["error"]["type"] == "stream_busy"
     assert status == 200
+    assert positions(taken, request_id) == list(range(k + 1, k + 11))  # none twice or skipped
+    assert token_ids(taken) == server.recorder.token_ids_of(request_id)[k - 1:k + 9]
+    numbered, last = first.events[:-1], first.events[-1]
+    assert positions(numbered, request_id) == list(range(1, len(numbered) + 1))
+    assert len(numbered) < k + 10  # it stopped receiving while the second read on
+    assert (last.event, last.id) == ("error", numbered[-1].id)  # no id of its own
+    assert json.loads(last.data)["error"]["type"] == "taken_over"
     assert deleted.status_code == 204
     finish = await server.wait_finished(request_id)
     assert finish.reason is FinishReason.CANCELLED

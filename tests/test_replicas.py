@@ -10,6 +10,7 @@ sharing one Redis through ``STREAMSCOPE_RESUME_STORE``.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -154,8 +155,6 @@ def parse(raw: bytes) -> list[ServerSentEvent]:
 
 
 def token_ids(events: list[ServerSentEvent]) -> list[int]:
-    import json
-
     return [json.loads(e.data)["id"] for e in events if e.event == "token"]
 
 
@@ -251,19 +250,21 @@ async def test_redis_log_keys_die_with_their_time_to_live(redis_url: str) -> Non
     assert await log.read_remote("s2", 0, wait_s=0.1) is None
 
 
-async def test_reader_lease_is_one_holder_at_a_time(redis_url: str) -> None:
+async def test_reader_lease_is_taken_over_by_the_newest_reader(redis_url: str) -> None:
     log = RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=0.5, follow_wait_s=0.1)
-    assert await log.claim_reader("s3", "t1")
-    assert not await log.claim_reader("s3", "t2")
+    await log.claim_reader("s3", "t1")
     assert await log.renew_reader("s3", "t1")
-    assert not await log.renew_reader("s3", "t2")
-    log.release_reader("s3", "t2")  # not its lease: nothing happens
+    await log.claim_reader("s3", "t2")  # a newer reader takes it over
+    assert not await log.renew_reader("s3", "t1")  # the old one finds it lost
+    assert await log.renew_reader("s3", "t2")
+    log.release_reader("s3", "t1")  # not its lease any more: nothing happens
     await log.flush()
     assert await log.reader_held("s3")
-    log.release_reader("s3", "t1")
+    log.release_reader("s3", "t2")
     await log.flush()
     assert not await log.reader_held("s3")
-    assert await log.claim_reader("s3", "t2")
+    assert not await log.renew_reader("s3", "t2")  # released: not taken again
+    await log.claim_reader("s3", "t3")
     with trio.fail_after(START_TIMEOUT_S):  # not renewed: it lapses
         while await log.reader_held("s3"):  # noqa: ASYNC110 (Redis's clock)
             await trio.sleep(0.05)
@@ -312,7 +313,13 @@ async def test_a_remote_reader_keeps_the_stream_past_the_grace_period(
     assert a.app.runtime.statistics()["resume_expiries"] == 0
 
 
-async def test_one_reader_across_replicas_and_delete_ends_it_everywhere(
+def taken_over(events: list[ServerSentEvent]) -> bool:
+    """Whether the body ended with the ``taken_over`` error event."""
+    return bool(events) and events[-1].event == "error" and \
+        json.loads(events[-1].data)["error"]["type"] == "taken_over"
+
+
+async def test_a_resume_on_the_owner_takes_over_a_remote_reader_and_delete_ends_it_everywhere(
     start_server: StartServer, redis_url: str,
 ) -> None:
     a, b = await two_replicas(start_server, redis_url)
@@ -322,24 +329,24 @@ async def test_one_reader_across_replicas_and_delete_ends_it_everywhere(
         "GET", f"/v1/stream/{request_id}", headers={"Last-Event-ID": f"{request_id}:2"}
     ) as remote:
         chunks = remote.aiter_bytes()  # kept: a dropped iterator closes the response
-        await chunks.__anext__()  # B follows the shared log now, holding the lease
-        busy_on_a = await get_resume(a.base_url, request_id, f"{request_id}:2")
-        busy_on_b = await get_resume(b.base_url, request_id, f"{request_id}:2")
-    # B's reader let go (its lease released, queued): A's own reader may attach again.
+        first = await chunks.__anext__()  # B follows the shared log now, holding the lease
+        async with a.client() as client_a, client_a.stream(
+            "GET", f"/v1/stream/{request_id}", headers={"Last-Event-ID": f"{request_id}:2"}
+        ) as local:
+            status_on_a = local.status_code
+            on_a = await read_events(local, 5)
+            with trio.fail_after(START_TIMEOUT_S):  # B finds its lease taken at a renewal
+                rest = first + b"".join([chunk async for chunk in chunks])
+            deleted = await client_a.delete(f"/v1/requests/{request_id}")
     store = redis.Redis.from_url(redis_url)
-    await a.wait_for(lambda: not store.exists(reader_key(request_id)), "the lease released")
-    async with a.client() as client, client.stream(
-        "GET", f"/v1/stream/{request_id}", headers={"Last-Event-ID": f"{request_id}:2"}
-    ) as local:
-        status_on_a = local.status_code
-        deleted = await client.delete(f"/v1/requests/{request_id}")
     await a.wait_for(lambda: not store.exists(events_key(request_id)), "the log deleted")
     gone_on_b = await get_resume(b.base_url, request_id, None)
     store.close()
 
-    assert (busy_on_a.status_code, busy_on_b.status_code) == (409, 409)
-    assert busy_on_a.json()["error"]["type"] == "stream_busy"
-    assert (status_on_a, deleted.status_code, gone_on_b.status_code) == (200, 204, 204)
+    assert status_on_a == 200
+    assert positions(on_a, request_id) == [3, 4, 5, 6, 7]
+    assert taken_over(parse(rest))
+    assert (deleted.status_code, gone_on_b.status_code) == (204, 204)
     assert (await a.wait_finished(request_id)).reason is FinishReason.CANCELLED
 
 
@@ -453,54 +460,83 @@ async def test_without_redis_the_owner_still_serves_and_others_answer_503(
 
 
 
-async def test_concurrent_resumes_on_other_replicas_get_one_reader(
+async def test_concurrent_resumes_on_other_replicas_leave_the_newest_reader(
     start_server: StartServer, redis_url: str,
 ) -> None:
-    """The lease is one atomic SET NX: of 4 simultaneous resumes, one reads, 3 get 409."""
+    """4 simultaneous resumes: each takes the lease over; the 3 that lost it find it
+    at their next renewal and end with ``taken_over``; the one left reads on, gap-free."""
     a, b = await two_replicas(start_server, redis_url)
     request_id, _ = await cut_after(a.host, a.port, lambda _: a, long_body(), 2)
     statuses: list[int] = []
-    all_in = trio.Event()
+    bodies: list[list[ServerSentEvent]] = []
+    three_ended = trio.Event()
 
     async def resume_once() -> None:
         async with b.client() as client, client.stream(
             "GET", f"/v1/stream/{request_id}", headers={"Last-Event-ID": f"{request_id}:2"}
         ) as response:
             statuses.append(response.status_code)
-            if len(statuses) == 4:
-                all_in.set()
-            await all_in.wait()  # the reader holds the lease until every answer is in
+            bodies.append(parse(b"".join([chunk async for chunk in response.aiter_bytes()])))
+        if sum(taken_over(body) for body in bodies) == 3:
+            three_ended.set()
 
-    async with trio.open_nursery() as nursery:
-        for _ in range(4):
-            nursery.start_soon(resume_once)
-    async with a.client() as client:
-        await client.delete(f"/v1/requests/{request_id}")
+    with trio.fail_after(START_TIMEOUT_S):
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(resume_once)
+            await three_ended.wait()
+            async with a.client() as client:
+                await client.delete(f"/v1/requests/{request_id}")
 
-    assert sorted(statuses) == [200, 409, 409, 409]
+    assert statuses == [200] * 4
+    newest = next(body for body in bodies if not taken_over(body))
+    assert positions(newest, request_id) == list(range(3, 3 + len(newest)))
+    assert token_ids(newest) == a.recorder.token_ids_of(request_id)[1:1 + len(newest)]
 
 
-async def test_a_reader_on_the_owner_holds_the_stream_against_other_replicas(
+async def read_events(response: httpx.Response, count: int) -> list[ServerSentEvent]:
+    """The first ``count`` events of a streamed response (iterating its body)."""
+    parser, events = SSEParser(), []
+    async for chunk in response.aiter_bytes():
+        events += parser.feed(chunk)
+        if len(events) >= count:
+            break
+    return events[:count]
+
+
+async def test_a_reader_on_another_replica_takes_over_a_silently_dead_one_on_the_owner(
     start_server: StartServer, redis_url: str,
 ) -> None:
+    """The owner's reader stops reading and never closes (no FIN, no RST): a resume on
+    B gets the stream at once; the owner's reader finds the lease taken at its next
+    renewal, gets no more events (its body ends with ``taken_over``), and lets go."""
     a, b = await two_replicas(start_server, redis_url)
     first = RawClient(a.host, a.port)
     await first.post("/v1/stream", {**long_body(), "resumable": True})
-    await first.read_tokens(2)
+    await first.read_tokens(2)  # from now on it reads nothing and stays open
     request_id = first.request_id()
+    k = len(first.events)
     store = redis.Redis.from_url(redis_url)
     await a.wait_for(lambda: bool(store.exists(reader_key(request_id))), "the lease set")
 
-    busy = await get_resume(b.base_url, request_id, f"{request_id}:2")
-    first.close_abort()
-    await a.wait_for(lambda: holding(a, request_id) is Holding.DETACHED, "detached")
-    async with b.client() as client, client.stream(
-        "GET", f"/v1/stream/{request_id}", headers={"Last-Event-ID": f"{request_id}:2"}
-    ) as remote:
-        status = remote.status_code
-        async with a.client() as other:
-            deleted = await other.delete(f"/v1/requests/{request_id}")
+    with trio.fail_after(2.0):  # at once, not after the dead connection times out
+        async with b.client() as client, client.stream(
+            "GET", f"/v1/stream/{request_id}", headers={"Last-Event-ID": f"{request_id}:{k}"}
+        ) as second:
+            status = second.status_code
+            taken = await read_events(second, 10) if status == 200 else []
+    await first.read_to_end()  # what A wrote to the first, all buffered
+    first.sock.close()
+    await a.wait_for(lambda: holding(a, request_id) is Holding.DETACHED, "the first let go")
+    async with a.client() as client:
+        deleted = await client.delete(f"/v1/requests/{request_id}")
     store.close()
 
-    assert (busy.status_code, status, deleted.status_code) == (409, 200, 204)
+    assert status == 200
+    assert positions(taken, request_id) == list(range(k + 1, k + 11))
+    assert token_ids(taken) == a.recorder.token_ids_of(request_id)[k - 1:k + 9]
+    numbered = first.events[:-1]
+    assert positions(numbered, request_id) == list(range(1, len(numbered) + 1))
+    assert taken_over(first.events)
+    assert deleted.status_code == 204
     assert (await a.wait_finished(request_id)).reason is FinishReason.CANCELLED

@@ -22,10 +22,10 @@ from streams import (
     MemoryEventLog,
     NothingToResume,
     Reader,
-    ReaderBusy,
     ResumeRegistry,
     StreamError,
     StreamItem,
+    TakenOver,
 )
 from tests.fakes import STEP_S, ScriptedEngine, open_hub, request
 
@@ -142,22 +142,47 @@ async def test_attach_within_the_grace_takes_over_with_no_gap_or_duplicate(
         assert registry.cancel("r")
 
 
-async def test_a_second_reader_is_refused_while_one_holds_the_stream(
+async def test_a_second_reader_takes_over_and_the_first_gets_no_more(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     engine = ScriptedEngine()
     async with open_registry(engine) as (hub, registry):
-        reader = adopt(hub, registry, "r", 1000)
+        reader = adopt(hub, registry, "r", 100)
         assert reader is not None
-        await read(reader, 2)
+        first = await read(reader, 3)
+        after_takeover: list[int] = []
+        taken_over = trio.Event()
 
-        with pytest.raises(ReaderBusy):
-            await registry.attach("r", 1)
-        with pytest.raises(BadPosition):
-            await registry.attach("r", 50)
-        assert registry.cancel("r")
-        with pytest.raises(trio.ClosedResourceError):
+        async def first_reads_on() -> None:  # it waits in a take when the second comes
+            with pytest.raises(TakenOver):
+                while True:
+                    event = await reader.receive()
+                    if taken_over.is_set():
+                        after_takeover.append(event.n)
+            taken_over.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first_reads_on)
+            await trio.sleep(10 * STEP_S)
+            with pytest.raises(BadPosition):
+                await registry.attach("r", 500)
+            second = await registry.attach("r", 3)
+            taken_over.set()
+            rest = await read(second)
+        with pytest.raises(TakenOver):
             await reader.receive()
+        reader.close()  # the first's connection ends: the second keeps the stream
+        assert registry.holding("r") is Holding.ATTACHED
+        second.close()
+
+        assert after_takeover == []
+        events = first + rest
+        assert [n for n, _ in events] == list(range(1, 103))
+        assert [data for _, data in events[1:-1]] == [
+            f"{n} token {n - 2}\n".encode() for n in range(2, 102)]
+        assert engine.cancelled == []
+        assert registry.statistics().resumes == 1
+        assert registry.cancel("r")
 
 
 async def test_detached_stream_past_the_byte_cap_ends_with_resume_log_full(

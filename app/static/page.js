@@ -4,10 +4,14 @@
 // on stream_url (GET /v1/stream/<id>, app/resumable.py). Every event's id is
 // "<id>:<n>". When the connection drops, EventSource reconnects by itself after the
 // server's `retry` (1 s) and sends Last-Event-ID: the server replays what was missed,
-// then follows live. A 409 (the server still holds the old connection) or a 204 ends an
+// then follows live, taking the stream over from the old connection even if the server
+// has not noticed yet that it died. A refusal (a 409 if the old connection's hand-over
+// took too long, a 503 while another replica's store is away) or a 204 ends an
 // EventSource for good, so the page opens a new one after REOPEN_MS with
 // ?last_event_id=, a few times at most. The final event (done or error) closes the
-// EventSource: left open, it would reconnect forever. Stop closes it and sends DELETE.
+// EventSource: left open, it would reconnect forever. An error event taken_over means
+// another reader (another tab) took the stream: the page stops, not to take it back.
+// Stop closes it and sends DELETE.
 //
 // API key: fetch sends it as Authorization: Bearer. EventSource cannot send headers,
 // so the page also puts the key in a cookie that the browser sends only to
@@ -15,7 +19,7 @@
 // GET /v1/stream/<id> only (app/auth.py).
 "use strict";
 
-const REOPEN_MS = 1000; // as the server's retry: a busy stream is let go within a second
+const REOPEN_MS = 1000; // as the server's retry
 const MAX_REOPENS = 5; // reopens with no event in between before the page gives up
 const KEY_COOKIE = "streamscope_key";
 
@@ -127,7 +131,9 @@ function connect(r) {
     if (event instanceof MessageEvent) {
       received(r, event);
       const error = JSON.parse(event.data).error;
-      finish(r, `error: ${error.type}: ${error.message}`);
+      finish(r, error.type === "taken_over"
+        ? "stopped: another reader (another tab?) took this stream over"
+        : `error: ${error.type}: ${error.message}`);
     } else if (source.readyState === EventSource.CONNECTING) {
       log(`connection lost after event ${r.lastId ? r.lastId.split(":").pop() : 0}; reconnecting`);
       setStatus("connection lost, reconnecting…");
