@@ -8,7 +8,9 @@ The wire contract (a browser page builds on it; keep it exactly):
   ``resumable`` nothing changes.
 * ``POST /v1/requests``, the same body: the request is created with no reader (the grace
   period runs until one attaches) and answered 201 ``{"id", "stream_url"}`` with
-  ``Location``; refusals as for ``/v1/stream``.
+  ``Location``; refusals as for ``/v1/stream``. With an API key set, ``stream_url``
+  carries the stream's read token (``?token=``, ``auth.stream_token``), which opens its
+  ``GET`` without the key (EventSource sends no headers).
 * ``GET /v1/stream/<request_id>`` with ``Last-Event-ID: <request_id>:<n>`` (or
   ``?last_event_id=``; the header wins; none means from the start): the events after n
   from the log, then live, each exactly once; the first line is ``retry: 1000`` (once).
@@ -59,6 +61,7 @@ from streams import (
     encode_event,
 )
 
+from .auth import STREAM_TOKEN_PARAM, stream_token
 from .connection import own_stream
 from .errors import ApiError, ErrorType
 from .lifespan import Runtime
@@ -249,6 +252,8 @@ def make_resumable_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
         stream = await runtime.open_stream(body.to_generation_request(), body.policy,
                                            owner=owner)
         url = resume_url(stream.request_id)
+        if settings.api_key is not None:
+            url += f"?{STREAM_TOKEN_PARAM}={stream_token(settings.api_key, stream.request_id)}"
         return json_response({"id": stream.request_id, "stream_url": url}, status=201,
                              headers={"Location": url, "X-Request-ID": stream.request_id})
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from typing import Any
 
 import httpx
@@ -95,6 +97,59 @@ async def test_refused_key_is_counted_as_401(keyed: RunningServer) -> None:
     async with keyed.client() as client:
         scrape = (await client.get("/metrics")).text
     assert 'streamscope_refusals_total{status="401",type="unauthorized"} 1.0' in scrape
+
+
+def read_token(request_id: str) -> str:
+    return hmac.new(KEY.encode(), request_id.encode(), hashlib.sha256).hexdigest()
+
+
+async def test_a_created_stream_url_carries_a_token_that_opens_only_that_stream(
+    keyed: RunningServer,
+) -> None:
+    """EventSource cannot send headers: the page reads a stream with the URL that
+    ``POST /v1/requests`` answered, whose token opens GET /v1/stream/<that id> only."""
+    bearer = {"Authorization": f"Bearer {KEY}"}
+    first = (await call(keyed, "POST", "/v1/requests", GENERATE, bearer)).json()
+    other = (await call(keyed, "POST", "/v1/requests", GENERATE, bearer)).json()
+    token = read_token(first["id"])
+
+    assert first["stream_url"] == f"/v1/stream/{first['id']}?token={token}"
+    read = await call(keyed, "GET", first["stream_url"], None, {})
+    assert read.status_code == 200
+    assert parse_sse(read.content)[-1].event == "done"
+    for method, path in [
+        ("GET", f"/v1/stream/{other['id']}?token={token}"),  # another stream
+        ("GET", f"/v1/stream/{first['id']}?token={token[:-1]}0"),  # wrong
+        ("GET", f"/v1/stream/{first['id']}?token="),
+        ("DELETE", f"/v1/requests/{first['id']}?token={token}"),
+        ("GET", f"/v1/requests/{first['id']}?token={token}"),
+        ("POST", f"/v1/stream?token={token}"),
+    ]:
+        response = await call(keyed, method, path, GENERATE if method == "POST" else None, {})
+        assert response.status_code == 401, (method, path)
+    assert (await call(keyed, "GET", other["stream_url"], None, {})).status_code == 200
+    # The page's reopen adds its position to the URL: the token still opens it.
+    resumed = await call(keyed, "GET", f"{first['stream_url']}&last_event_id={first['id']}:3",
+                         None, {})
+    assert parse_sse(resumed.content)[0].id == f"{first['id']}:4"
+
+
+async def test_the_api_key_cookie_opens_nothing(keyed: RunningServer) -> None:
+    """The master key never travels in a cookie (browsers send cookies to every port
+    of the host): the old ``streamscope_key`` cookie is not accepted anywhere."""
+    bearer = {"Authorization": f"Bearer {KEY}"}
+    request_id = (await call(keyed, "POST", "/v1/requests", GENERATE, bearer)).json()["id"]
+
+    response = await call(keyed, "GET", f"/v1/stream/{request_id}", None,
+                          {"Cookie": f"streamscope_key={KEY}"})
+
+    assert response.status_code == 401
+
+
+async def test_without_a_key_the_stream_url_has_no_token(server: RunningServer) -> None:
+    created = (await call(server, "POST", "/v1/requests", GENERATE, {})).json()
+
+    assert created["stream_url"] == f"/v1/stream/{created['id']}"
 
 
 def test_api_key_must_be_visible_ascii_and_is_never_echoed() -> None:

@@ -13,15 +13,13 @@
 // another reader (another tab) took the stream: the page stops, not to take it back.
 // Stop closes it and sends DELETE.
 //
-// API key: fetch sends it as Authorization: Bearer. EventSource cannot send headers,
-// so the page also puts the key in a cookie that the browser sends only to
-// /v1/stream/ on this origin (SameSite=Strict); the server accepts that cookie on
-// GET /v1/stream/<id> only (app/auth.py).
+// API key: fetch sends it as Authorization: Bearer. EventSource cannot send headers:
+// with a key set, the stream_url that POST /v1/requests answers carries a read token of
+// that one stream (?token=, app/auth.py), so the key itself is never in a URL or cookie.
 "use strict";
 
 const REOPEN_MS = 1000; // as the server's retry
 const MAX_REOPENS = 5; // reopens with no event in between before the page gives up
-const KEY_COOKIE = "streamscope_key";
 
 const $ = (id) => document.getElementById(id);
 let run = null; // the request in progress, or null
@@ -51,8 +49,6 @@ function requestBody() {
 
 function authHeaders() {
   const key = $("api-key").value.trim();
-  const cookie = `${KEY_COOKIE}=${encodeURIComponent(key)}; path=/v1/stream; SameSite=Strict`;
-  document.cookie = key ? cookie : `${cookie}; max-age=0`;
   return key ? { Authorization: `Bearer ${key}` } : {};
 }
 
@@ -98,7 +94,8 @@ function received(r, event) {
 }
 
 function connect(r) {
-  const query = r.lastId ? `?last_event_id=${encodeURIComponent(r.lastId)}` : "";
+  const sep = r.url.includes("?") ? "&" : "?"; // stream_url may carry ?token=
+  const query = r.lastId ? `${sep}last_event_id=${encodeURIComponent(r.lastId)}` : "";
   const source = new EventSource(r.url + query);
   r.source = source;
   source.addEventListener("open", () => {
