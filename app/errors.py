@@ -17,6 +17,7 @@ let an exception through, and ``api_error_for`` turns any exception into one.
     │   └── (the others)           ->  invalid_request       422
     ├── streams.HubError
     │   ├── WaitingLimitReached    ->  too_many_waiting      429  + Retry-After
+    │   ├── DeadlineUnmeetable     ->  deadline_unmeetable   429  + Retry-After, estimate_ms
     │   └── NotAccepting           ->  not_ready | shutdown | unavailable   503
     ├── werkzeug HTTPException     ->  not_found 404, method_not_allowed 405 (+ Allow),
     │                                  request_timeout 408, body_too_large 413, else bad_request
@@ -31,7 +32,7 @@ import enum
 import json
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import pydantic
 from quart import Quart, Response
@@ -62,6 +63,8 @@ class ErrorType(enum.StrEnum):
     REQUEST_TIMEOUT = "request_timeout"  # the body did not arrive in time
     BAD_REQUEST = "bad_request"  # any other malformed HTTP request
     TOO_MANY_WAITING = "too_many_waiting"  # MAX_WAITING streams wait for a first token
+    DEADLINE_UNMEETABLE = "deadline_unmeetable"  # the first token is estimated past deadline_ms
+    DEADLINE_MISSED = "deadline_missed"  # waited past deadline_ms, never run (SSE error)
     NOT_READY = "not_ready"  # the model is still loading
     SHUTDOWN = "shutdown"  # the server is stopping (also the SSE error of a cut stream)
     UNAVAILABLE = "unavailable"  # the engine failed; the server cannot serve
@@ -85,6 +88,8 @@ STATUS: dict[ErrorType, int] = {
     ErrorType.REQUEST_TIMEOUT: 408,
     ErrorType.BAD_REQUEST: 400,
     ErrorType.TOO_MANY_WAITING: 429,
+    ErrorType.DEADLINE_UNMEETABLE: 429,
+    ErrorType.DEADLINE_MISSED: 503,  # a whole answer's status; a stream's SSE error
     ErrorType.NOT_READY: 503,
     ErrorType.SHUTDOWN: 503,
     ErrorType.UNAVAILABLE: 503,
@@ -119,6 +124,8 @@ class ApiError(Exception):
         message: for a person.
         retry_after_s: sent as ``Retry-After`` (whole seconds, rounded up).
         allow: the methods a 405 sends in ``Allow``.
+        detail: more fields of the error object, after ``type`` and ``message``
+            (``deadline_unmeetable``: ``estimate_ms`` and ``deadline_left_ms``).
     """
 
     def __init__(
@@ -128,19 +135,21 @@ class ApiError(Exception):
         *,
         retry_after_s: float | None = None,
         allow: tuple[str, ...] = (),
+        detail: Mapping[str, object] | None = None,
     ) -> None:
         super().__init__(f"{type}: {message}")
         self.type = type
         self.message = message
         self.retry_after_s = retry_after_s
         self.allow = allow
+        self.detail = dict(detail or {})
 
     @property
     def status(self) -> int:
         return STATUS[self.type]
 
-    def envelope(self) -> dict[str, dict[str, str]]:
-        return {"error": {"type": self.type.value, "message": self.message}}
+    def envelope(self) -> dict[str, dict[str, object]]:
+        return {"error": {"type": self.type.value, "message": self.message, **self.detail}}
 
     def to_response(self) -> Response:
         response = Response(
@@ -168,6 +177,12 @@ def api_error_for(exc: BaseException) -> ApiError:
             return ApiError(ErrorType.INVALID_REQUEST, str(exc))
         case streams.WaitingLimitReached():
             return ApiError(ErrorType.TOO_MANY_WAITING, str(exc), retry_after_s=exc.retry_after_s)
+        case streams.DeadlineUnmeetable():
+            estimate = None if exc.estimate_ms is None else round(exc.estimate_ms, 1)
+            return ApiError(ErrorType.DEADLINE_UNMEETABLE, str(exc),
+                            retry_after_s=exc.retry_after_s,
+                            detail={"estimate_ms": estimate,
+                                    "deadline_left_ms": round(max(exc.left_ms, 0.0), 1)})
         case streams.NotAccepting():
             kind = _NOT_ACCEPTING_TYPES.get(exc.state, ErrorType.UNAVAILABLE)
             return ApiError(kind, str(exc))

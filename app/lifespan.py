@@ -430,7 +430,8 @@ def _hub_fields(hub: streams.Hub | None) -> dict[str, Any]:
     if stats is None:
         return {"hub_state": None, "streams_open": 0, "streams_waiting": 0,
                 "paused_streams": 0, "engine_requests": 0, "opened": 0, "closes": 0,
-                "refused_waiting": 0, "hub_steps": 0, "step_errors": 0, "last_error": None,
+                "refused_waiting": 0, "refused_deadline": 0, "deadline_misses": 0,
+                "hub_steps": 0, "step_errors": 0, "last_error": None,
                 "events_routed": 0, "events_dropped": 0, "slow_client_drops": 0}
     return {
         "hub_state": stats.state.value,
@@ -441,6 +442,8 @@ def _hub_fields(hub: streams.Hub | None) -> dict[str, Any]:
         "opened": stats.opened,
         "closes": stats.closes,
         "refused_waiting": stats.refused_waiting,
+        "refused_deadline": stats.refused_deadline,
+        "deadline_misses": stats.deadline_misses,
         "hub_steps": stats.steps,
         "step_errors": stats.step_errors,
         "last_error": stats.last_error,

@@ -231,9 +231,18 @@ _RESUME_COUNTERS = (
      "Resumable streams ended by DELETE /v1/requests/<id>."),
 )
 
+# (metric name, /stats key, help) for the hub's TTFT-deadline counters.
+_DEADLINE_COUNTERS = (
+    ("streamscope_deadline_refusals", "refused_deadline",
+     "Requests refused at arrival (429 deadline_unmeetable): the estimated first token "
+     "came after their TTFT deadline."),
+    ("streamscope_deadline_misses", "deadline_misses",
+     "Admitted requests let go unstarted at their TTFT deadline (error deadline_missed)."),
+)
+
 
 class RuntimeCollector(Collector):
-    """Gauges (and the hub's slow-client counter) read from ``/stats`` at scrape time."""
+    """Gauges (and the hub's counters) read from ``/stats`` at scrape time."""
 
     def __init__(self, statistics: Callable[[], Mapping[str, Any]]) -> None:
         self._statistics = statistics
@@ -253,6 +262,8 @@ class RuntimeCollector(Collector):
         yield CounterMetricFamily("streamscope_slow_client_drops",
                                   "Streams the slow-reader policy ended with slow_client.",
                                   value=stats.get("slow_client_drops") or 0)
+        for name, key, doc in _DEADLINE_COUNTERS:
+            yield CounterMetricFamily(name, doc, value=stats.get(key) or 0)
         for name, key, doc in _RESUME_COUNTERS:
             yield CounterMetricFamily(name, doc, value=stats.get(key) or 0)
 

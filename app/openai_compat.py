@@ -88,7 +88,7 @@ class OpenAIError(ApiError):
         if retry_after_s is None:
             retry_after_s = _DEFAULT_RETRY_AFTER_S.get(error.type)
         super().__init__(error.type, error.message, retry_after_s=retry_after_s,
-                         allow=error.allow)
+                         allow=error.allow, detail=error.detail)
         self.param = param
 
     @property
@@ -100,7 +100,7 @@ class OpenAIError(ApiError):
         kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500
                                  else "invalid_request_error")
         return {"error": {"message": self.message, "type": kind, "param": self.param,
-                          "code": self.type.value}}
+                          "code": self.type.value, **self.detail}}
 
     def to_response(self) -> Response:
         response = super().to_response()

@@ -30,7 +30,14 @@ from .openai_compat import (
 )
 from .openai_schemas import ChatBody, CompletionsBody, OpenAIBody
 from .schemas import RequestLimits
-from .serving import collect, json_response, open_owned_stream, read_body, sse_response
+from .serving import (
+    collect,
+    json_response,
+    open_owned_stream,
+    read_body,
+    sse_response,
+    ttft_deadline,
+)
 
 
 def make_openai_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
@@ -39,6 +46,9 @@ def make_openai_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     settings = runtime.settings
     limits = RequestLimits.from_settings(settings)
     models = ServedModels(settings.model, settings.model_name, created=int(time.time()))
+
+    def deadline_of(timer: RequestTimer, body: OpenAIBody) -> float | None:
+        return ttft_deadline(timer, body.deadline_ms, settings.ttft_deadline_ms)
 
     async def answer(
         timer: RequestTimer,
@@ -84,7 +94,8 @@ def make_openai_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
         timer = metrics.start_request()
         body = CompletionsBody.model_validate_json(await read_body(), context=limits)
         model = models.check(body.model)
-        generation = body.generation_request(body.prompt, limits)
+        generation = body.generation_request(body.prompt, limits,
+                                             ttft_deadline=deadline_of(timer, body))
         return await answer(timer, body, generation, model, COMPLETION)
 
     @bp.post("/v1/chat/completions")
@@ -100,7 +111,8 @@ def make_openai_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
         text, prompt_ids = await runtime.render_chat(
             body.template_input(), body.add_generation_prompt
         )
-        generation = body.generation_request(text, limits, prompt_ids)
+        generation = body.generation_request(text, limits, prompt_ids,
+                                             ttft_deadline=deadline_of(timer, body))
         return await answer(timer, body, generation, model, CHAT)
 
     async def refuse(exc: Exception) -> Response:

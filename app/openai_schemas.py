@@ -7,7 +7,8 @@ every check that needs no engine; the wire shapes of the answers are in
 * honoured: ``model``, ``max_tokens`` (chat also ``max_completion_tokens``, which wins),
   ``temperature``, ``top_p``, ``stop``, ``seed``, ``stream``,
   ``stream_options.include_usage``, and the extensions vLLM accepts ``ignore_eos`` and
-  ``top_k`` (``-1`` or ``0``: no cut); chat also ``messages`` and ``add_generation_prompt``;
+  ``top_k`` (``-1`` or ``0``: no cut), and streamscope's ``deadline_ms`` (a TTFT deadline,
+  as on ``/v1/stream``); chat also ``messages`` and ``add_generation_prompt``;
 * unsupported (``UNSUPPORTED``): accepted at their neutral value (``n: 1``,
   ``frequency_penalty: 0``, ``logit_bias: {}``, null, ...), refused otherwise with a 400
   whose ``param`` names the field. ``min_tokens`` is one: the engine has no minimum
@@ -30,7 +31,14 @@ from pydantic_core import PydanticCustomError
 
 from engine import GenerationRequest, SamplingParams
 
-from .schemas import MAX_SEED, MAX_STOP_STRINGS, MAX_TEMPERATURE, RequestLimits, StopString
+from .schemas import (
+    MAX_DEADLINE_MS,
+    MAX_SEED,
+    MAX_STOP_STRINGS,
+    MAX_TEMPERATURE,
+    RequestLimits,
+    StopString,
+)
 
 OPENAI_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for completions
 
@@ -104,6 +112,9 @@ class OpenAIBody(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None  # vLLM
     top_k: int | None = Field(default=None, ge=-1)  # vLLM: -1 (and 0) for no cut
+    # streamscope: a TTFT deadline, as on /v1/stream (429 deadline_unmeetable if missed)
+    deadline_ms: float | None = Field(default=None, gt=0.0, le=MAX_DEADLINE_MS,
+                                      allow_inf_nan=False)
     # Unsupported: see UNSUPPORTED; checked by _neutral.
     n: Any = None
     frequency_penalty: Any = None
@@ -130,9 +141,11 @@ class OpenAIBody(BaseModel):
         return self.max_tokens or OPENAI_DEFAULT_MAX_TOKENS
 
     def generation_request(
-        self, prompt: str, limits: RequestLimits, prompt_ids: tuple[int, ...] | None = None
+        self, prompt: str, limits: RequestLimits, prompt_ids: tuple[int, ...] | None = None,
+        ttft_deadline: float | None = None,
     ) -> GenerationRequest:
-        """The engine's request for ``prompt`` (and its ids, if already encoded)."""
+        """The engine's request for ``prompt`` (and its ids, if already encoded), due
+        its first token by ``ttft_deadline`` (see ``serving.ttft_deadline``)."""
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return GenerationRequest(
             request_id=uuid.uuid4().hex,
@@ -147,6 +160,7 @@ class OpenAIBody(BaseModel):
                 ignore_eos=bool(self.ignore_eos),
             ),
             prompt_token_ids=prompt_ids,
+            ttft_deadline=ttft_deadline,
         )
 
 

@@ -67,7 +67,7 @@ from .errors import ApiError, ErrorType
 from .lifespan import Runtime
 from .metrics import Metrics, RequestTimer
 from .schemas import RequestLimits, parse_generate_body
-from .serving import json_response, read_body, sse_response
+from .serving import json_response, read_body, sse_response, ttft_deadline
 from .sse_body import (
     KEEPALIVE_COMMENT,
     encode_json_event,
@@ -249,7 +249,8 @@ def make_resumable_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
         timer = metrics.start_request()
         body = parse_generate_body(await read_body(), limits)
         owner = ResumableOwner(runtime.resume_registry(), timer, attach=False)
-        stream = await runtime.open_stream(body.to_generation_request(), body.policy,
+        deadline = ttft_deadline(timer, body.deadline_ms, settings.ttft_deadline_ms)
+        stream = await runtime.open_stream(body.to_generation_request(deadline), body.policy,
                                            owner=owner)
         url = resume_url(stream.request_id)
         if settings.api_key is not None:

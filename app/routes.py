@@ -26,10 +26,17 @@ from quart import Blueprint, Response
 
 from .errors import ApiError, ErrorType
 from .lifespan import Phase, Runtime
-from .metrics import Metrics
+from .metrics import Metrics, RequestTimer
 from .resumable import open_resumable
 from .schemas import GenerateBody, RequestLimits, parse_generate_body
-from .serving import collect, json_response, open_owned_stream, read_body, sse_response
+from .serving import (
+    collect,
+    json_response,
+    open_owned_stream,
+    read_body,
+    sse_response,
+    ttft_deadline,
+)
 from .sse_body import EventStreamBody
 
 
@@ -47,6 +54,9 @@ def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
         """
         return parse_generate_body(await read_body(), limits)
 
+    def deadline_of(timer: RequestTimer, body: GenerateBody) -> float | None:
+        return ttft_deadline(timer, body.deadline_ms, settings.ttft_deadline_ms)
+
     @bp.post("/v1/stream")
     async def stream_tokens() -> Response:
         """Open a stream and answer it as ``text/event-stream`` (see ``sse_body.py``).
@@ -56,7 +66,7 @@ def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
         """
         timer = metrics.start_request()
         body = await read_generate_body()
-        generation = body.to_generation_request()
+        generation = body.to_generation_request(deadline_of(timer, body))
         if body.resumable:
             return await open_resumable(runtime, generation, body.policy, timer)
         stream = await open_owned_stream(runtime, generation, body.policy, timer)
@@ -80,7 +90,7 @@ def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
         if body.resumable:
             raise ApiError(ErrorType.INVALID_REQUEST,
                            "resumable applies to /v1/stream and /v1/requests only")
-        generation = body.to_generation_request()
+        generation = body.to_generation_request(deadline_of(timer, body))
         with await open_owned_stream(runtime, generation, body.policy, timer) as stream:
             text, token_ids, finish = await collect(stream, timer)
         answer = {

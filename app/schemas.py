@@ -30,6 +30,8 @@ MAX_STOP_CHARS = 64
 # value is a 422 with the field's name before anything reaches the engine.
 MAX_TEMPERATURE = 100.0
 MAX_SEED = 2**63 - 1
+# The longest TTFT deadline a request may give: ten minutes is already no deadline.
+MAX_DEADLINE_MS = 600_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +59,7 @@ StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 
 class GenerateBody(BaseModel):
     """``{"prompt", "max_new_tokens", "stop", "temperature", "top_p", "top_k", "seed",
-    "ignore_eos", "policy", "resumable"}``; only ``prompt`` is required.
+    "ignore_eos", "policy", "resumable", "deadline_ms"}``; only ``prompt`` is required.
 
     Validate with ``parse_generate_body`` (the limits are its context).
     """
@@ -74,6 +76,10 @@ class GenerateBody(BaseModel):
     ignore_eos: bool = False
     policy: PolicyName | None = None  # the slow-reader policy for this stream only
     resumable: bool = False  # /v1/stream: ids <request_id>:<n>, resumable (resumable.py)
+    # The first token is due this long after the request arrived, or it is refused
+    # (429 deadline_unmeetable) or let go (deadline_missed); None: the server's default.
+    deadline_ms: float | None = Field(default=None, gt=0.0, le=MAX_DEADLINE_MS,
+                                      allow_inf_nan=False)
 
     @field_validator("prompt")
     @classmethod
@@ -111,8 +117,9 @@ class GenerateBody(BaseModel):
             )
         return value
 
-    def to_generation_request(self) -> GenerationRequest:
-        """The engine's request, under a fresh id (which the client sees as ``id``)."""
+    def to_generation_request(self, ttft_deadline: float | None = None) -> GenerationRequest:
+        """The engine's request, under a fresh id (which the client sees as ``id``);
+        ``ttft_deadline``: see ``serving.ttft_deadline``."""
         assert self.max_new_tokens is not None  # the validator filled in the default
         return GenerationRequest(
             request_id=uuid.uuid4().hex,
@@ -126,6 +133,7 @@ class GenerateBody(BaseModel):
                 seed=self.seed,
                 ignore_eos=self.ignore_eos,
             ),
+            ttft_deadline=ttft_deadline,
         )
 
 

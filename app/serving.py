@@ -73,6 +73,22 @@ async def open_owned_stream(
     return await runtime.open_stream(generation, policy, owner=ConnectionOwner(timer))
 
 
+def ttft_deadline(
+    timer: RequestTimer, deadline_ms: float | None, default_ms: float | None
+) -> float | None:
+    """When the request's first token is due, in ``time.monotonic()`` seconds: its
+    ``deadline_ms`` (else the server's ``STREAMSCOPE_TTFT_DEADLINE_MS``) after its
+    arrival (the timer's start, when its head arrived), or None for no deadline.
+
+    The hub refuses it (429 ``deadline_unmeetable``, before any byte) if the engine's
+    estimate is later; once its stream has opened (``start`` sent), a deadline that
+    passes before its prefill began ends it with an ``error`` event ``deadline_missed``
+    (a whole answer: a 503 with that type).
+    """
+    chosen = default_ms if deadline_ms is None else deadline_ms
+    return None if chosen is None else timer.arrival + chosen / 1000
+
+
 def submitted(timer: RequestTimer, stream: TokenStream) -> None:
     """The engine accepted the request: start its timer's queue time; the connection
     closes the timer (``cancelled`` unless the stream ended) however the request ends."""

@@ -72,6 +72,12 @@ class Settings:
         "tokens that measured costs (calibrated at startup, then from every step) say fit "
         "beside its decode pass, within max_prefill_tokens; unset: max_prefill_tokens "
         "alone"), "shown": "(off)"})
+    ttft_deadline_ms: float | None = field(default=None, metadata={**_doc(
+        "a time-to-first-token deadline in milliseconds for requests that give no "
+        "`deadline_ms`: one whose first token the engine estimates later is refused at "
+        "once with 429 deadline_unmeetable (Retry-After, the estimate in the body); one "
+        "still waiting at its deadline ends with error deadline_missed; unset: none"),
+        "shown": "(off)"})
     max_waiting: int = field(default=256, metadata=_doc(
         "open streams still waiting for their first token; more are refused with 429"))
     queue_limit: int = field(default=32, metadata=_doc(
@@ -302,6 +308,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "resume_grace_s": _positive_seconds,
     "shutdown_grace_s": _positive_seconds,
     "max_step_ms": _positive_ms,
+    "ttft_deadline_ms": _positive_ms,
     "resume_store": _resume_store,
     "detect_disconnect": _boolean,
     "lab_routes": _boolean,
@@ -341,9 +348,10 @@ def _range_problems(s: Settings) -> list[str]:
             _model_name(s.model_name)
         except ValueError as exc:
             problems.append(f"{_env_name('model_name')}: {exc}")
-    if s.max_step_ms is not None and not _is_positive_seconds(s.max_step_ms):
-        problems.append(f"{_env_name('max_step_ms')} must be finite and > 0, "
-                        f"not {s.max_step_ms!r}")
+    for name in ("max_step_ms", "ttft_deadline_ms"):
+        value = getattr(s, name)
+        if value is not None and not _is_positive_seconds(value):
+            problems.append(f"{_env_name(name)} must be finite and > 0, not {value!r}")
     if s.api_key is not None and not _is_api_key(s.api_key):
         problems.append(f"{_env_name('api_key')} must be visible ASCII characters (no "
                         "spaces), at least one")

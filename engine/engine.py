@@ -7,7 +7,8 @@ or the cache happens inside ``step()``, which one caller runs repeatedly:
 
 1. apply the inbox: submits join the waiting queue, cancels finish a waiting
    sequence (never admitted) or a running one (blocks released), pauses and
-   resumes flip a flag; with ``on_prefill``, the finishes go out at once;
+   resumes flip a flag; a request past its ``ttft_deadline`` whose prefill has
+   not begun finishes with DEADLINE; with ``on_prefill``, the finishes go out at once;
 2. schedule: admit waiting sequences in arrival order while there are batch
    slots and blocks, and choose the admitted prompts to prefill, in arrival
    order, up to ``max_prefill_tokens`` prompt tokens (the rest next step);
@@ -250,8 +251,10 @@ class Engine:
 
         The step in flight ends first; then every prompt token queued ahead of this
         request and its own are prefilled, at most a step's prefill budget a step, each
-        step also decoding the sequences that decode now. A wait for a batch slot or
-        for blocks is not in it. Thread-safe: it reads the last step boundary's state.
+        step also decoding the sequences that decode now. If every batch slot is
+        taken, the decode steps until one frees are added (``_slot_wait_steps``); a
+        wait for blocks is not in it. Thread-safe: it reads the last step boundary's
+        state.
         """
         line = self.costs.prefill_line()
         decode = self.costs.decode_ms(self._decoding)
@@ -261,7 +264,21 @@ class Engine:
         ahead = self._to_prefill + self.scheduler.inbox_prompt_tokens() + prompt_tokens
         steps = -(-ahead // max(self.scheduler.prefill_budget(self._decoding), 1))
         in_flight = self._last_step_ms or 0.0
-        return in_flight + steps * (decode + fixed) + per_token * ahead
+        slot_wait = self._slot_wait_steps(self.scheduler.inbox_submits()) * decode
+        return in_flight + slot_wait + steps * (decode + fixed) + per_token * ahead
+
+    def _slot_wait_steps(self, inbox_submits: int) -> int:
+        """Decode steps until a batch slot frees for a request submitted now (0 if one is
+        free): the k-th soonest end among the running sequences, k its place in the
+        queue for slots, counting each as running to its max_new_tokens (an upper
+        bound: eos ends one sooner), plus a round of the longest for each full batch
+        queued ahead. Any thread: it reads the last step boundary's snapshot."""
+        left = self._steps_left
+        k = self._queued + inbox_submits + 1 - (self.scheduler.max_batch - len(left))
+        if k <= 0 or not left:
+            return 0
+        rounds, index = divmod(k - 1, len(left))
+        return left[index] + rounds * left[-1]
 
     # -- the step: only its one caller runs it --------------------------------
 
@@ -282,6 +299,7 @@ class Engine:
             events: list[EngineEvent] = []
             early = events.extend if on_prefill is None else partial(self._hand_over, on_prefill)
             early(self.scheduler.apply_inbox())
+            early(self.scheduler.expire_deadlines(time.monotonic()))
             plan = self.scheduler.schedule()
             early(self._prefill(plan.prefill))
             events += self._decode(plan.decode)
@@ -355,6 +373,9 @@ class Engine:
         scheduler = self.scheduler
         self._to_prefill = scheduler.prompt_tokens_to_prefill()  # for estimate_ttft_ms
         self._decoding = scheduler.num_decoding
+        self._queued = len(scheduler.waiting)  # for _slot_wait_steps
+        self._steps_left = sorted(s.request.max_new_tokens - len(s.generated_ids)
+                                  for s in scheduler.running.values())
         return EngineStatistics(
             blocks_total=self.allocator.num_blocks,
             blocks_free=self.allocator.num_free,

@@ -132,6 +132,8 @@ class Scheduler:
         with self._inbox_lock:
             if self._inbox:
                 return True
+        if any(_expired(s, time.monotonic()) for s in self.waiting):
+            return True  # the next step finishes it (expire_deadlines): once, no spin
         can_admit = bool(self.waiting) and (
             len(self.running) < self.max_batch
             and self.allocator.can_reserve(self.waiting[0].max_tokens)
@@ -142,6 +144,11 @@ class Scheduler:
         """Prompt tokens of the submits not applied yet (any thread)."""
         with self._inbox_lock:
             return self._inbox_prompt_tokens
+
+    def inbox_submits(self) -> int:
+        """Submits not applied yet (any thread)."""
+        with self._inbox_lock:
+            return sum(isinstance(wish, Sequence) for wish in self._inbox)
 
     # -- the step's phases: the stepping thread only ------------------------------
 
@@ -164,6 +171,14 @@ class Scheduler:
             else:
                 seq.is_paused = op is Op.PAUSE
         return events
+
+    def expire_deadlines(self, now: float) -> list[EngineEvent]:
+        """Finish with DEADLINE every sequence whose ``ttft_deadline`` (time.monotonic()
+        seconds) is before ``now`` and whose prefill has not begun: waiting ones (they
+        hold no blocks) and admitted ones no pass has touched (their blocks go back
+        through ``finish``). A sequence that has a token, or a cached chunk, runs on."""
+        expired = [s for s in (*self.waiting, *self.running.values()) if _expired(s, now)]
+        return [self.finish(s, FinishReason.DEADLINE) for s in expired]
 
     def schedule(self) -> StepPlan:
         """Admit what fits, then choose this step's decode rows and prompt chunks."""
@@ -289,3 +304,10 @@ class Scheduler:
             return text + tail, FinishReason.STOP
         text += tail + seq.stop_matcher.flush()
         return text, FinishReason.EOS if is_eos else FinishReason.LENGTH
+
+
+def _expired(seq: Sequence, now: float) -> bool:
+    """Whether ``seq`` is past its TTFT deadline with nothing of it computed yet."""
+    deadline = seq.request.ttft_deadline
+    return (deadline is not None and deadline < now
+            and not seq.generated_ids and seq.num_prefilled == 0)

@@ -20,6 +20,7 @@ class FinishReason(enum.Enum):
     STOP = "stop"  # a stop string appeared in the text (it is not emitted)
     CANCELLED = "cancelled"  # cancel() was applied at a step boundary
     ERROR = "error"  # the forward pass, sampling or detokenizing failed for this sequence
+    DEADLINE = "deadline"  # its ttft_deadline passed before its prefill began: never run
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,10 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     sampling: SamplingParams = field(default_factory=SamplingParams)
     prompt_token_ids: tuple[int, ...] | None = None
+    # When the first token is due, in time.monotonic() seconds (None: no deadline). A
+    # request still waiting then, its prefill not begun, is finished with DEADLINE at
+    # the next step boundary (``Scheduler.expire_deadlines``).
+    ttft_deadline: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ Quart, hypercorn or ``app``. Other packages import only from this package root.
 
 from __future__ import annotations
 
+from .errors import DeadlineUnmeetable as DeadlineUnmeetable
 from .errors import HubError as HubError
 from .errors import NotAccepting as NotAccepting
 from .errors import WaitingLimitReached as WaitingLimitReached
@@ -45,6 +46,7 @@ from .stream import TokenStream as TokenStream
 
 __all__ = [
     "BadPosition",
+    "DeadlineUnmeetable",
     "ErrorType",
     "EventLog",
     "Holding",

@@ -3,8 +3,10 @@
     HubError
     ├── NotAccepting            the hub is not running (not started, shutting down,
     │                           stopped, or failed); nothing was submitted
-    └── WaitingLimitReached     ``max_waiting`` streams already wait for their first
-                                token; nothing was submitted; ``retry_after_s`` is a hint
+    ├── WaitingLimitReached     ``max_waiting`` streams already wait for their first
+    │                           token; nothing was submitted; ``retry_after_s`` is a hint
+    └── DeadlineUnmeetable      the engine's estimate of the first token's time is past
+                                the request's ``ttft_deadline``; nothing was submitted
 
 ``open_stream`` also lets the engine's own ``engine.InvalidRequest`` (and its
 subclasses) through unchanged: the request can never be served as given.
@@ -36,3 +38,22 @@ class WaitingLimitReached(HubError):
         super().__init__(f"{max_waiting} streams are already waiting for their first token")
         self.max_waiting = max_waiting
         self.retry_after_s = retry_after_s
+
+
+class DeadlineUnmeetable(HubError):
+    """The first token would come after the request's deadline, by the engine's estimate.
+
+    ``estimate_ms``: the engine's estimate from now (None if its deadline had already
+    passed before an estimate was needed); ``left_ms``: the time left to the deadline;
+    ``retry_after_s``: how much the estimate overshoots it, a hint for a retry.
+    """
+
+    def __init__(self, estimate_ms: float | None, left_ms: float) -> None:
+        shown = "unknown" if estimate_ms is None else f"{estimate_ms:.0f} ms"
+        super().__init__(
+            f"the first token is estimated in {shown}, over the {max(left_ms, 0):.0f} ms "
+            "left to the request's deadline"
+        )
+        self.estimate_ms = estimate_ms
+        self.left_ms = left_ms
+        self.retry_after_s = max((estimate_ms or 0.0) - left_ms, 0.0) / 1000

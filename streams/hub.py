@@ -29,7 +29,14 @@ holds none of the hub's requests, then ``run`` returns: the cache is whole.
 The loop sleeps on ``_wake`` while ``engine.has_work()`` is False; after a step that
 produced no event (waiting requests that cannot be admitted while paused sequences
 hold the batch) it sleeps too, for at most ``EMPTY_STEP_BACKOFF_S``. Whatever can
-give it work (open_stream, close, resume, a drop, shutdown) wakes it.
+give it work (open_stream, close, resume, a drop, shutdown) wakes it, and so does the
+next TTFT deadline of a request in the engine (one still waiting then is let go).
+
+Deadlines. A request with a ``ttft_deadline`` is refused at ``open_stream`` when the
+engine's estimate of its first token is later (``DeadlineUnmeetable``: before anything
+opens, without waiting for a step). One admitted but still unstarted at its deadline is
+let go by the engine (FinishReason.DEADLINE); its stream ends with StreamError
+``deadline_missed``. ``refused_deadline`` and ``deadline_misses`` count both.
 
 Invariants:
 - ``engine.submit``, ``cancel``, ``pause`` and ``resume`` are only wishes; the engine
@@ -52,13 +59,20 @@ the hub refuses new streams (FAILED, ``last_error``) and ``run`` re-raises it.
 from __future__ import annotations
 
 import math
+import time
 from collections import OrderedDict
 
 import trio
 
-from engine import DuplicateRequestId, EngineEvent, FinishEvent, GenerationRequest
+from engine import (
+    DuplicateRequestId,
+    EngineEvent,
+    FinishEvent,
+    FinishReason,
+    GenerationRequest,
+)
 
-from .errors import NotAccepting, WaitingLimitReached
+from .errors import DeadlineUnmeetable, NotAccepting, WaitingLimitReached
 from .hub_types import HubSettings, HubState, HubStatistics, RunStep, StepEngine
 from .policy import Policy, PolicyName
 from .stream import ErrorType, StreamEnd, StreamError, StreamState, TokenStream
@@ -67,6 +81,10 @@ from .stream import ErrorType, StreamEnd, StreamError, StreamState, TokenStream
 # sequences keep out), step again when woken or after this long: about one decode step on
 # the reference chapter's machine, so at most about one wasted step per step time.
 EMPTY_STEP_BACKOFF_S = 0.01
+
+# After a TTFT deadline, how long an idle step loop waits before it looks again: the
+# deadline is strict (``<``), and a timer may fire a hair early.
+DEADLINE_MARGIN_S = 0.001
 
 # How many engine finishes ``finished()`` remembers: enough for the reference
 # chapter's 300-stream leak test and for looking up a request a client just ran.
@@ -106,9 +124,11 @@ class Hub:
         self._last_error: str | None = None
         self._step_events = 0  # events routed during the step in flight, prefills included
         self._opened = self._closes = self._refused_waiting = 0
+        self._refused_deadline = self._deadline_misses = 0
         self._steps = self._step_errors = self._slow_client_drops = 0
         self._events_routed = self._events_dropped = 0
         self._recent_finishes: OrderedDict[str, FinishEvent] = OrderedDict()
+        self._deadlines: dict[str, float] = {}  # in the engine, with a ttft_deadline
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -192,6 +212,11 @@ class Hub:
         Raises:
             NotAccepting: the hub is not RUNNING.
             WaitingLimitReached: ``max_waiting`` streams wait for their first token.
+            DeadlineUnmeetable: the request has a ``ttft_deadline`` and the engine's
+                estimate (``estimate_ttft_ms`` of its ``prompt_token_ids``, which it
+                should carry) says the first token comes after it. No estimate yet:
+                admitted. Past the deadline, the engine lets it go unless its prefill
+                has begun (FinishReason.DEADLINE, StreamError ``deadline_missed``).
             engine.InvalidRequest: the engine refused the request (including
                 ``DuplicateRequestId``, also for an id still registered here).
             In every case nothing was submitted or registered.
@@ -203,6 +228,8 @@ class Hub:
             raise WaitingLimitReached(
                 self.settings.max_waiting, self.settings.waiting_retry_after_s
             )
+        if request.ttft_deadline is not None:
+            self._check_deadline(request, request.ttft_deadline)
         request_id = request.request_id
         if request_id in self._streams or request_id in self._in_engine:
             raise DuplicateRequestId(f"request id {request_id!r} is in use")
@@ -211,6 +238,8 @@ class Hub:
         stream = TokenStream(request_id, prompt_tokens, chosen, self._owner)
         self._streams[request_id] = stream
         self._in_engine.add(request_id)
+        if request.ttft_deadline is not None:
+            self._deadlines[request_id] = request.ttft_deadline
         self._opened += 1
         self._wake.set()
         return stream
@@ -234,6 +263,8 @@ class Hub:
             opened=self._opened,
             closes=self._closes,
             refused_waiting=self._refused_waiting,
+            refused_deadline=self._refused_deadline,
+            deadline_misses=self._deadline_misses,
             steps=self._steps,
             step_errors=self._step_errors,
             last_error=self._last_error,
@@ -253,7 +284,8 @@ class Hub:
         while self._state is HubState.RUNNING or self._in_engine:
             has_work = self._engine.has_work()
             if idle or not has_work:
-                with trio.move_on_after(EMPTY_STEP_BACKOFF_S if has_work else math.inf):
+                wait_s = EMPTY_STEP_BACKOFF_S if has_work else self._until_next_deadline()
+                with trio.move_on_after(wait_s):
                     await self._wake.wait()
                 if self._wake.is_set():
                     self._wake = trio.Event()
@@ -290,7 +322,10 @@ class Hub:
         for event in events:
             if isinstance(event, FinishEvent):
                 self._in_engine.discard(event.request_id)
+                self._deadlines.pop(event.request_id, None)
                 self._remember(event)
+                if event.reason is FinishReason.DEADLINE:
+                    self._deadline_misses += 1
             stream = self._streams.get(event.request_id)
             if stream is not None and stream._deliver(event):
                 self._events_routed += 1
@@ -331,6 +366,23 @@ class Hub:
     def _policy(self, name: PolicyName) -> Policy:
         s = self.settings
         return Policy(name, queue_limit=s.queue_limit, stall_timeout_s=s.stall_timeout_s)
+
+    def _check_deadline(self, request: GenerationRequest, deadline: float) -> None:
+        """Raise DeadlineUnmeetable if the first token cannot come by ``deadline``
+        (time.monotonic() seconds). Sync: it reads the engine's last step boundary."""
+        left_ms = (deadline - time.monotonic()) * 1000
+        ids = request.prompt_token_ids
+        estimate = None if left_ms <= 0 else self._engine.estimate_ttft_ms(len(ids or ()))
+        if left_ms <= 0 or (estimate is not None and estimate > left_ms):
+            self._refused_deadline += 1
+            raise DeadlineUnmeetable(estimate, left_ms)
+
+    def _until_next_deadline(self) -> float:
+        """Seconds to the next TTFT deadline still ahead (inf: none), so that an idle loop
+        steps then: a request still waiting at its deadline makes has_work() True."""
+        now = time.monotonic()
+        ahead = [d for d in self._deadlines.values() if d > now]
+        return min(ahead) - now + DEADLINE_MARGIN_S if ahead else math.inf
 
     def _num_waiting(self) -> int:
         return sum(s.state is StreamState.WAITING for s in self._streams.values())

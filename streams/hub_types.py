@@ -40,6 +40,10 @@ class StepEngine(Protocol):
     def step(self, on_prefill: OnPrefill | None = None) -> list[EngineEvent]: ...
     def has_work(self) -> bool: ...
     def statistics(self) -> EngineStatistics: ...
+    def estimate_ttft_ms(self, prompt_tokens: int) -> float | None:
+        """ms until a request of ``prompt_tokens`` submitted now gets its first token,
+        or None before the engine measured anything. Thread-safe; never waits a step."""
+        ...
 
 
 class HubState(enum.Enum):
@@ -80,6 +84,8 @@ class HubStatistics:
     opened: int
     closes: int  # close() calls that did work (one per stream)
     refused_waiting: int  # open_stream refusals by max_waiting
+    refused_deadline: int  # open_stream refusals: the estimate missed the TTFT deadline
+    deadline_misses: int  # streams the engine let go at their TTFT deadline, never run
     steps: int
     step_errors: int  # steps that raised (the hub stops at the first)
     last_error: str | None  # repr of the exception a step raised

@@ -24,7 +24,8 @@ Every way a stream ends (``StreamEnd``, recorded once, at the first of these):
                  (the client disconnected) or it gave up; the engine is asked to cancel
     ERROR        the hub queued StreamError slow_client (the policy dropped a stalled
                  reader) or engine_error (a step failed, or the engine failed this
-                 sequence); the engine is asked to cancel where it still holds it
+                 sequence), or the engine let the request go at its TTFT deadline
+                 (deadline_missed); the engine is asked to cancel where it still holds it
     SHUTDOWN     the hub queued StreamError shutdown: the grace period of shutdown()
                  ran out, or the hub's own task was cancelled
 
@@ -84,6 +85,7 @@ class ErrorType(enum.StrEnum):
     ENGINE_ERROR = "engine_error"  # a step failed, or the engine failed this sequence
     SHUTDOWN = "shutdown"  # the server stopped before the stream finished
     RESUME_LOG_FULL = "resume_log_full"  # detached, its log would pass the server's byte cap
+    DEADLINE_MISSED = "deadline_missed"  # its TTFT deadline passed before its prefill began
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +260,10 @@ class TokenStream:
         elif event.reason is FinishReason.ERROR:  # the engine already released it
             message = event.error or "the engine failed this request"
             self._items.append(StreamError(ErrorType.ENGINE_ERROR, message))
+            self._mark_ended(StreamEnd.ERROR)
+        elif event.reason is FinishReason.DEADLINE:  # never ran: the engine holds nothing
+            message = "the first token could not come before the request's deadline"
+            self._items.append(StreamError(ErrorType.DEADLINE_MISSED, message))
             self._mark_ended(StreamEnd.ERROR)
         else:
             self._items.append(event)

@@ -135,6 +135,9 @@ class ScriptedEngine:
         )
         return can_admit or any(not seq.is_paused for seq in self._running.values())
 
+    def estimate_ttft_ms(self, prompt_tokens: int) -> float | None:
+        return None  # nothing measured: a deadline never refuses here
+
     def step(self, on_prefill: OnPrefill | None = None) -> list[EngineEvent]:
         with self._lock:
             if self._in_step:

@@ -99,6 +99,9 @@ class RecordingEngine:
     def has_work(self) -> bool:
         return self._engine.has_work()
 
+    def estimate_ttft_ms(self, prompt_tokens: int) -> float | None:
+        return self._engine.estimate_ttft_ms(prompt_tokens)
+
     def tokenize(self, prompt: str) -> list[int]:
         return self._engine.tokenize(prompt)
 

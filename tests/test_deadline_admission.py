@@ -1,0 +1,243 @@
+"""Deadline-aware admission: a TTFT deadline refused at once if unmeetable, let go if missed.
+
+Over real HTTP (a tiny GPT-2): the engine's steps are held (``RecordingEngine.hold``) so
+that load queues and time passes while nothing runs; a refusal that comes back while the
+step is still held did not wait for one. The deadline lives in ``time.monotonic()`` (the
+engine's clock, not Trio's), so the waits here are real, tens of milliseconds. The
+scheduler's part runs on the scripted runner, with ``now`` given.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from typing import Any
+
+import httpx
+import pydantic
+import pytest
+import trio
+
+from app.schemas import RequestLimits, parse_generate_body
+from app.settings import Settings, SettingsError
+from engine import FinishEvent, FinishReason, GenerationRequest
+from streams import ServerSentEvent
+from tests.http_clients import parse_sse, stream_body
+from tests.http_server import RunningServer, StartServer
+from tests.scripted_runner import scripted_engine
+from tests.test_app_metrics import scrape, value
+
+LOADS = 3  # streams queued ahead of the probe while the step is held
+DEADLINE_S = 0.03  # short enough to pass while the step is held
+LOAD_PROMPT = "one two three four five six seven eight nine ten " * 6
+
+
+async def open_load(server: RunningServer, nursery: trio.Nursery) -> None:
+    """Hold the engine's next step and queue LOADS streams behind it (each opened)."""
+
+    async def one() -> None:
+        async with server.client() as client:
+            response = await client.post(
+                "/v1/stream", json=stream_body(LOAD_PROMPT, max_new_tokens=4, ignore_eos=True))
+        assert parse_sse(response.content)[-1].event == "done"
+
+    opened = server.hub.statistics().opened + LOADS
+    server.recorder.hold()
+    for _ in range(LOADS):
+        nursery.start_soon(one)
+    await server.wait_for(lambda: server.hub.statistics().opened == opened, "the load to open")
+
+
+async def warm_up(server: RunningServer) -> None:
+    """One request, so the engine has measured a prefill and a decode step."""
+    async with server.client() as client:
+        response = await client.post("/v1/generate", json=stream_body(max_new_tokens=2))
+    assert response.status_code == 200
+
+
+async def test_an_unmeetable_deadline_is_refused_with_429_before_any_step(
+    server: RunningServer,
+) -> None:
+    await warm_up(server)
+    probe = "The capital of France is"
+    async with trio.open_nursery() as nursery:
+        await open_load(server, nursery)
+        estimate = server.recorder.estimate_ttft_ms(len(server.recorder.tokenize(probe)))
+        assert estimate is not None
+        deadline_ms = estimate / 2
+        steps = server.hub.statistics().steps
+        async with server.client() as client:
+            started = time.perf_counter()
+            response = await client.post("/v1/stream", json=stream_body(
+                probe, deadline_ms=deadline_ms))
+            elapsed_ms = (time.perf_counter() - started) * 1000
+        steps_during = server.hub.statistics().steps - steps  # the held step never ended
+        server.recorder.release()
+    assert response.status_code == 429, response.text
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert error["type"] == "deadline_unmeetable"
+    assert error["estimate_ms"] >= round(estimate, 1) - 0.05  # the load's, or more
+    assert 0 <= error["deadline_left_ms"] <= deadline_ms
+    shown = re.search(r"estimated in (\d+) ms", error["message"])
+    assert shown is not None and abs(int(shown[1]) - error["estimate_ms"]) <= 1
+    assert int(response.headers["Retry-After"]) >= 1
+    assert elapsed_ms < 1000, elapsed_ms  # a safety net: the held step proves it
+    assert steps_during == 0  # it was answered while the step was held
+    stats = server.hub.statistics()
+    assert (stats.refused_deadline, stats.opened) == (1, 1 + LOADS)
+    samples = await scrape(server)
+    assert value(samples, "streamscope_deadline_refusals_total") == 1
+    assert value(samples, "streamscope_refusals_total",
+                 status="429", type="deadline_unmeetable") == 1
+
+
+async def test_a_meetable_deadline_is_admitted_under_the_same_load(
+    server: RunningServer,
+) -> None:
+    await warm_up(server)
+    async with trio.open_nursery() as nursery:
+        await open_load(server, nursery)
+        async with server.client() as client, client.stream(
+            "POST", "/v1/stream", json=stream_body(max_new_tokens=3, deadline_ms=60_000)
+        ) as response:
+            assert response.status_code == 200
+            server.recorder.release()
+            events = parse_sse(await response.aread())
+    assert [e.event for e in events] == ["start", "token", "token", "token", "done"]
+    assert server.hub.statistics().refused_deadline == 0
+
+
+async def read_stream_past_deadline(
+    server: RunningServer, body: dict[str, Any]
+) -> tuple[httpx.Response, list[ServerSentEvent]]:
+    """POST /v1/stream with the step held; once its start event came, let the deadline
+    pass, release the step, and read to the end."""
+    server.recorder.hold()
+    async with server.client() as client, client.stream("POST", "/v1/stream", json=body) as r:
+        raw, chunks = b"", r.aiter_raw()
+        async for chunk in chunks:
+            raw += chunk
+            if b"event: start" in raw:
+                break
+        await trio.sleep(DEADLINE_S * 2)  # real time: the engine's clock is monotonic
+        server.recorder.release()
+        async for chunk in chunks:
+            raw += chunk
+    return r, parse_sse(raw)
+
+
+async def test_a_request_waiting_past_its_deadline_ends_with_a_deadline_missed_event(
+    start_server: StartServer,
+) -> None:
+    # The server's default deadline; fresh, so no estimate yet: admitted.
+    server = await start_server(ttft_deadline_ms=DEADLINE_S * 1000)
+    response, events = await read_stream_past_deadline(server, stream_body(max_new_tokens=4))
+    assert response.status_code == 200
+    assert [e.event for e in events] == ["start", "error"]
+    error = json.loads(events[-1].data)["error"]
+    assert error["type"] == "deadline_missed"
+    request_id = response.headers["X-Request-ID"]
+    finish = await server.wait_finished(request_id)
+    assert (finish.reason, finish.completion_tokens) == (FinishReason.DEADLINE, 0)
+    assert request_id not in server.recorder.admitted()
+    stats = server.hub.statistics()
+    assert (stats.deadline_misses, stats.refused_deadline) == (1, 0)
+    engine = server.recorder.statistics()
+    assert (engine.blocks_free, engine.running, engine.waiting) == (engine.blocks_total, 0, 0)
+    samples = await scrape(server)
+    assert value(samples, "streamscope_deadline_misses_total") == 1
+    assert value(samples, "streamscope_requests_finished_total",
+                 finish_reason="deadline_missed") == 1
+
+
+async def test_a_whole_answer_past_its_deadline_is_a_503_deadline_missed(
+    server: RunningServer,
+) -> None:
+    server.recorder.hold()
+    async with server.client() as client, trio.open_nursery() as nursery:
+        answers: list[httpx.Response] = []
+
+        async def post() -> None:
+            answers.append(await client.post(
+                "/v1/generate", json=stream_body(deadline_ms=DEADLINE_S * 1000)))
+
+        nursery.start_soon(post)
+        await server.wait_for(lambda: server.hub.statistics().opened == 1, "the stream")
+        await trio.sleep(DEADLINE_S * 2)
+        server.recorder.release()
+    assert answers[0].status_code == 503
+    assert answers[0].json()["error"]["type"] == "deadline_missed"
+
+
+def test_the_scheduler_lets_a_waiting_request_go_at_its_deadline_without_spinning() -> None:
+    engine = scripted_engine(max_batch=1)
+    engine.submit(GenerationRequest("a", "abcd", max_new_tokens=20))
+    engine.step()  # "a" holds the only batch slot
+    engine.pause("a")
+    deadline = time.monotonic() + 60
+    engine.submit(GenerationRequest("b", "abcd", ttft_deadline=deadline))
+    engine.step()  # "b" waits for the slot
+    assert not engine.has_work()  # "a" paused, "b" cannot be admitted: nothing to do
+    assert engine.scheduler.expire_deadlines(deadline) == []  # due, not past
+    [finish] = engine.scheduler.expire_deadlines(deadline + 0.001)
+    assert isinstance(finish, FinishEvent)
+    assert (finish.request_id, finish.reason, finish.completion_tokens) == (
+        "b", FinishReason.DEADLINE, 0)
+    assert not engine.scheduler.waiting and not engine.has_work()  # gone: no spin
+    engine.cancel("a")
+    engine.step()
+    assert engine.allocator.num_free == engine.allocator.num_blocks
+
+
+def test_has_work_wakes_for_an_expired_waiting_request_and_one_step_ends_it() -> None:
+    engine = scripted_engine(max_batch=1)
+    engine.submit(GenerationRequest("a", "abcd", max_new_tokens=20))
+    engine.step()
+    engine.pause("a")
+    engine.submit(GenerationRequest("b", "abcd", ttft_deadline=time.monotonic() + 0.01))
+    engine.step()
+    assert not engine.has_work()
+    time.sleep(0.02)  # the scheduler reads time.monotonic(): 20 ms of real time
+    assert engine.has_work()
+    events = engine.step()
+    assert [(e.request_id, e.reason) for e in events if isinstance(e, FinishEvent)] == [
+        ("b", FinishReason.DEADLINE)]
+    assert not engine.has_work()
+    engine.cancel("a")
+    engine.step()
+
+
+def test_a_request_whose_prefill_began_is_not_let_go() -> None:
+    engine = scripted_engine()
+    engine.submit(GenerationRequest("a", "abcd", max_new_tokens=3,
+                                    ttft_deadline=time.monotonic() + 60))
+    engine.step()  # prefilled: its first token came
+    assert engine.scheduler.expire_deadlines(math.inf) == []
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "nan", "inf", "soon"])
+def test_a_bad_default_deadline_fails_at_startup(raw: str) -> None:
+    expected = re.escape(f"STREAMSCOPE_TTFT_DEADLINE_MS={raw!r}: expected a")
+    with pytest.raises(SettingsError, match=expected):
+        Settings.from_env({"STREAMSCOPE_TTFT_DEADLINE_MS": raw})
+
+
+def test_the_default_deadline_is_read_in_milliseconds() -> None:
+    assert Settings.from_env({}).ttft_deadline_ms is None
+    assert Settings.from_env({"STREAMSCOPE_TTFT_DEADLINE_MS": "250"}).ttft_deadline_ms == 250.0
+    with pytest.raises(SettingsError, match="STREAMSCOPE_TTFT_DEADLINE_MS"):
+        Settings(ttft_deadline_ms=0.0)
+
+
+@pytest.mark.parametrize("deadline", [0, -1, "100", 600_001, True])
+def test_a_bad_deadline_ms_in_the_body_is_invalid(deadline: object) -> None:
+    limits = RequestLimits.from_settings(Settings())
+    raw = json.dumps({"prompt": "hi", "deadline_ms": deadline}).encode()
+    with pytest.raises(pydantic.ValidationError) as caught:
+        parse_generate_body(raw, limits)
+    [problem] = caught.value.errors()
+    assert problem["loc"] == ("deadline_ms",)
+    assert problem["type"] != "extra_forbidden"  # a known field, out of range or mistyped
