@@ -70,6 +70,12 @@ STOP_MARGIN_S = 10.0
 # The Retry-After of a refusal while the server drains or stops: a load balancer sends
 # the retry to another replica at once; a lone server is gone or restarting by then.
 SHUTDOWN_RETRY_AFTER_S = 1.0
+# The Retry-After of a refusal while the model loads: a replica that has just (re)started
+# answers before it can serve; a client that retries, through the balancer, gets another.
+LOADING_RETRY_AFTER_S = 1.0
+# /ready asks the shared resume store (Redis) for an answer this long at most: a health
+# check (HAProxy's, every second) must not hang on a store that does not answer.
+STORE_CHECK_TIMEOUT_S = 0.5
 
 # Prompts encoded at once, each in a worker thread. The engine encodes with one tokenizer
 # copy under one lock, so a second thread would only wait there, uncancellably; queued
@@ -189,6 +195,8 @@ class Runtime:
         was = self.phase
         if was in (Phase.NEW, Phase.LOADING, Phase.READY):
             self.phase = Phase.DRAINING
+        if self.resumption is not None:
+            self.resumption.drain()  # remote readers end now: their clients resume elsewhere
         if was is Phase.READY and self.hub is not None and self._nursery is not None:
             self.hub.drain()
             self._hub_draining = True
@@ -313,7 +321,27 @@ class Runtime:
             message = f"{message}: {self.failure}"
         if error_type is ErrorType.SHUTDOWN:
             return ApiError(error_type, message, retry_after_s=SHUTDOWN_RETRY_AFTER_S)
+        if error_type is ErrorType.NOT_READY:
+            return ApiError(error_type, message, retry_after_s=LOADING_RETRY_AFTER_S)
         return ApiError(error_type, message)
+
+    async def store_refusal(self) -> ApiError | None:
+        """With ``STREAMSCOPE_RESUME_STORE``: 503 ``unavailable`` when the store does not
+        answer within ``STORE_CHECK_TIMEOUT_S`` (``/ready``: a balancer takes this
+        replica out, for a resume of another replica's stream would fail here); None
+        when it answers or there is none.
+
+        Cancellation: the answer is not waited for (the ask is abandoned to its thread).
+        """
+        if self.resumption is None:
+            await trio.lowlevel.checkpoint()
+            return None
+        with trio.move_on_after(STORE_CHECK_TIMEOUT_S):
+            if await self.resumption.store_answers():
+                return None
+        return ApiError(ErrorType.UNAVAILABLE, "the shared resume store "
+                        "(STREAMSCOPE_RESUME_STORE) does not answer",
+                        retry_after_s=LOADING_RETRY_AFTER_S)
 
     def finished(self, request_id: str) -> engine.FinishEvent | None:
         """How the engine let ``request_id`` go (``Hub.finished``), or None: unknown, not

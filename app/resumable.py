@@ -18,7 +18,8 @@ The wire contract (a browser page builds on it; keep it exactly):
   reconnecting on a 204). 400 ``bad_request`` for an id of another stream; 422
   ``invalid_request`` for a malformed one or an n the stream has not reached; 503
   ``unavailable`` (Retry-After) when the stream is another replica's and the shared log
-  does not answer. One reader at a time, the newest: a GET while another reader holds
+  does not answer, or (503 ``shutdown``) when it is another replica's and this one is
+  draining. One reader at a time, the newest: a GET while another reader holds
   the stream takes it over (the server cannot tell a silently dead connection from a
   live one); the old reader gets no more events, and its body ends with one ``error``
   event ``taken_over`` without an id (not part of the stream: an EventSource keeps its
@@ -48,6 +49,7 @@ from quart.wrappers.response import ResponseBody
 from engine import GenerationRequest
 from streams import (
     BadPosition,
+    Draining,
     NothingToResume,
     PolicyName,
     Reader,
@@ -64,7 +66,7 @@ from streams import (
 from .auth import STREAM_TOKEN_PARAM, stream_token
 from .connection import own_stream
 from .errors import ApiError, ErrorType
-from .lifespan import Runtime
+from .lifespan import SHUTDOWN_RETRY_AFTER_S, Runtime
 from .metrics import Metrics, RequestTimer
 from .schemas import RequestLimits, parse_generate_body
 from .serving import json_response, read_body, sse_response, ttft_deadline
@@ -281,6 +283,9 @@ def make_resumable_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
         except StoreUnavailable:
             raise ApiError(ErrorType.UNAVAILABLE, "the shared stream log does not answer; "
                            "try again", retry_after_s=RETRY_MS / 1000) from None
+        except Draining:
+            raise ApiError(ErrorType.SHUTDOWN, "this replica is stopping: resume the stream "
+                           "on another", retry_after_s=SHUTDOWN_RETRY_AFTER_S) from None
         own_stream(request.scope, reader)
         body = ResumableEventBody(reader, keepalive_s=settings.keepalive_s, send_retry=True)
         return sse_response(body, request_id, headers={"X-Resume-URL": resume_url(request_id)})

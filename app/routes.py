@@ -139,10 +139,11 @@ def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
 
     @bp.get("/ready")
     async def ready() -> Response:
-        """200 once the model is loaded and the hub runs; else 503 with the envelope.
+        """200 once the model is loaded and the hub runs, and the shared resume store
+        (if set) answers; else 503 with the envelope.
 
-        Cancellation: no checkpoint."""
-        refusal = runtime.refusal()
+        Cancellation: while the store is asked, nothing changes."""
+        refusal = runtime.refusal() or await runtime.store_refusal()
         if refusal is not None:
             raise refusal
         return json_response({"status": "ready", "phase": runtime.phase.value})

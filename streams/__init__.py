@@ -22,6 +22,7 @@ from .resume_log import MemoryEventLog as MemoryEventLog
 from .resume_log import SharedEventLog as SharedEventLog
 from .resume_log import StoreUnavailable as StoreUnavailable
 from .resumption import BadPosition as BadPosition
+from .resumption import Draining as Draining
 from .resumption import Holding as Holding
 from .resumption import LoggedEvent as LoggedEvent
 from .resumption import NothingToResume as NothingToResume
@@ -47,6 +48,7 @@ from .stream import TokenStream as TokenStream
 __all__ = [
     "BadPosition",
     "DeadlineUnmeetable",
+    "Draining",
     "ErrorType",
     "EventLog",
     "Holding",

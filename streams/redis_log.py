@@ -251,6 +251,9 @@ class RedisEventLog:
         n, _, last = _entry(entries[0])
         return n, last
 
+    async def ping(self) -> None:
+        await self._read(self._client.ping)
+
     async def read_remote(
         self, stream_id: str, after: int, *, wait_s: float
     ) -> list[tuple[int, bytes, bool]] | None:

@@ -77,6 +77,10 @@ class SharedEventLog(EventLog, Protocol):
         """(n of the last event in the store, whether it is the last), or None."""
         ...
 
+    async def ping(self) -> None:
+        """Return once the store answered (``StoreUnavailable`` if it does not)."""
+        ...
+
     async def read_remote(
         self, stream_id: str, after: int, *, wait_s: float
     ) -> list[tuple[int, bytes, bool]] | None:

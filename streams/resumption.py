@@ -74,6 +74,13 @@ when the grace period runs out it looks at the lease, and while a remote reader 
 it the stream goes on for another grace period. Without an answer from the store, the
 owner goes on as if alone. Not yet: a stream whose owner died has no generator (its log
 expires; failover is the next step of issue 11).
+
+A replica that drains (``drain()``, at SIGTERM) is going away, and its remote readers
+only follow a log that another replica writes: each ends at once, at its next event,
+its body with no final event (the client resumes: the balancer now sends it to another
+replica, which follows the same log), and a resume of another replica's stream here is
+refused with ``Draining`` (503, ``Retry-After``). Its own streams go on as the hub's
+drain lets them; a reader may still resume one here, from the local log.
 """
 
 from __future__ import annotations
@@ -133,6 +140,10 @@ class TakenOver(trio.ClosedResourceError):
 
 class BadPosition(ResumeError):
     """The reader claims an event the stream has not made yet."""
+
+
+class Draining(ResumeError):
+    """This replica is draining: it follows no other replica's stream (resume elsewhere)."""
 
 
 class Holding(enum.Enum):
@@ -343,8 +354,10 @@ class RemoteReader:
     Made by ``ResumeRegistry.attach`` only; the same interface as ``Reader``.
     """
 
-    def __init__(self, log: SharedEventLog, request_id: str, after: int, token: str) -> None:
+    def __init__(self, log: SharedEventLog, request_id: str, after: int, token: str,
+                 on_close: Callable[[RemoteReader], None] | None = None) -> None:
         self._log = log
+        self._on_close = on_close
         self._request_id = request_id
         self._pos = after
         self._token = token
@@ -399,10 +412,14 @@ class RemoteReader:
         return LoggedEvent(n, data, None)
 
     def close(self) -> None:
-        """Let the lease go (queued). Sync, idempotent, never a checkpoint."""
+        """Let the lease go (queued); a ``receive`` in progress raises
+        ``ClosedResourceError`` once its read of the store returns (within its wait).
+        Sync, idempotent, never a checkpoint."""
         if not self._closed:
             self._closed = True
             self._log.release_reader(self._request_id, self._token)
+            if self._on_close is not None:
+                self._on_close(self)
 
 
 class ResumeRegistry:
@@ -423,6 +440,8 @@ class ResumeRegistry:
         self._log = log
         self._shared = log if isinstance(log, SharedEventLog) else None
         self._entries: dict[str, ResumableStream] = {}
+        self._remote_readers: set[RemoteReader] = set()
+        self._draining = False
         self._nursery: trio.Nursery | None = None
         self._log_bytes = self._detached_bytes = 0
         self._resumes = self._expiries = self._overflows = self._cancels = 0
@@ -448,6 +467,25 @@ class ResumeRegistry:
             for entry in list(self._entries.values()):
                 if entry.holding is Holding.DETACHED:
                     self._forget(entry)
+
+    def drain(self) -> None:
+        """This replica is going away: end its remote readers, refuse new ones (see the
+        module docstring). Sync, idempotent, never a checkpoint."""
+        self._draining = True
+        for reader in list(self._remote_readers):
+            reader.close()
+
+    async def store_answers(self) -> bool:
+        """Whether the shared log's store answers (True without one). Cancellation:
+        the answer is not waited for."""
+        if self._shared is None:
+            await trio.lowlevel.checkpoint()
+            return True
+        try:
+            await self._shared.ping()
+        except StoreUnavailable:
+            return False
+        return True
 
     def adopt(
         self, stream: TokenStream, encode: Encode, opening: bytes, *,
@@ -491,6 +529,7 @@ class ResumeRegistry:
                 module docstring).
             StoreUnavailable: the stream is not this replica's and the shared log's
                 store did not answer.
+            Draining: the stream is not this replica's, and this replica drains.
 
         Cancellation: the only checkpoint is the wait for the holder to exit, shielded:
         the holder has nothing left to do but exit, so it takes one scheduling round.
@@ -578,6 +617,9 @@ class ResumeRegistry:
         """A reader of a stream another replica owns (see ``attach``). A position past
         the store's last event is waited for (``POSITION_WAIT_S``): the owner writes an
         event to its reader before its writer task puts it in the store."""
+        if self._draining:
+            await trio.lowlevel.checkpoint()
+            raise Draining(request_id)
         tail = await log.tail(request_id)
         if tail is None:
             raise NothingToResume(request_id)
@@ -595,8 +637,14 @@ class ResumeRegistry:
             raise NothingToResume(request_id)
         token = secrets.token_hex(8)
         await log.claim_reader(request_id, token)  # taken over from any reader holding it
+        if self._draining:  # it began while the claim was in flight
+            log.release_reader(request_id, token)
+            raise Draining(request_id)
         self._resumes += 1
-        return RemoteReader(log, request_id, after, token)
+        reader = RemoteReader(log, request_id, after, token,
+                              on_close=self._remote_readers.discard)
+        self._remote_readers.add(reader)
+        return reader
 
     @staticmethod
     async def _remote_reader_holds(log: SharedEventLog, request_id: str) -> bool:

@@ -33,12 +33,27 @@ unescaped. (``python -m tools.lab sse`` checks that both parsers agree on our se
 
 Protocols: ours and the OpenAI-compatible streaming completions (``tools/wire.py``).
 
+Retries (off by default; ``Retries``, ``--retries``, ``--resumable``). A request refused
+before its first byte in a way that says "try again" is sent again, up to
+``--retries`` times: 503 or 429 with ``Retry-After`` (a draining replica, an admission
+limit; the wait is that header, capped by ``--retry-wait-cap``), or a connection refused
+(nothing was sent). Anything else is an error: a 503 without ``Retry-After``, a reset
+after the request went out (the server may have started on it). With ``--resumable``
+every stream asks for ``"resumable": true``, and one whose body ends, or whose
+connection breaks, before its terminal event is resumed up to ``--resumes`` times: ``GET``
+its ``X-Resume-URL`` with ``Last-Event-ID`` (the last event id received), read on into
+the same record (its tokens, times and bytes go on). A resume refused with 503/429 and
+``Retry-After``, or 409 ``stream_busy``, counts as a refusal and is retried the same way.
+The record says how many of each it took (``retries``, ``resumes``) and what they were
+(``retried``); the summary counts the streams that needed them.
+
 Nothing here is sent anywhere but the URL given; every client has ``trust_env=False``.
 """
 
 from __future__ import annotations
 
 import argparse
+import enum
 import json
 import ssl
 import sys
@@ -59,6 +74,17 @@ from tools.prompts import PROMPTS_FILE
 from tools.wire import PROTOCOLS, WireProtocol
 
 STOPPED = "stopped by the caller"
+# Statuses that refuse a request before its first byte and may say when to try again
+# (with Retry-After): a draining or overloaded server. 409 only for a resume (the
+# stream's previous reader had not let go yet: "try again").
+RETRYABLE_STATUSES = frozenset({429, 503})
+RESUME_BUSY = 409
+# A refusal's wait when it names none (a connection refused): a replica that is going
+# away is out of its balancer's pool within a health check or two.
+RETRY_WAIT_S = 0.1
+# The longest Retry-After a client waits by default (a server asking for minutes is
+# better reported than waited for in a load test).
+RETRY_WAIT_CAP_S = 5.0
 # Generous: under a burst of prefills on a CPU a first token can take seconds.
 READ_TIMEOUT_S = 300.0
 
@@ -72,6 +98,16 @@ class StreamRequest:
     ignore_eos: bool = False
     at_s: float | None = None
     tag: str = ""  # a label for the experiment's own use ("long", "joiner", ...)
+    resumable: bool = False  # ask for a resumable stream (streamscope only)
+
+
+@dataclass(frozen=True, slots=True)
+class Retries:
+    """What a client tries again (see the module docstring); the default: nothing."""
+
+    refusals: int = 0  # sends again of a request refused before its first byte, per stream
+    resumes: int = 0  # resumes of a resumable stream cut before its terminal event
+    max_wait_s: float = RETRY_WAIT_CAP_S  # the cap on a Retry-After wait
 
 
 @dataclass(slots=True)
@@ -95,6 +131,11 @@ class StreamRecord:
     bytes: int = 0
     error: str | None = None
     raw: bytearray | None = None  # the body as received, when asked for
+    retries: int = 0  # refusals sent again
+    resumes: int = 0  # cuts resumed
+    retried: list[str] = field(default_factory=list)  # what each retry and resume was for
+    resume_url: str | None = None  # X-Resume-URL of a resumable stream
+    last_event_id: str | None = None  # the id of the last event received
 
     @property
     def tokens(self) -> int:
@@ -143,6 +184,9 @@ class StreamRecord:
             "tokens": self.tokens,
             "finish_reason": self.finish_reason,
             "error": self.error,
+            "retries": self.retries,
+            "resumes": self.resumes,
+            "retried": self.retried,
             "usage": self.usage,
             "bytes": self.bytes,
             "sent_ms": ms(self.sent_at),
@@ -182,6 +226,9 @@ class LoadResult:
             "streams": len(self.records),
             "streams_ok": sum(r.ok for r in self.records),
             "errors": sum(r.error is not None for r in self.records),
+            # ok in the end, after a refusal sent again / after a cut resumed
+            "retried_ok": sum(r.ok and r.retries > 0 for r in self.records),
+            "resumed_ok": sum(r.ok and r.resumes > 0 for r in self.records),
             "tokens": tokens,
             "makespan_s": None if makespan is None else round(makespan, 4),
             "tokens_per_s": round(tokens / makespan, 2) if makespan else None,
@@ -238,6 +285,8 @@ async def run_streams(
     ready: Callable[[], Awaitable[object]] | None = None,
     on_first_token: Callable[[StreamRecord], None] | None = None,
     stop: trio.Event | None = None,
+    stop_sending: trio.Event | None = None,
+    retries: Retries | None = None,
 ) -> LoadResult:
     """Open every stream in ``requests`` from ``clients`` connections (default: one each).
 
@@ -248,6 +297,9 @@ async def run_streams(
         on_first_token: called (synchronously) when a stream's first token arrives.
         stop: once set, every stream still open is closed (the server sees its client
             go) and the run returns; those streams have the error ``STOPPED``.
+        stop_sending: once set, no client sends another request; the open streams
+            finish, and the requests never sent are left out of the result.
+        retries: what to try again (see the module docstring); default: nothing.
         keep_raw: keep each body's bytes in ``record.raw``.
 
     A stream that fails (a status other than 200, an error event, a broken connection)
@@ -257,6 +309,7 @@ async def run_streams(
     Cancelled propagates; the records so far are lost with the call.
     """
     wire = PROTOCOLS[protocol]
+    policy = retries or Retries()
     clients = max(1, min(clients or len(requests), len(requests)))
     records = [StreamRecord(i, i % clients, r) for i, r in enumerate(requests)]
     gate = _StartGate(clients, ready)
@@ -292,7 +345,9 @@ async def run_streams(
                     if record.request.at_s is not None:
                         due = gate.started_at + record.request.at_s
                         await trio.sleep(max(0.0, due - time.perf_counter()))
-                    await _one_stream(client, wire, record, model, keep_raw, count)
+                    if stop_sending is not None and stop_sending.is_set():
+                        return
+                    await _one_stream(client, wire, record, model, keep_raw, count, policy)
 
         with trio.CancelScope() as run_scope:
             async with trio.open_nursery() as watcher:
@@ -307,12 +362,22 @@ async def run_streams(
         for record in records:
             if record.error is None and record.finish_reason is None:
                 record.error = STOPPED
+    if stop_sending is not None:
+        records = [r for r in records if r.sent_at is not None]
     return LoadResult(protocol, records, gate.started_at)
 
 
 async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:
     await event.wait()
     scope.cancel(reason="the caller stopped the run")
+
+
+class _Outcome(enum.Enum):
+    """How one HTTP exchange of a stream ended."""
+
+    OVER = "over"  # the terminal event came, or an error that is not tried again
+    REFUSED = "refused"  # refused before its first byte, retryable (``wait`` says when)
+    CUT = "cut"  # the body ended, or the connection broke, before the terminal event
 
 
 async def _one_stream(
@@ -322,34 +387,121 @@ async def _one_stream(
     model: str | None,
     keep_raw: bool,
     count: Callable[[StreamRecord, int], None],
+    retries: Retries,
 ) -> None:
-    """Send one request and read its body to the end into ``record``.
+    """Send one request and read its body to the end into ``record``, sending it again
+    after a retryable refusal and resuming it after a cut, as ``retries`` allows.
+
+    Cancellation: httpx closes the connection; ``record`` keeps what arrived.
+    """
+    record.raw = bytearray() if keep_raw else None
+    record.sent_at = time.perf_counter()
+    body = wire.body(record.request, model)
+    try:
+        resuming = False
+        while True:
+            if resuming:
+                assert record.resume_url is not None and record.last_event_id is not None
+                outcome, wait = await _exchange(
+                    client, wire, record, count, "GET", record.resume_url,
+                    headers={"Last-Event-ID": record.last_event_id})
+            else:
+                outcome, wait = await _exchange(client, wire, record, count, "POST",
+                                                wire.path, body=body)
+            if outcome is _Outcome.OVER:
+                break
+            if outcome is _Outcome.REFUSED:
+                if record.retries >= retries.refusals:
+                    break  # record.error says what the last refusal was
+                record.retries += 1
+                record.retried.append(record.error or "refused")
+                record.error = None
+                await trio.sleep(min(wait, retries.max_wait_s))
+                continue
+            # CUT
+            if (record.resumes >= retries.resumes or record.resume_url is None
+                    or record.last_event_id is None):
+                record.error = record.error or "the body ended without a terminal event"
+                break
+            record.resumes += 1
+            record.retried.append(f"cut after {record.last_event_id}: "
+                                  f"{record.error or 'the body ended'}")
+            record.error = None
+            resuming = True
+    finally:
+        if record.finished_at is None:
+            record.finished_at = time.perf_counter()
+
+
+async def _exchange(
+    client: httpx.AsyncClient,
+    wire: WireProtocol,
+    record: StreamRecord,
+    count: Callable[[StreamRecord, int], None],
+    method: str,
+    path: str,
+    *,
+    body: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[_Outcome, float]:
+    """One request of a stream (its POST, or a resume's GET) and its body, read into
+    ``record``; what happened, and for a retryable refusal how long to wait.
 
     Cancellation: httpx closes the connection; ``record`` keeps what arrived.
     """
     parser = SSEParser()
-    record.raw = bytearray() if keep_raw else None
-    record.sent_at = time.perf_counter()
+    answered = False
     try:
-        async with client.stream("POST", wire.path, json=wire.body(record.request, model)) as r:
+        async with client.stream(method, path, json=body, headers=headers) as r:
+            answered = True
             record.status, record.headers = r.status_code, dict(r.headers)
             if r.status_code != 200:
                 record.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
-                return
+                if r.status_code == 204 and method == "GET":
+                    record.error = "resume: 204 (nothing to resume) before a terminal event"
+                wait = _retry_after(r)
+                if r.status_code in RETRYABLE_STATUSES and wait is not None:
+                    return _Outcome.REFUSED, wait
+                if r.status_code == RESUME_BUSY and method == "GET":
+                    return _Outcome.REFUSED, RETRY_WAIT_S
+                return _Outcome.OVER, 0.0
+            if method == "POST" and "x-resume-url" in r.headers:
+                record.resume_url = r.headers["x-resume-url"]
             async for chunk in r.aiter_raw():
                 now = time.perf_counter()
                 record.bytes += len(chunk)
                 if record.raw is not None:
                     record.raw += chunk
                 for event in parser.feed(chunk):
-                    count(record, wire.on_event(record, event, now))
+                    added = wire.on_event(record, event, now)
+                    if event.id:
+                        record.last_event_id = event.id
+                    count(record, added)
+    except httpx.ConnectError as exc:  # nothing was sent: refused, or no route
+        record.error = f"{type(exc).__name__}: {exc}"
+        return _Outcome.REFUSED, RETRY_WAIT_S
+    except (httpx.TransportError, httpx.DecodingError) as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+        if answered and record.request.resumable and record.finish_reason is None:
+            return _Outcome.CUT, 0.0
+        return _Outcome.OVER, 0.0
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
         record.error = record.error or f"{type(exc).__name__}: {exc}"
-    finally:
-        if record.finished_at is None:
-            record.finished_at = time.perf_counter()
+        return _Outcome.OVER, 0.0
     if record.error is None and record.finish_reason is None:
+        if record.request.resumable:
+            return _Outcome.CUT, 0.0
         record.error = "the body ended without a terminal event"
+    return _Outcome.OVER, 0.0
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """The seconds of a ``Retry-After: <seconds>`` header, or None (absent, or a date)."""
+    value = response.headers.get("retry-after", "")
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
 
 
 async def run_load(
@@ -360,13 +512,16 @@ async def run_load(
     max_new_tokens: int = 64,
     ignore_eos: bool = False,
     requests: int | None = None,
+    resumable: bool = False,
     **options: Any,
 ) -> LoadResult:
     """``requests`` streams (default ``clients``) over prompts in turn, from ``clients``
     connections; ``options`` go to ``run_streams``."""
     count = requests or clients
     specs = [
-        StreamRequest(prompts[i % len(prompts)], max_new_tokens, ignore_eos) for i in range(count)
+        StreamRequest(prompts[i % len(prompts)], max_new_tokens, ignore_eos,
+                      resumable=resumable)
+        for i in range(count)
     ]
     return await run_streams(url, specs, clients=clients, **options)
 
@@ -421,6 +576,19 @@ def main(argv: list[str] | None = None) -> int:
         help="without --url: start our server (tools/server.py); it reads "
         "STREAMSCOPE_* from the environment (default model: smollm2)",
     )
+    parser.add_argument(
+        "--retries", type=int, default=0, metavar="N",
+        help="send a request refused before its first byte (429/503 with Retry-After, or "
+        "a connection refused) again, up to N times (default 0)")
+    parser.add_argument(
+        "--retry-wait-cap", type=float, default=RETRY_WAIT_CAP_S, metavar="SECONDS",
+        help="wait Retry-After before a retry, at most this long (default %(default)s)")
+    parser.add_argument(
+        "--resumable", action="store_true",
+        help="ask for resumable streams (streamscope); resume one cut before its terminal "
+        "event with Last-Event-ID, up to --resumes times")
+    parser.add_argument("--resumes", type=int, default=3, metavar="N",
+                        help="resumes per stream with --resumable (default %(default)s)")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     if not args.url and not args.start_server:
@@ -438,6 +606,9 @@ def main(argv: list[str] | None = None) -> int:
             protocol=args.protocol,
             model=args.model,
             progress=not args.no_progress,
+            resumable=args.resumable,
+            retries=Retries(args.retries, args.resumes if args.resumable else 0,
+                            args.retry_wait_cap),
         )
 
     async def with_server() -> LoadResult:

@@ -43,12 +43,15 @@ class StreamscopeWire:
     warm_path = "/health"
 
     def body(self, request: StreamRequest, model: str | None) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "prompt": request.prompt,
             "max_new_tokens": request.max_new_tokens,
             "temperature": 0.0,
             "ignore_eos": request.ignore_eos,
         }
+        if request.resumable:
+            body["resumable"] = True
+        return body
 
     def on_event(self, record: StreamRecord, event: ServerSentEvent, now: float) -> int:
         if event.event not in ("start", "token", "done", "error"):
