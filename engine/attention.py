@@ -22,6 +22,12 @@ A call is one of two shapes:
 * decode: a batch of sequences, one new position each. The new keys and values
   are written first, then every sequence's positions are gathered through its
   block table into a padded tensor, and padding is masked out with -inf.
+* mixed (``mixed_batch``): a prefill's packed chunks, then decode rows, in ONE
+  row, so that a step pays the model's per-pass cost once. Every position's keys
+  and values are written first; the chunks attend as in a prefill, and the decode
+  rows' queries are taken out and attend exactly as in a decode of those rows
+  (the same gather, mask and kernel call), so only the linear layers see a
+  different batch shape (see ``tools.prefillbench --mixed`` for what that changes).
 
 Because transformers finds no mask builder for this name, it builds no mask:
 the ``PagedBatch`` carries what each call needs.
@@ -46,9 +52,10 @@ class PagedBatch:
 
     cache: PagedKVCache
     write_slots: torch.Tensor  # (batch * new_positions,) slots for the new keys/values
-    read_slots: torch.Tensor | None  # decode: (batch * max_len,) slots to gather; prefill: None
-    read_bias: torch.Tensor | None  # decode: (batch, 1, 1, max_len) 0 where real, -inf padding
-    prompt_lengths: tuple[int, ...] = ()  # prefill: the packed chunks' lengths, in order
+    # decode, mixed: the decode rows' (rows * max_len,) slots to gather; prefill: None
+    read_slots: torch.Tensor | None
+    read_bias: torch.Tensor | None  # decode, mixed: (rows, 1, 1, max_len) 0 real, -inf padding
+    prompt_lengths: tuple[int, ...] = ()  # prefill, mixed: the packed chunks' lengths, in order
     # prefill: per chunk, None when it starts a prompt, else the slots of every position
     # up to its end (the cached ones before it included), to read its keys back.
     prefix_slots: tuple[torch.Tensor | None, ...] = ()
@@ -101,6 +108,19 @@ def decode_batch(
     )
 
 
+def mixed_batch(prefill: PagedBatch, decode: PagedBatch) -> PagedBatch:
+    """One pass of ``prefill``'s packed chunks followed by ``decode``'s rows (the
+    model's row holds the chunks' tokens, then one token per decode row)."""
+    return PagedBatch(
+        prefill.cache,
+        write_slots=torch.cat([prefill.write_slots, decode.write_slots]),
+        read_slots=decode.read_slots,
+        read_bias=decode.read_bias,
+        prompt_lengths=prefill.prompt_lengths,
+        prefix_slots=prefill.prefix_slots,
+    )
+
+
 def paged_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -121,7 +141,7 @@ def paged_attention(
         raise RuntimeError("paged_attention needs the `paged` keyword argument")
     layer: int = module.layer_idx  # type: ignore[assignment]  # set by every attention layer
     k_cache, v_cache = paged.cache.keys[layer], paged.cache.values[layer]
-    batch, num_heads, _, head_dim = query.shape
+    num_heads, head_dim = query.shape[1], query.shape[3]
     num_kv_heads = key.shape[1]
     k_cache.index_copy_(
         0, paged.write_slots, key.transpose(1, 2).reshape(-1, num_kv_heads, head_dim)
@@ -131,9 +151,31 @@ def paged_attention(
     )
     if paged.read_slots is None or paged.read_bias is None:
         return _packed_causal(query, key, value, paged, layer, scaling), None
-    # Decode: one new position per row. The query heads that share a kv head are
-    # laid out as that kv head's "positions" (as transformers' pack_gqa does), so
-    # grouped-query attention needs no copy of the keys per query head.
+    if not paged.prompt_lengths:
+        return _decode(query, paged, layer, scaling), None
+    # Mixed: the packed chunks first, then one position per decode row.
+    packed = sum(paged.prompt_lengths)
+    q, k, v = (x[:, :, :packed] for x in (query, key, value))
+    chunks = _packed_causal(q, k, v, paged, layer, scaling)
+    rows = query[0, :, packed:].transpose(0, 1).unsqueeze(2)  # (rows, heads, 1, dim)
+    decoded = _decode(rows, paged, layer, scaling).reshape(1, -1, num_heads, head_dim)
+    return torch.cat([chunks, decoded], dim=1), None
+
+
+def _decode(
+    query: torch.Tensor, paged: PagedBatch, layer: int, scaling: float | None
+) -> torch.Tensor:
+    """One new position per row, over the row's cached positions (the new one's keys
+    already written). (rows, heads, 1, dim) in, (rows, 1, heads, dim) out.
+
+    The query heads that share a kv head are laid out as that kv head's "positions"
+    (as transformers' pack_gqa does), so grouped-query attention needs no copy of the
+    keys per query head.
+    """
+    assert paged.read_slots is not None and paged.read_bias is not None
+    k_cache, v_cache = paged.cache.keys[layer], paged.cache.values[layer]
+    batch, num_heads, _, head_dim = query.shape
+    num_kv_heads = k_cache.shape[1]
     max_len = paged.read_bias.shape[-1]
     shape = (batch, max_len, num_kv_heads, head_dim)
     keys = k_cache.index_select(0, paged.read_slots).view(shape).transpose(1, 2)
@@ -142,7 +184,7 @@ def paged_attention(
     out = F.scaled_dot_product_attention(
         grouped, keys, values, attn_mask=paged.read_bias, scale=scaling
     )
-    return out.reshape(batch, 1, num_heads, head_dim), None
+    return out.reshape(batch, 1, num_heads, head_dim)
 
 
 def _packed_causal(

@@ -1,20 +1,30 @@
 """What a step's forward passes cost, measured, for the step-time budget.
 
-Theory of operation. A step runs at most two forward passes: one prefill pass
-over the prompt chunks chosen for it, and one decode pass over every other
-running sequence. Their times are observed after every step (and once at start
-up, by ``Engine.calibrate``) and fitted:
+Theory of operation. A step runs a prefill pass over the prompt chunks chosen
+for it and a decode pass over every other running sequence: two forward passes,
+or (a mixed step) ONE pass carrying both. Their times are observed after every
+step (and once at start up, by ``Engine.calibrate``) and fitted:
 
 * a prefill pass of ``n`` tokens costs ``fixed + per_token * n`` milliseconds, a
   least-squares line through the most recent passes (its fixed part is the pass
-  overhead: the per-layer Python and kernel launches a pass pays at any size);
+  overhead: streaming the weights once, the per-layer Python and kernel launches
+  a pass pays at any size; about 100 ms of the embedded model on the 2-core CPU);
 * a decode pass at batch ``b`` costs what passes at that batch size cost lately
-  (a moving average per size), interpolated between the sizes seen.
+  (a moving average per size), interpolated between the sizes seen; it holds the
+  attention over each row's cached positions;
+* a mixed pass of ``n`` prompt tokens and ``b`` decode rows costs the decode pass
+  at ``b`` plus ``extra + per_token * n``: a second line, fitted through what the
+  mixed passes cost beyond their decode pass. Its ``extra`` is near 0 where the
+  prefill line's ``fixed`` was the price of the second pass (until a mixed pass is
+  seen, the two-pass cost stands in: an upper bound). A chunk's attention over its
+  prompt's cached prefix is in ``per_token``, not modelled apart: a 1,000-token
+  prompt's last 100-token chunk measured within the fit's spread.
 
-``prefill_tokens_within(target_ms, decode_rows)`` then says how many prompt
-tokens a step may carry so that it stays within ``target_ms`` with its decode
-pass. Pure Python, no torch; the numbers are only as good as the machine is
-steady, so the fit keeps adapting. Thread-safe: the stepping thread observes while
+``prefill_tokens_within(target_ms, decode_rows, mixed)`` then says how many
+prompt tokens a step may carry so that it stays within ``target_ms`` with its
+decode rows, and ``step_line`` gives ``Engine.estimate_ttft_ms`` the same model.
+Pure Python, no torch; the numbers are only as good as the machine is steady, so
+the fit keeps adapting. Thread-safe: the stepping thread observes while
 another may estimate (``Engine.estimate_ttft_ms``).
 """
 
@@ -39,12 +49,20 @@ _R = TypeVar("_R")
 class StepCosts:
     def __init__(self) -> None:
         self._prefills: deque[tuple[int, float]] = deque(maxlen=WINDOW)
+        self._mixed: deque[tuple[int, float]] = deque(maxlen=WINDOW)  # (tokens, ms over decode)
         self._decode_ms: dict[int, float] = {}
-        self._lock = threading.Lock()  # guards both
+        self._lock = threading.Lock()  # guards the three
 
     def observe_prefill(self, tokens: int, ms: float) -> None:
         with self._lock:
             self._prefills.append((tokens, ms))
+
+    def observe_mixed(self, tokens: int, rows: int, ms: float) -> None:
+        """A mixed pass of ``tokens`` prompt tokens and ``rows`` decode rows took ``ms``."""
+        decode = self.decode_ms(rows)
+        if decode is not None:  # what it cost beyond its decode rows' own pass
+            with self._lock:
+                self._mixed.append((tokens, ms - decode))
 
     def observe_decode(self, rows: int, ms: float) -> None:
         with self._lock:
@@ -55,17 +73,21 @@ class StepCosts:
         """(fixed ms, ms per token) of a prefill pass, or None before any was seen."""
         with self._lock:
             samples = list(self._prefills)
-        if not samples:
-            return None
-        xs = [float(n) for n, _ in samples]
-        ys = [ms for _, ms in samples]
-        mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
-        var = sum((x - mean_x) ** 2 for x in xs)
-        if var == 0:  # one size seen: no way to tell the overhead apart
-            return 0.0, mean_y / mean_x
-        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var
-        slope = max(slope, 1e-6)
-        return max(mean_y - slope * mean_x, 0.0), slope
+        return _fit(samples)
+
+    def mixed_line(self) -> tuple[float, float] | None:
+        """(extra ms, ms per prompt token) of a mixed pass beyond its decode rows' own
+        pass, or None before any was seen."""
+        with self._lock:
+            samples = list(self._mixed)
+        return _fit(samples)
+
+    def step_line(self, decode_rows: int, mixed: bool) -> tuple[float, float] | None:
+        """(overhead ms, ms per prompt token) that prompt tokens add to a step with
+        ``decode_rows`` decode rows: with ``mixed`` and rows, the mixed line (the
+        prefill line until a mixed pass was seen); else the prefill pass's line."""
+        line = self.mixed_line() if mixed and decode_rows else None
+        return line or self.prefill_line()
 
     def prefill_ms(self, tokens: int) -> float | None:
         line = self.prefill_line()
@@ -89,14 +111,32 @@ class StepCosts:
         nearest = max(below) if below else min(above)
         return known[nearest] * max(1.0, rows / nearest) ** 0.5  # grows sublinearly
 
-    def prefill_tokens_within(self, target_ms: float, decode_rows: int) -> int | None:
-        """Prompt tokens a step with ``decode_rows`` decode rows may carry within
-        ``target_ms`` (0 if the decode alone fills it), or None before estimates exist."""
-        line, decode = self.prefill_line(), self.decode_ms(decode_rows)
+    def prefill_tokens_within(
+        self, target_ms: float, decode_rows: int, mixed: bool = False
+    ) -> int | None:
+        """Prompt tokens a step with ``decode_rows`` decode rows (in the same pass with
+        ``mixed``) may carry within ``target_ms`` (0 if the decode alone fills it), or
+        None before estimates exist."""
+        line, decode = self.step_line(decode_rows, mixed), self.decode_ms(decode_rows)
         if line is None or decode is None:
             return None
-        fixed, per_token = line
-        return max(int((target_ms - decode - fixed) / per_token), 0)
+        overhead, per_token = line
+        return max(int((target_ms - decode - overhead) / per_token), 0)
+
+
+def _fit(samples: list[tuple[int, float]]) -> tuple[float, float] | None:
+    """A least-squares line (intercept >= 0, slope > 0) through (tokens, ms)."""
+    if not samples:
+        return None
+    xs = [float(n) for n, _ in samples]
+    ys = [ms for _, ms in samples]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mean_x) ** 2 for x in xs)
+    if var == 0:  # one size seen: no way to tell the overhead apart
+        return 0.0, max(mean_y / mean_x, 1e-6)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var
+    slope = max(slope, 1e-6)
+    return max(mean_y - slope * mean_x, 0.0), slope
 
 
 def timed(run: Callable[[list[_T]], _R], items: list[_T],
@@ -111,14 +151,19 @@ def timed(run: Callable[[list[_T]], _R], items: list[_T],
 class _Passes(Protocol):  # the forward passes of ``engine.Runner``
     def prefill(self, chunks: list[Chunk]) -> list[int | Exception | None]: ...
     def decode(self, seqs: list[Sequence]) -> list[int | Exception]: ...
+    def mixed(
+        self, chunks: list[Chunk], seqs: list[Sequence]
+    ) -> tuple[list[int | Exception | None], list[int | Exception]]: ...
 
 
 def calibrate(
-    runner: _Passes, costs: StepCosts, *, num_blocks: int, positions: int, max_batch: int
+    runner: _Passes, costs: StepCosts, *, num_blocks: int, positions: int, max_batch: int,
+    mixed: bool = False,
 ) -> None:
     """Time a few forward passes, so that a step-time budget has estimates from the
     first step: a warm-up pass (not counted), prefills of two sizes and decodes at
-    batch 1 and at ``max_batch``, twice each. The dummy sequences share one table of
+    batch 1 and at ``max_batch``, twice each; with ``mixed``, mixed passes of the two
+    prefill sizes with ``max_batch`` decode rows too. The dummy sequences share one table of
     every block: run only while no sequence holds any (at start-up), their writes land
     where nobody reads."""
     table = BlockTable("calibration", list(range(num_blocks)), is_released=True)
@@ -135,3 +180,7 @@ def calibrate(
         timed(runner.prefill, [Chunk(dummy(n), 0, n)], costs.observe_prefill, n)
     for rows in (1, max_batch, 1, max_batch):
         timed(runner.decode, [dummy(small, 1) for _ in range(rows)], costs.observe_decode, rows)
+    for n in (small, large, small, large) if mixed else ():
+        started = time.perf_counter()
+        runner.mixed([Chunk(dummy(n), 0, n)], [dummy(small, 1) for _ in range(max_batch)])
+        costs.observe_mixed(n, max_batch, (time.perf_counter() - started) * 1000)

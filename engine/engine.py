@@ -15,7 +15,10 @@ or the cache happens inside ``step()``, which one caller runs repeatedly:
 3. prefill the chosen prompts in ONE forward pass and sample each first token;
    with ``on_prefill`` these events go out as soon as that pass is done;
 4. decode one token for every other running, unpaused sequence in ONE batched
-   forward pass;
+   forward pass; with ``mixed_step`` (the default), steps 3 and 4 are ONE forward
+   pass, the prompt chunks packed and then one row per decoding sequence (as
+   vLLM and Sarathi-Serve do), so a step pays the model's per-pass cost once, and
+   with ``on_prefill`` all of that pass's events go out as soon as it is done;
 5. return the events: tokens, and finishes with a reason.
 
 Who does what: the ``Scheduler`` (pure Python) owns the inbox, admission, the
@@ -97,12 +100,16 @@ class Runner(Protocol):
 
     ``prefill`` and ``decode`` return one outcome per chunk or sequence, in order: the
     token sampled for it, the exception sampling it raised, or (a chunk that does not
-    end its prompt) None. An exception they raise themselves concerns the whole pass.
+    end its prompt) None; ``mixed`` runs both in one forward pass and returns both
+    lists. An exception they raise themselves concerns the whole pass.
     """
 
     def new_generator(self, params: SamplingParams) -> object | None: ...
     def prefill(self, chunks: list[Chunk]) -> list[int | Exception | None]: ...
     def decode(self, seqs: list[Sequence]) -> list[int | Exception]: ...
+    def mixed(
+        self, chunks: list[Chunk], seqs: list[Sequence]
+    ) -> tuple[list[int | Exception | None], list[int | Exception]]: ...
 
 
 class Engine:
@@ -121,6 +128,8 @@ class Engine:
             at once). None: ``max_prefill_tokens`` alone.
         pack_prefill: prefill a step's prompts in one forward pass (else one pass each,
             exactly as a prompt alone: the exact mode).
+        mixed_step: run a step's prefill and decode rows in one forward pass (with
+            ``pack_prefill``); else two passes.
         runner: the model side; by default a ``ModelRunner`` over ``loaded.model``.
     """
 
@@ -135,6 +144,7 @@ class Engine:
         max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
         max_step_ms: float | None = None,
         pack_prefill: bool = True,
+        mixed_step: bool = True,
         runner: Runner | None = None,
     ) -> None:
         self.loaded = loaded
@@ -150,6 +160,7 @@ class Engine:
         )
         self.costs: StepCosts = self.scheduler.costs
         self.pack_prefill = pack_prefill
+        self.mixed_step = self.scheduler.mixed_step = mixed_step and pack_prefill
         if runner is None:
             from .model_runner import ModelRunner  # the torch side, only when it is needed
 
@@ -157,6 +168,7 @@ class Engine:
         self.runner = runner
         self._step_lock = threading.Lock()  # one step at a time
         self._num_steps = 0
+        self.num_mixed_steps = 0  # steps whose prefill and decode ran in one pass
         self._last_step_ms: float | None = None
         self._decode_ms: deque[float] = deque(maxlen=256)
         self._snapshot = self._take_snapshot()
@@ -256,11 +268,11 @@ class Engine:
         wait for blocks is not in it. Thread-safe: it reads the last step boundary's
         state.
         """
-        line = self.costs.prefill_line()
+        line = self.costs.step_line(self._decoding, self.mixed_step)
         decode = self.costs.decode_ms(self._decoding)
         if line is None or decode is None:
             return None
-        fixed, per_token = line
+        fixed, per_token = line  # a mixed step's fixed: only what it adds to the decode
         ahead = self._to_prefill + self.scheduler.inbox_prompt_tokens() + prompt_tokens
         steps = -(-ahead // max(self.scheduler.prefill_budget(self._decoding), 1))
         in_flight = self._last_step_ms or 0.0
@@ -286,8 +298,9 @@ class Engine:
         """Run one round (see the module docstring) and return its events.
 
         With ``on_prefill``, the finishes of cancels applied at the start of the step,
-        then the prefills' events, are handed to it as soon as they are made; they
-        are not repeated in the return value.
+        then the prefills' events (a mixed step's: every event of its one pass), are
+        handed to it as soon as they are made; they are not repeated in the return
+        value.
 
         Raises:
             StepReentered: another thread is inside step().
@@ -301,8 +314,11 @@ class Engine:
             early(self.scheduler.apply_inbox())
             early(self.scheduler.expire_deadlines(time.monotonic()))
             plan = self.scheduler.schedule()
-            early(self._prefill(plan.prefill))
-            events += self._decode(plan.decode)
+            if self.mixed_step and plan.prefill and plan.decode:
+                early(self._mixed(plan.prefill, plan.decode))  # one pass: all out at once
+            else:
+                early(self._prefill(plan.prefill))
+                events += self._decode(plan.decode)
             self._record_step(started, decoded=bool(plan.decode), prefilled=bool(plan.prefill))
             return events
 
@@ -341,6 +357,23 @@ class Engine:
         record = self.scheduler.record_chunk
         return [e for c, out in zip(chunks, outcomes, strict=True) for e in record(c, out)]
 
+    def _mixed(self, chunks: list[Chunk], seqs: list[Sequence]) -> list[EngineEvent]:
+        """One forward pass for both; the prefills' events, then the decodes'. If it
+        fails, the two run apart as ``_prefill`` and ``_decode`` (each with its own
+        failure handling), so a failure ends no more than those would."""
+        tokens = sum(c.end - c.start for c in chunks)
+        started = time.perf_counter()
+        try:
+            prefilled, decoded = self.runner.mixed(chunks, seqs)
+        except Exception:
+            return self._prefill(chunks) + self._decode(seqs)
+        ms = (time.perf_counter() - started) * 1000
+        self.costs.observe_mixed(tokens, len(seqs), ms)
+        self.num_mixed_steps += 1
+        record_chunk, record_token = self.scheduler.record_chunk, self.scheduler.record_token
+        return [e for c, out in zip(chunks, prefilled, strict=True) for e in record_chunk(c, out)
+                ] + [e for s, out in zip(seqs, decoded, strict=True) for e in record_token(s, out)]
+
     def _decode(self, seqs: list[Sequence]) -> list[EngineEvent]:
         """One decode pass; if it fails, every sequence in it ends."""
         if not seqs:
@@ -359,7 +392,7 @@ class Engine:
         cached = self.allocator.num_blocks * self.allocator.block_size
         calibrate(self.runner, self.costs, num_blocks=self.allocator.num_blocks,
                   positions=min(self.loaded.max_context, cached),
-                  max_batch=self.scheduler.max_batch)
+                  max_batch=self.scheduler.max_batch, mixed=self.mixed_step)
 
     def _record_step(self, started: float, *, decoded: bool, prefilled: bool) -> None:
         elapsed_ms = (time.perf_counter() - started) * 1000

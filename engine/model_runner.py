@@ -10,9 +10,11 @@ A prefill packs every chosen prompt into ONE forward pass (see ``attention``):
 the rows of the linear layers are computed independently and attention runs per
 prompt, so each prompt's logits, and therefore its first token, are the ones a
 prefill of that prompt alone would give. A decode runs one new position for
-every decode row in one forward pass. The batch builders are
-``attention.prefill_batch`` and ``attention.decode_batch``, the ones the tests
-check.
+every decode row in one forward pass. A mixed pass (``mixed``) does both in ONE
+forward pass, the chunks' tokens then one token per decode row, so that a step
+pays the model's per-pass cost (weights streamed once, per-layer overheads) once.
+The batch builders are ``attention.prefill_batch``, ``attention.decode_batch``
+and ``attention.mixed_batch``, the ones the tests check.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from . import sampling
-from .attention import ATTENTION_NAME, PagedBatch, decode_batch, prefill_batch
+from .attention import ATTENTION_NAME, PagedBatch, decode_batch, mixed_batch, prefill_batch
 from .kv_cache import PagedKVCache
 
 if TYPE_CHECKING:
@@ -59,27 +61,61 @@ class ModelRunner:
     def prefill(self, chunks: list[Chunk]) -> list[int | Exception | None]:
         """Run every chunk in one forward pass; sample the first token of each prompt
         whose last chunk this is (None for the others: no token, generator untouched)."""
-        seqs = [c.seq for c in chunks]
-        lengths = [c.end - c.start for c in chunks]
-        starts = [c.start for c in chunks]
-        batch, positions = prefill_batch(self.cache, self._tables(seqs), lengths, starts)
-        ids = [t for c in chunks for t in c.seq.prompt_ids[c.start : c.end]]
-        input_ids = torch.tensor([ids], device=self.device)
-        last = torch.cumsum(torch.tensor(lengths, device=self.device), 0) - 1
-        logits = self.forward(input_ids, positions, batch, last)
-        done = [i for i, c in enumerate(chunks) if c.is_last]
-        sampled = iter(self._sample([seqs[i] for i in done], logits[done]) if done else [])
-        return [next(sampled) if c.is_last else None for c in chunks]
+        return self.mixed(chunks, [])[0]
 
     # decode
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence]) -> list[int | Exception]:
         """One new token for every sequence of ``seqs``, in one forward pass."""
-        positions = torch.tensor([[s.num_cached] for s in seqs], device=self.device)
+        return self._sample(seqs, self.decode_logits(seqs))
+
+    def decode_logits(self, seqs: list[Sequence]) -> torch.Tensor:
+        """The decode pass's logits, a row per sequence (call in inference mode)."""
+        positions = self._decode_positions(seqs)
         batch = decode_batch(self.cache, self._tables(seqs), positions, self.model.dtype)
         input_ids = torch.tensor([[s.last_token_id] for s in seqs], device=self.device)
-        return self._sample(seqs, self.forward(input_ids, positions, batch, 1))
+        return self.forward(input_ids, positions, batch, 1)
+
+    # both
+
+    @torch.inference_mode()
+    def mixed(
+        self, chunks: list[Chunk], seqs: list[Sequence]
+    ) -> tuple[list[int | Exception | None], list[int | Exception]]:
+        """``prefill(chunks)`` and ``decode(seqs)`` in ONE forward pass (``chunks`` not
+        empty): the chunks' tokens packed, then each decode row's last token at its
+        position ``num_cached``. The outcomes of both, as those two would give them."""
+        logits = self.mixed_logits(chunks, seqs)
+        done = [i for i, c in enumerate(chunks) if c.samples]
+        rows_sampled = done + list(range(len(chunks), len(chunks) + len(seqs)))
+        sampled = iter(self._sample([chunks[i].seq for i in done] + seqs, logits[rows_sampled])
+                       if rows_sampled else [])
+        prefilled = [next(sampled) if c.samples else None for c in chunks]
+        return prefilled, [next(sampled) for _ in seqs]
+
+    def mixed_logits(self, chunks: list[Chunk], seqs: list[Sequence]) -> torch.Tensor:
+        """The mixed pass's logits: a row per chunk (its last position), then a row per
+        decode row (call in inference mode)."""
+        lengths = [c.end - c.start for c in chunks]
+        starts = [c.start for c in chunks]
+        batch, positions = prefill_batch(
+            self.cache, self._tables([c.seq for c in chunks]), lengths, starts
+        )
+        ids = [t for c in chunks for t in c.ids]
+        keep = torch.cumsum(torch.tensor(lengths, device=self.device), 0) - 1
+        if seqs:
+            rows = self._decode_positions(seqs)
+            decode = decode_batch(self.cache, self._tables(seqs), rows, self.model.dtype)
+            batch = mixed_batch(batch, decode)
+            positions = torch.cat([positions, rows.T], dim=1)
+            ids += [s.last_token_id for s in seqs]
+            keep = torch.cat([keep, sum(lengths) + torch.arange(len(seqs), device=self.device)])
+        return self.forward(torch.tensor([ids], device=self.device), positions, batch, keep)
+
+    def _decode_positions(self, seqs: list[Sequence]) -> torch.Tensor:
+        """(rows, 1): each decode row's new position."""
+        return torch.tensor([[s.num_cached] for s in seqs], device=self.device)
 
     def forward(
         self,

@@ -13,7 +13,7 @@ decode rows (every running, unpaused sequence that already has a token to feed
 back) and then the prompts to prefill in this step, in arrival order, within the
 step's prefill budget: ``max_prefill_tokens``, or fewer with a step-time target
 (``max_step_ms``), what the measured costs (``costs.StepCosts``) say fits beside
-this step's decode pass (a step with nothing to decode keeps the whole budget: no
+this step's decode rows (a step with nothing to decode keeps the whole budget: no
 stream waits for it). A prompt that fits the budget's room is prefilled
 whole; one that does not waits for the next step, unless it is the first: then
 it is cut (chunked prefill), its first chunk fills the budget, and the rest
@@ -103,6 +103,7 @@ class Scheduler:
         self.max_prefill_tokens = max_prefill_tokens
         self.max_step_ms = max_step_ms
         self.costs = costs or StepCosts()
+        self.mixed_step = False  # the engine's: a step's prefill and decode share one pass
         self.eos_token_ids = eos_token_ids
         self.waiting: deque[Sequence] = deque()
         self.running: dict[str, Sequence] = {}  # insertion order = admission order
@@ -207,7 +208,7 @@ class Scheduler:
         """
         if self.max_step_ms is None or decode_rows == 0:
             return self.max_prefill_tokens
-        within = self.costs.prefill_tokens_within(self.max_step_ms, decode_rows)
+        within = self.costs.prefill_tokens_within(self.max_step_ms, decode_rows, self.mixed_step)
         least = self.costs.prefill_tokens_within(self.max_step_ms * MIN_PREFILL_SHARE, 0)
         if within is None or least is None:  # nothing measured yet
             return self.max_prefill_tokens

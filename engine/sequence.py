@@ -69,6 +69,16 @@ class Chunk:
     end: int
 
     @property
+    def ids(self) -> list[int]:
+        """The token ids this chunk writes into the cache."""
+        return self.seq.prompt_ids[self.start : self.end]
+
+    @property
     def is_last(self) -> bool:
         """Whether this chunk completes the prompt: its pass samples the first token."""
         return self.end == self.seq.num_prompt_tokens
+
+    @property
+    def samples(self) -> bool:
+        """Whether its pass samples a token (the first, with the prompt's last chunk)."""
+        return self.is_last

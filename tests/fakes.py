@@ -11,7 +11,9 @@ raises ``DoubleRelease`` on a second release and ``StepReentered`` on re-entry.
 engine and checks that each step's events and ``has_work()`` agree. One difference is
 kept on purpose: it hands each prefill's events to ``on_prefill`` in a call of their
 own (``before_prefill`` runs between them), where the engine prefills a step's prompts
-in one pass and hands their first tokens over in one call; the hub handles both.
+in one pass and hands their first tokens over in one call; the hub handles both. As
+the engine's mixed step (``mixed_step``, the default) does, a step that prefills hands
+its decodes' events to ``on_prefill`` too (one pass made them all).
 """
 
 from __future__ import annotations
@@ -71,8 +73,10 @@ class ScriptedEngine:
         fail_at_step: int | None = None,
         fail_requests: frozenset[str] = frozenset(),
         before_prefill: Callable[[str], None] | None = None,
+        mixed_step: bool = True,
     ) -> None:
         self.batch_limit = batch_limit
+        self.mixed_step = mixed_step  # a step that prefills hands its decodes early too
         self.blocks_total = self.blocks_free = blocks_total
         self.block_size = block_size
         self.fail_at_step = fail_at_step  # step() raises ScriptedFailure at this step
@@ -155,10 +159,14 @@ class ScriptedEngine:
                 handed, events = events, []
                 on_prefill(handed)
             prefilled = self._admit(on_prefill, events)
+            decoded: list[EngineEvent] = []
             for seq in list(self._running.values()):
                 if not seq.is_paused and seq.request.request_id not in prefilled:
-                    events += self._generate(seq)
-            return events
+                    decoded += self._generate(seq)
+            if on_prefill is not None and prefilled and decoded and self.mixed_step:
+                on_prefill(decoded)
+                return events
+            return events + decoded
         finally:
             self._in_step = False
 

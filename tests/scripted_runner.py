@@ -70,6 +70,7 @@ class ScriptedRunner:
         self.prefills: list[list[str]] = []  # request ids of each prefill pass, in order
         self.decodes: list[list[str]] = []  # request ids of each decode pass, in order
         self.chunks: list[list[tuple[str, int, int]]] = []  # (id, start, end) per prefill
+        self.mixes = 0  # passes that carried both (recorded in prefills and decodes too)
 
     def new_generator(self, params: SamplingParams) -> random.Random | None:
         return None if params.temperature == 0.0 else random.Random(params.seed)
@@ -85,6 +86,17 @@ class ScriptedRunner:
         self.decodes.append([s.request_id for s in seqs])
         self._maybe_fail(seqs, self.fail_decode, "decode")
         return [self._sample(s, s.last_token_id) for s in seqs]
+
+    def mixed(
+        self, chunks: list[Chunk], seqs: list[Sequence]
+    ) -> tuple[list[int | Exception | None], list[int | Exception]]:
+        """Both in one pass: recorded in ``prefills``/``chunks`` and ``decodes`` as the
+        two passes would be, and counted in ``mixes``; it fails (recording nothing)
+        where either would."""
+        self._maybe_fail([c.seq for c in chunks], self.fail_prefill, "mixed")
+        self._maybe_fail(seqs, self.fail_decode, "mixed")
+        self.mixes += 1
+        return self.prefill(chunks), self.decode(seqs)
 
     def _maybe_fail(self, seqs: list[Sequence], ids: frozenset[str], what: str) -> None:
         if any(s.request_id in ids for s in seqs):

@@ -475,7 +475,7 @@ def test_step_entered_from_a_second_thread_raises(make_tiny_engine: MakeEngine) 
 def test_on_prefill_gets_the_first_tokens_in_arrival_order_before_the_decode(
     make_tiny_engine: MakeEngine,
 ) -> None:
-    engine = make_tiny_engine()
+    engine = make_tiny_engine(mixed_step=False)  # two passes (mixed: test_engine_mixed_step)
     engine.submit(_request("early", 4))
     engine.step()
     for request_id in ("r0", "r1", "r2"):

@@ -9,16 +9,23 @@ stepping thread, when ``step()`` hands an event out):
   ``--burst-tokens`` new tokens each. Reported: TTFT p50/p99/max, the gaps between a
   stream's tokens (p50/p99/max), tokens/s over the whole burst, and its ratio to the
   bare decode ceiling measured first in the same run (32 / the median of decode steps
-  with all 32 running, after one packed prefill; also the run's warm-up).
+  with all 32 running, after one packed prefill; also the run's warm-up), and TTFT p99
+  against that one packed prefill of all 32 plus one decode step (``ttft_p99_of_one``).
+* ``waves``: the same 32 prompts in 4 waves of 8, one step apart (as arrivals over
+  HTTP land in different steps): the earlier waves decode while the later ones are
+  prefilled, so the gaps show what a burst costs running streams. TTFT from each
+  request's own arrival.
 * ``long``: 16 streams decode; a prompt of ``--long-tokens`` tokens arrives. Reported:
   the running streams' gaps from its arrival to its first token (p50/p99/max), and
   its TTFT.
 
 Settings: ``serial`` (one prefill pass per prompt, 256 prompt tokens a step: the
 engine before issue 10, except that a long prompt is now chunked), ``whole`` (one
-pass for every waiting prompt, whole: a 4096-token budget), ``budget-256`` (the
-default), and ``step-target`` (``max_step_ms``: ``--step-ms``, or by default twice
-the calibrated decode pass at batch 32).
+pass for every waiting prompt, whole: a 4096-token budget), ``budget-256``, and
+``step-target`` (``max_step_ms``: ``--step-ms``, or by default twice the calibrated
+decode pass at batch 32), each with a step's prefill and decode in two forward
+passes; ``budget-256-mixed`` (the default engine) and ``step-target-mixed`` are the
+last two with the mixed step (one forward pass a step).
 """
 
 from __future__ import annotations
@@ -71,13 +78,21 @@ def _submit(engine: Engine, request_id: str, ids: list[int], max_new: int) -> No
                                     prompt_token_ids=tuple(ids)))
 
 
-def burst(engine: Engine, prompts: list[list[int]], max_new: int) -> dict[str, float]:
+def burst(
+    engine: Engine, prompts: list[list[int]], max_new: int, waves: int = 1
+) -> dict[str, float]:
+    """``waves`` groups of the prompts, one step apart (1: all together)."""
     record = Recorder()
-    for i, ids in enumerate(prompts):
-        _submit(engine, f"b{i}", ids, max_new)
+    arrived: dict[str, float] = {}
+    size = -(-len(prompts) // waves)
+    for wave in range(waves):
+        for i in range(wave * size, min(len(prompts), (wave + 1) * size)):
+            arrived[f"b{i}"] = time.perf_counter() - record.t0
+            _submit(engine, f"b{i}", prompts[i], max_new)
+        record.step(engine)
     while engine.has_work():
         record.step(engine)
-    ttft = [t[0] for t in record.times.values()]
+    ttft = [t[0] - arrived[rid] for rid, t in record.times.items()]
     gaps = [b - a for t in record.times.values() for a, b in itertools.pairwise(t)]
     makespan = max(t[-1] for t in record.times.values())
     tokens_per_s = sum(len(t) for t in record.times.values()) / makespan
@@ -88,22 +103,29 @@ def burst(engine: Engine, prompts: list[list[int]], max_new: int) -> dict[str, f
     }
 
 
-def decode_ceiling(loaded: LoadedModel, prompts: list[list[int]], steps: int = 8) -> float:
-    """Tokens/s of bare decode steps with every prompt running (32 / median step time).
+def decode_ceiling(
+    loaded: LoadedModel, prompts: list[list[int]], steps: int = 8, rounds: int = 2
+) -> tuple[float, float, float]:
+    """Tokens/s of bare decode steps with every prompt running (32 / median step time),
+    the median decode step and the median packed prefill of every prompt, in seconds.
 
     Also the run's warm-up: the first passes at each shape pay one-off costs."""
-    engine = Engine(loaded, max_batch=len(prompts), num_blocks=1024, max_prefill_tokens=4096)
-    for i, ids in enumerate(prompts):
-        _submit(engine, f"c{i}", ids, steps + 2)
-    engine.step()  # every prefill, in one pass
-    times = []
-    for _ in range(steps):
+    times, prefills = [], []
+    for _ in range(rounds):
+        engine = Engine(loaded, max_batch=len(prompts), num_blocks=1024, max_prefill_tokens=4096)
+        for i, ids in enumerate(prompts):
+            _submit(engine, f"c{i}", ids, steps + 2)
         started = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - started)
-    while engine.has_work():
-        engine.step()
-    return len(prompts) / statistics.median(times)
+        engine.step()  # every prefill, in one pass
+        prefills.append(time.perf_counter() - started)
+        for _ in range(steps):
+            started = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter() - started)
+        while engine.has_work():
+            engine.step()
+    step = statistics.median(times)
+    return len(prompts) / step, step, statistics.median(prefills)
 
 
 def long_prompt(
@@ -141,9 +163,11 @@ def settings(loaded: LoadedModel, step_ms: float | None) -> dict[str, Options]:
         step_ms = round(2 * decode)
     return {
         "serial": {"pack_prefill": False},
-        "whole": {"max_prefill_tokens": 4096},
-        "budget-256": {},
-        "step-target": {"max_prefill_tokens": 4096, "max_step_ms": step_ms},
+        "whole": {"max_prefill_tokens": 4096, "mixed_step": False},
+        "budget-256": {"mixed_step": False},
+        "budget-256-mixed": {},
+        "step-target": {"max_prefill_tokens": 4096, "max_step_ms": step_ms, "mixed_step": False},
+        "step-target-mixed": {"max_prefill_tokens": 4096, "max_step_ms": step_ms},
     }
 
 
@@ -154,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-tokens", type=int, default=1000)
     parser.add_argument("--step-ms", type=float, default=None)
     parser.add_argument("--settings", nargs="+", default=None, help="a subset, by name")
-    parser.add_argument("--scenarios", nargs="+", default=["burst", "long"])
+    parser.add_argument("--scenarios", nargs="+", default=["burst", "waves", "long"])
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
 
@@ -162,9 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     encode: Callable[[str], list[int]] = loaded.tokenizer.encode
     prompts = [encode(p) for p in load_prompts()]
     long_ids = [t for p in prompts for t in p][: args.long_tokens]
-    ceiling = decode_ceiling(loaded, prompts)
+    ceiling, decode_s, prefill_s = decode_ceiling(loaded, prompts)
     chosen = settings(loaded, args.step_ms)
-    print(json.dumps({"decode_ceiling_tokens_per_s": round(ceiling, 1)}))
+    one = (prefill_s + decode_s) * 1000  # one packed prefill of all 32 plus one decode step
+    head = {"decode_ceiling_tokens_per_s": round(ceiling, 1),
+            "decode_step_ms": round(decode_s * 1000, 1),
+            "prefill_all_ms": round(prefill_s * 1000, 1),
+            "step_target_ms": chosen["step-target"]["max_step_ms"]}
+    print(json.dumps(head))
     rows = []
     for name, options in chosen.items():
         if args.settings and name not in args.settings:
@@ -172,9 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         row: dict[str, Any] = {"setting": name, "options": options}
         for scenario in args.scenarios:
             engine = Engine(loaded, max_batch=32, num_blocks=1024, block_size=16, **options)
-            if scenario == "burst":
-                row["burst"] = burst(engine, prompts, args.burst_tokens)
-                row["burst"]["of_ceiling"] = round(row["burst"]["tokens_per_s"] / ceiling, 3)
+            if scenario in ("burst", "waves"):
+                got = burst(engine, prompts, args.burst_tokens, 1 if scenario == "burst" else 4)
+                got["of_ceiling"] = round(got["tokens_per_s"] / ceiling, 3)
+                got["ttft_p99_of_one"] = round(got["ttft_p99"] / one, 2)
+                row[scenario] = got
             else:
                 row["long"] = long_prompt(engine, prompts[:16], long_ids)
         rows.append(row)
@@ -182,8 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         summary = {"model": args.model, "burst_tokens": args.burst_tokens,
-                   "long_tokens": len(long_ids),
-                   "decode_ceiling_tokens_per_s": round(ceiling, 1)}
+                   "long_tokens": len(long_ids), **head}
         args.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2))
     return 0
 
