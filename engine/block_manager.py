@@ -1,11 +1,14 @@
-"""Which cache block belongs to whom: reservation at admission, release exactly once.
+"""Which cache block belongs to whom: tables that grow on demand, release exactly once.
 
 Pure Python (no torch): the scheduler decides with it, the model runner only reads
-the block ids it hands out. A sequence gets a ``BlockTable`` at admission holding
-every block it can ever need (prompt plus max new tokens), so a running sequence
-never runs out. Its blocks go back to the pool in exactly one place,
+the block ids it hands out. A sequence gets a ``BlockTable`` at admission
+(``reserve``) covering the positions it will write first, and the table grows
+(``grow``) a block at a time as the sequence writes past its end; with the
+reservation scheme the first allocation already covers everything the sequence can
+ever need. A table's blocks go back to the pool in exactly one place,
 ``BlockAllocator.release``, which raises ``DoubleRelease`` if the same table is
-released twice.
+released twice. A released table is never used again: a preempted sequence that is
+admitted again gets a new one.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from .errors import DoubleRelease
 
 @dataclass(slots=True)
 class BlockTable:
-    """The blocks reserved for one sequence, in position order."""
+    """The blocks held by one sequence, in position order."""
 
     owner: str
     block_ids: list[int]
@@ -25,7 +28,7 @@ class BlockTable:
 
 
 class BlockAllocator:
-    """A free list of fixed-size blocks; reservation at admission, release once."""
+    """A free list of fixed-size blocks; tables allocated, grown, released once."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1 or block_size < 1:
@@ -41,20 +44,39 @@ class BlockAllocator:
 
     @property
     def num_reserved(self) -> int:
+        """Blocks held by tables (not free)."""
         return self.num_blocks - len(self._free)
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def can_reserve(self, num_tokens: int) -> bool:
-        return self.blocks_needed(num_tokens) <= len(self._free)
+    def can_reserve(self, num_tokens: int, headroom: int = 0) -> bool:
+        """Whether ``num_tokens`` positions fit, leaving ``headroom`` blocks free."""
+        return self.blocks_needed(num_tokens) + headroom <= len(self._free)
 
     def reserve(self, owner: str, num_tokens: int) -> BlockTable:
-        """Take every block ``num_tokens`` positions need; the caller checked can_reserve."""
-        count = self.blocks_needed(num_tokens)
+        """A new table covering ``num_tokens`` positions; the caller checked can_reserve."""
+        table = BlockTable(owner, [])
+        self.grow(table, num_tokens)
+        return table
+
+    def blocks_to_grow(self, table: BlockTable, num_tokens: int) -> int:
+        """Blocks ``table`` lacks to cover ``num_tokens`` positions."""
+        return max(self.blocks_needed(num_tokens) - len(table.block_ids), 0)
+
+    def grow(self, table: BlockTable, num_tokens: int) -> None:
+        """Append blocks until ``table`` covers ``num_tokens`` positions.
+
+        Raises:
+            RuntimeError: not enough free blocks (nothing was taken); the caller checks
+                ``blocks_to_grow`` against ``num_free`` first.
+        """
+        if table.is_released:
+            raise RuntimeError(f"{table.owner}: a released table is never used again")
+        count = self.blocks_to_grow(table, num_tokens)
         if count > len(self._free):
-            raise RuntimeError(f"{owner}: {count} blocks needed, {len(self._free)} free")
-        return BlockTable(owner, [self._free.pop() for _ in range(count)])
+            raise RuntimeError(f"{table.owner}: {count} blocks needed, {len(self._free)} free")
+        table.block_ids.extend(self._free.pop() for _ in range(count))
 
     def release(self, table: BlockTable) -> None:
         """Return a table's blocks to the pool. The one place blocks are freed."""

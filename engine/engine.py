@@ -63,7 +63,7 @@ from typing import Any, Protocol
 from .block_manager import BlockAllocator
 from .costs import StepCosts, calibrate, timed
 from .errors import EmptyPrompt, PromptTooLong, StepReentered
-from .scheduler import Op, Scheduler
+from .scheduler import DEFAULT_WATERMARK, KvAdmission, Op, Scheduler
 from .sequence import Chunk, Sequence
 from .text import IncrementalDetokenizer, PromptEncoder, StopMatcher
 from .types import (
@@ -82,6 +82,10 @@ PrefillCallback = Callable[[list[EngineEvent]], None]
 # of the experiments' prompts (34-45 tokens) per step bounds that wait, while a burst of
 # 32 arrivals is still admitted within about six steps.
 DEFAULT_MAX_PREFILL_TOKENS = 256
+# The cache's share of the device's available memory when no num_blocks is given: on a
+# GPU the model is loaded first, so this is of what it left; on a CPU of the
+# machine's available memory, shared with everything else it runs.
+DEFAULT_CACHE_MEMORY = 0.1
 
 
 class ModelSource(Protocol):
@@ -118,8 +122,18 @@ class Engine:
     Args:
         loaded: the model and tokenizer (see ``engine.model.load_model``).
         max_batch: most sequences running at once (batch slots).
-        num_blocks: KV-cache blocks, allocated once.
+        num_blocks: KV-cache blocks, allocated once. None: as many as ``cache_memory``
+            holds (``kv_cache.blocks_for_memory``: the model's bytes per position),
+            at most what ``max_batch`` sequences of the model's context can fill.
         block_size: positions per block.
+        cache_memory: the cache's memory when ``num_blocks`` is None: a float is a
+            share of the device's available memory (after the model is loaded), an
+            int a number of bytes.
+        kv_admission: ``"on_demand"`` (blocks as sequences write, preemption by
+            recompute when they run out) or ``"reserve"`` (every block a sequence can
+            need, at admission: kept for comparison). See ``scheduler``.
+        watermark: share of the blocks an on-demand admission leaves free while
+            others run.
         eos_token_ids: override the model's end-of-sequence ids.
         max_prefill_tokens: prompt tokens prefilled per step, at most; a longer prompt
             is prefilled in chunks over several steps.
@@ -138,8 +152,11 @@ class Engine:
         loaded: ModelSource,
         *,
         max_batch: int = 32,
-        num_blocks: int = 512,
+        num_blocks: int | None = None,
         block_size: int = 16,
+        cache_memory: float | int = DEFAULT_CACHE_MEMORY,
+        kv_admission: KvAdmission | str = KvAdmission.ON_DEMAND,
+        watermark: float = DEFAULT_WATERMARK,
         eos_token_ids: frozenset[int] | None = None,
         max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
         max_step_ms: float | None = None,
@@ -150,6 +167,15 @@ class Engine:
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer  # the stepping thread's: detokenizers use it
         self._encoder = PromptEncoder(loaded.tokenizer)
+        if num_blocks is None:
+            if runner is not None:
+                raise ValueError("num_blocks is required with a given runner")
+            from .kv_cache import blocks_for_memory  # the torch side
+
+            num_blocks = blocks_for_memory(
+                loaded, block_size, cache_memory,  # type: ignore[arg-type]
+                max_positions=max_batch * loaded.max_context,
+            )
         self.allocator = BlockAllocator(num_blocks, block_size)
         self.scheduler = Scheduler(
             self.allocator,
@@ -157,6 +183,8 @@ class Engine:
             max_prefill_tokens=max_prefill_tokens,
             eos_token_ids=loaded.eos_token_ids if eos_token_ids is None else eos_token_ids,
             max_step_ms=max_step_ms,
+            kv_admission=KvAdmission(kv_admission),
+            watermark=watermark,
         )
         self.costs: StepCosts = self.scheduler.costs
         self.pack_prefill = pack_prefill
@@ -413,6 +441,9 @@ class Engine:
             blocks_total=self.allocator.num_blocks,
             blocks_free=self.allocator.num_free,
             blocks_reserved=self.allocator.num_reserved,
+            blocks_filled=scheduler.num_blocks_filled,
+            preemptions=scheduler.num_preemptions,
+            recomputed_tokens=scheduler.num_recomputed_tokens,
             running=len(scheduler.running),
             waiting=len(scheduler.waiting),
             paused=scheduler.num_paused,

@@ -5,12 +5,25 @@ into the inbox; the stepping thread applies them at the start of a step
 (``apply_inbox``): submits join the waiting queue, cancels finish a waiting
 sequence (never admitted) or a running one, pauses and resumes flip a flag.
 
-``schedule`` then admits waiting sequences in arrival order while there is a
-batch slot and enough free blocks for everything a sequence can ever need
-(prompt plus max new tokens); admission stops at the first one that does not
-fit, so a long request is never overtaken forever by short ones. It takes the
-decode rows (every running, unpaused sequence that already has a token to feed
-back) and then the prompts to prefill in this step, in arrival order, within the
+``schedule`` first gives every decode row the block its next position falls in
+(blocks on demand, ``KvAdmission.ON_DEMAND``, the default): a sequence holds the
+blocks of the positions it has written plus the one it writes next. When a row
+needs a block and none is free, the scheduler preempts by recompute: the victim is
+the most recently admitted running sequence (the one that has had the least
+service, as vLLM does; possibly the row itself), its blocks are released through
+the one release path, and it goes back to the head of the waiting queue holding
+its tokens; readmitted, it prefills its prompt plus the tokens it generated but
+the last (``Sequence.forget_cache``) and then decodes on, sampling nothing twice.
+In a step that preempted, nobody is admitted (the victim would only be evicted
+again). Then it admits waiting sequences in arrival order while there is a batch
+slot and free blocks for a sequence's prefill, with ``watermark`` of the blocks
+left over when others run (so that a new arrival does not at once cause a
+preemption); with ``KvAdmission.RESERVE`` (kept for comparison) admission takes
+every block a sequence can ever need (prompt plus max new tokens) and nothing is
+ever preempted. Admission stops at the first one that does not fit, so a long
+request is never overtaken forever by short ones. It takes the decode rows
+(every running, unpaused sequence whose prefill is done) and then the prefills
+(fresh prompts and recomputes) of this step, in arrival order, within the
 step's prefill budget: ``max_prefill_tokens``, or fewer with a step-time target
 (``max_step_ms``), what the measured costs (``costs.StepCosts``) say fits beside
 this step's decode rows (a step with nothing to decode keeps the whole budget: no
@@ -25,7 +38,10 @@ for longer than the budget. Its first token comes with its last chunk.
 the stop matcher and deciding whether the sequence ends (stop string, eos,
 length); any exception there finishes that sequence alone with ``ERROR``.
 ``finish`` is the only way out, and it releases the blocks through the
-allocator, the one place they are freed. Pure Python: no torch.
+allocator, the one place they are freed; ``_preempt`` releases them the same way
+and drops the table (a readmitted sequence gets a new one), so whatever mix of
+preemption, cancel and finish, every table is released exactly once. Pure Python:
+no torch.
 """
 
 from __future__ import annotations
@@ -41,6 +57,19 @@ from .costs import StepCosts
 from .errors import DuplicateRequestId
 from .sequence import Chunk, Sequence, SequenceState
 from .types import EngineEvent, FinishEvent, FinishReason, TokenEvent
+
+
+class KvAdmission(enum.Enum):
+    """How admission counts cache blocks."""
+
+    ON_DEMAND = "on_demand"  # the prefill's blocks; more as it writes; preempt when out
+    RESERVE = "reserve"  # prompt + max new tokens at once: never preempted (comparison)
+
+
+# Blocks kept free at admission while others run, as a share of the pool: room for the
+# running sequences to grow a while before a newcomer forces a preemption (vLLM's
+# watermark is also 1%).
+DEFAULT_WATERMARK = 0.01
 
 
 class Op(enum.Enum):
@@ -79,6 +108,8 @@ class Scheduler:
         max_step_ms: a step-time target: the prefill budget is what ``costs`` says
             fits beside the step's decode pass (at least MIN_PREFILL_SHARE of it).
         costs: the measured step costs (the engine feeds them).
+        kv_admission: blocks on demand with preemption, or reserved whole at admission.
+        watermark: share of the blocks an admission leaves free while others run.
     """
 
     def __init__(
@@ -90,6 +121,8 @@ class Scheduler:
         eos_token_ids: frozenset[int],
         max_step_ms: float | None = None,
         costs: StepCosts | None = None,
+        kv_admission: KvAdmission = KvAdmission.ON_DEMAND,
+        watermark: float = DEFAULT_WATERMARK,
     ) -> None:
         if max_batch < 1 or max_prefill_tokens < 1:
             raise ValueError(
@@ -98,6 +131,8 @@ class Scheduler:
             )
         if max_step_ms is not None and not max_step_ms > 0:
             raise ValueError(f"max_step_ms must be positive, got {max_step_ms}")
+        if not 0 <= watermark < 1:
+            raise ValueError(f"watermark must be in [0, 1), got {watermark}")
         self.allocator = allocator
         self.max_batch = max_batch
         self.max_prefill_tokens = max_prefill_tokens
@@ -105,6 +140,10 @@ class Scheduler:
         self.costs = costs or StepCosts()
         self.mixed_step = False  # the engine's: a step's prefill and decode share one pass
         self.eos_token_ids = eos_token_ids
+        self.kv_admission = KvAdmission(kv_admission)
+        self.watermark_blocks = int(watermark * allocator.num_blocks)
+        self.num_preemptions = 0
+        self.num_recomputed_tokens = 0  # positions prefilled again after a preemption
         self.waiting: deque[Sequence] = deque()
         self.running: dict[str, Sequence] = {}  # insertion order = admission order
         self.num_admitted = 0
@@ -136,8 +175,7 @@ class Scheduler:
         if any(_expired(s, time.monotonic()) for s in self.waiting):
             return True  # the next step finishes it (expire_deadlines): once, no spin
         can_admit = bool(self.waiting) and (
-            len(self.running) < self.max_batch
-            and self.allocator.can_reserve(self.waiting[0].max_tokens)
+            len(self.running) < self.max_batch and self._fits(self.waiting[0])
         )
         return can_admit or any(not s.is_paused for s in self.running.values())
 
@@ -183,17 +221,18 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         """Admit what fits, then choose this step's decode rows and prompt chunks."""
-        self._admit()
-        decode = [s for s in self.running.values() if not s.is_paused and s.generated_ids]
+        if not self._grow_decoding():
+            self._admit()
+        decode = [s for s in self.running.values() if not s.is_paused and not s.needs_prefill]
         budget = self.prefill_budget(len(decode))
         prefill: list[Chunk] = []
         used = 0
         for seq in self.running.values():
-            if seq.is_paused or seq.generated_ids:
+            if seq.is_paused or not seq.needs_prefill:
                 continue
-            left = seq.num_prompt_tokens - seq.num_prefilled
+            left = seq.num_to_cache
             if used + left <= budget:
-                prefill.append(Chunk(seq, seq.num_prefilled, seq.num_prompt_tokens))
+                prefill.append(Chunk(seq, seq.num_prefilled, seq.prefill_end))
                 used += left
                 continue
             if not prefill:  # the first prompt: cut it to the budget
@@ -215,9 +254,10 @@ class Scheduler:
         return min(self.max_prefill_tokens, max(within, least, MIN_PREFILL_TOKENS))
 
     def record_chunk(self, chunk: Chunk, token: int | Exception | None) -> list[EngineEvent]:
-        """A prefilled chunk: its prompt positions are cached; the last one brings the
-        first token (or the exception that sampling it raised)."""
+        """A prefilled chunk: its positions are cached; a fresh prompt's last chunk
+        brings the first token (or the exception that sampling it raised)."""
         chunk.seq.num_prefilled = chunk.end
+        self.num_recomputed_tokens += max(min(chunk.end, chunk.seq.num_lost) - chunk.start, 0)
         return [] if token is None else self.record_token(chunk.seq, token)
 
     def record_token(self, seq: Sequence, token: int | Exception) -> list[EngineEvent]:
@@ -268,29 +308,80 @@ class Scheduler:
         return next((s for s in self.waiting if s.request_id == request_id), None)
 
     def prompt_tokens_to_prefill(self) -> int:
-        """Prompt tokens not cached yet, of every waiting and admitted sequence."""
-        admitted = sum(s.num_prompt_tokens - s.num_prefilled
-                       for s in self.running.values() if not s.generated_ids)
-        return admitted + sum(s.num_prompt_tokens for s in self.waiting)
+        """Positions to prefill (prompts, recomputes), of every waiting and admitted one."""
+        return sum(s.num_to_cache for s in self.running.values()) + sum(
+            s.num_to_cache for s in self.waiting)
 
     @property
     def num_decoding(self) -> int:
-        return sum(not s.is_paused and bool(s.generated_ids) for s in self.running.values())
+        return sum(not s.is_paused and not s.needs_prefill for s in self.running.values())
+
+    @property
+    def num_blocks_filled(self) -> int:
+        """Blocks holding at least one cached position of a running sequence."""
+        needed = self.allocator.blocks_needed
+        return sum(needed(s.num_prefilled if s.needs_prefill else s.num_cached)
+                   for s in self.running.values())
 
     @property
     def num_paused(self) -> int:
         return sum(s.is_paused for s in self.running.values())
 
+    def _admission_tokens(self, seq: Sequence) -> int:
+        """Positions a sequence's table covers at admission."""
+        if self.kv_admission is KvAdmission.RESERVE:
+            return seq.max_tokens
+        return seq.prefill_end
+
+    def _fits(self, seq: Sequence) -> bool:
+        """Whether ``seq`` can be admitted now. The watermark applies only while others
+        run: alone, a sequence that fits the cache at all is admitted."""
+        headroom = self.watermark_blocks if self.running else 0
+        return self.allocator.can_reserve(self._admission_tokens(seq), headroom)
+
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_batch:
             head = self.waiting[0]
-            if not self.allocator.can_reserve(head.max_tokens):
+            if not self._fits(head):
                 break
             self.waiting.popleft()
-            head.block_table = self.allocator.reserve(head.request_id, head.max_tokens)
+            # Invariant: a table is never reused after its release: a new one each time.
+            head.block_table = self.allocator.reserve(head.request_id, self._admission_tokens(head))
             head.state = SequenceState.RUNNING
             self.running[head.request_id] = head
             self.num_admitted += 1
+
+    def _grow_decoding(self) -> bool:
+        """Give every decode row the block its next position falls in, preempting the
+        most recently admitted sequence while none is free; whether any was preempted."""
+        preempted = False
+        for seq in list(self.running.values()):
+            if seq.state is not SequenceState.RUNNING or seq.is_paused or seq.needs_prefill:
+                continue  # preempted just now, or writes nothing this step
+            table, positions = seq.block_table, seq.num_cached + 1
+            assert table is not None
+            while self.allocator.blocks_to_grow(table, positions) > self.allocator.num_free:
+                victim = next(reversed(self.running.values()))  # the newest: see above
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                self.allocator.grow(table, positions)
+        return preempted
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Take a running sequence's blocks (released once, the table dropped) and put
+        it at the head of the waiting queue; it keeps its tokens and its generator."""
+        del self.running[seq.request_id]
+        assert seq.block_table is not None
+        self.allocator.release(seq.block_table)
+        seq.block_table = None
+        seq.state = SequenceState.WAITING
+        seq.forget_cache()
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
 
     def _text_of(self, seq: Sequence, token_id: int, index: int) -> tuple[str, FinishReason | None]:
         """The text token ``index`` adds, and why the sequence ends with it (or None)."""

@@ -4,6 +4,14 @@ A ``Sequence`` is created when a request is submitted, and lives in the
 scheduler until it finishes. Only the thread running ``step()`` touches it once
 the step has applied its submit. Pure Python: the generator is the model
 runner's (a ``torch.Generator`` for the real one), opaque here.
+
+Prefill and recompute. Before a sequence decodes, its ``prefill_ids`` must be in
+the cache: the prompt for a fresh sequence; after a preemption (``forget_cache``)
+the prompt plus every generated token but the last, whose keys and values the cache
+lost with its blocks. The last generated token is then fed to the next decode as
+usual, so a recompute samples nothing: the generator is not drawn from and the
+stream goes on exactly as if it had never stopped. A sequence made already holding
+``generated_ids`` (a stream rebuilt elsewhere) starts in that same state.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ if TYPE_CHECKING:
 
 
 class SequenceState(enum.Enum):
-    WAITING = "waiting"  # submitted, not admitted: holds no blocks
+    WAITING = "waiting"  # submitted or preempted, not admitted: holds no blocks
     RUNNING = "running"  # admitted: holds its block table and a batch slot
     FINISHED = "finished"  # left the engine: its blocks went back exactly once
 
@@ -35,7 +43,23 @@ class Sequence:
     generated_ids: list[int] = field(default_factory=list)
     block_table: BlockTable | None = None
     is_paused: bool = False
-    num_prefilled: int = 0  # prompt positions whose keys/values are cached (chunked prefill)
+    num_prefilled: int = 0  # positions of prefill_ids whose keys/values are cached
+    # Generated tokens the next prefill caches again: 0 for a fresh sequence; after a
+    # preemption all but the last generated token (see forget_cache).
+    num_recompute: int = 0
+    num_preemptions: int = 0  # times this sequence lost its blocks to a preemption
+    num_lost: int = 0  # positions cached when last preempted: the ones computed again
+
+    def __post_init__(self) -> None:
+        if self.generated_ids:  # a stream rebuilt elsewhere: recompute what it had
+            self.forget_cache()
+
+    def forget_cache(self) -> None:
+        """The cache no longer holds this sequence (its blocks went back): its next
+        prefill computes ``prefill_ids`` from position 0, sampling nothing."""
+        self.num_lost = self.num_prefilled if self.needs_prefill else self.num_cached
+        self.num_prefilled = 0
+        self.num_recompute = max(len(self.generated_ids) - 1, 0)
 
     @property
     def request_id(self) -> str:
@@ -51,8 +75,30 @@ class Sequence:
         return len(self.prompt_ids) + self.request.max_new_tokens
 
     @property
+    def prefill_ids(self) -> list[int]:
+        """The tokens to cache before decoding: the prompt, then (for a recompute) the
+        generated tokens but the last."""
+        return self.prompt_ids + self.generated_ids[: self.num_recompute]
+
+    @property
+    def prefill_end(self) -> int:
+        """How many positions prefill caches: ``len(prefill_ids)``."""
+        return len(self.prompt_ids) + self.num_recompute
+
+    @property
+    def num_to_cache(self) -> int:
+        """Positions still to prefill before this sequence can decode."""
+        return self.prefill_end - self.num_prefilled
+
+    @property
+    def needs_prefill(self) -> bool:
+        """Whether prefill (a fresh prompt, or a recompute) must run before decoding."""
+        return self.num_prefilled < self.prefill_end
+
+    @property
     def num_cached(self) -> int:
-        """Positions whose keys/values are in the cache (all but the newest token)."""
+        """Positions whose keys/values are in the cache once decoding: all but the
+        newest token (while ``needs_prefill``, ``num_prefilled`` are)."""
         return len(self.prompt_ids) + len(self.generated_ids) - 1
 
     @property
@@ -62,7 +108,8 @@ class Sequence:
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """Prompt positions ``start`` to ``end`` of one sequence, prefilled in one pass."""
+    """Positions ``start`` to ``end`` of one sequence's ``prefill_ids``, prefilled in
+    one pass."""
 
     seq: Sequence
     start: int
@@ -71,14 +118,15 @@ class Chunk:
     @property
     def ids(self) -> list[int]:
         """The token ids this chunk writes into the cache."""
-        return self.seq.prompt_ids[self.start : self.end]
+        return self.seq.prefill_ids[self.start : self.end]
 
     @property
     def is_last(self) -> bool:
-        """Whether this chunk completes the prompt: its pass samples the first token."""
-        return self.end == self.seq.num_prompt_tokens
+        """Whether this chunk completes the sequence's prefill."""
+        return self.end == self.seq.prefill_end
 
     @property
     def samples(self) -> bool:
-        """Whether its pass samples a token (the first, with the prompt's last chunk)."""
-        return self.is_last
+        """Whether its pass samples a token: only a fresh prompt's last chunk does (a
+        recompute ends on a token already generated, fed to the next decode)."""
+        return self.is_last and not self.seq.generated_ids

@@ -98,7 +98,7 @@ class EngineStatistics:
 
     blocks_total: int
     blocks_free: int
-    blocks_reserved: int
+    blocks_reserved: int  # held by running sequences (blocks_total - blocks_free)
     running: int
     waiting: int
     paused: int
@@ -107,3 +107,6 @@ class EngineStatistics:
     steps: int
     last_step_ms: float | None
     median_decode_step_ms: float | None  # over recent steps that decoded a batch
+    blocks_filled: int = 0  # of the reserved, those holding a cached position
+    preemptions: int = 0  # running sequences whose blocks were taken back (to recompute)
+    recomputed_tokens: int = 0  # positions prefilled again after preemptions

@@ -80,7 +80,7 @@ class ScriptedRunner:
         self.prefills.append([s.request_id for s in seqs])
         self.chunks.append([(c.seq.request_id, c.start, c.end) for c in chunks])
         self._maybe_fail(seqs, self.fail_prefill, "prefill")
-        return [self._sample(c.seq, c.seq.prompt_ids[-1]) if c.is_last else None for c in chunks]
+        return [self._sample(c.seq, c.ids[-1]) if c.samples else None for c in chunks]
 
     def decode(self, seqs: list[Sequence]) -> list[int | Exception]:
         self.decodes.append([s.request_id for s in seqs])

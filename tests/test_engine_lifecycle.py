@@ -288,7 +288,7 @@ def test_request_paused_before_admission_gets_no_token(make_tiny_engine: MakeEng
 def test_admission_keeps_arrival_order_when_blocks_run_short(
     make_tiny_engine: MakeEngine,
 ) -> None:
-    engine = make_tiny_engine(max_batch=4, num_blocks=8, block_size=4)
+    engine = make_tiny_engine(max_batch=4, num_blocks=8, block_size=4, kv_admission="reserve")
     engine.submit(_request("first", 4))  # 12 positions: 3 of the 8 blocks
     first_token_step: dict[str, int] = {}
     finish_step: dict[str, int] = {}

@@ -145,7 +145,7 @@ def test_an_engine_with_a_step_time_target_calibrates_at_once() -> None:
 
 def test_admission_waits_for_blocks_in_arrival_order() -> None:
     runner = ScriptedRunner()
-    engine = scripted_engine(runner, num_blocks=4, block_size=4)
+    engine = scripted_engine(runner, num_blocks=4, block_size=4, kv_admission="reserve")
     _submit(engine, "first", "abcd", 4)  # 8 positions: 2 of the 4 blocks
     _submit(engine, "big", "abcdefgh", 4)  # 12 positions: 3 blocks, only 2 free
     _submit(engine, "small", "a", 3)  # 4 positions: 1 block, would fit at once

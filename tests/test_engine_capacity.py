@@ -1,0 +1,281 @@
+"""KV capacity: blocks on demand, a watermark at admission, preemption by recompute.
+
+The scheduling decisions are checked on the real Engine over the scripted runner
+(``tests.scripted_runner``: letters count up, so every run's text is known); identity
+after a preemption on the tiny random models: every token of a stream that lost its
+blocks mid-stream and was recomputed equals the token of the same request run alone,
+greedy and seeded. The cache sizing from memory is checked against the models' configs.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+
+from engine import (
+    EngineEvent,
+    FinishEvent,
+    FinishReason,
+    GenerationRequest,
+    SamplingParams,
+    TokenEvent,
+)
+from engine.engine import Engine
+from engine.sequence import Chunk, SequenceState
+from tests.scripted_runner import ScriptedRunner, scripted_engine
+
+SEEDED = SamplingParams(temperature=0.9, top_p=0.95, seed=7)
+
+
+def _submit(engine: Engine, request_id: str, prompt: str = "abcd", max_new: int = 4,
+            sampling: SamplingParams | None = None) -> None:
+    engine.submit(GenerationRequest(request_id, prompt, max_new,
+                                    sampling=sampling or SamplingParams()))
+
+
+def _run_until_idle(engine: Engine, max_steps: int = 500) -> list[EngineEvent]:
+    events: list[EngineEvent] = []
+    for _ in range(max_steps):
+        if not engine.has_work():
+            return events
+        events += engine.step()
+    raise AssertionError(f"the engine still has work after {max_steps} steps")
+
+
+def _tokens(events: list[EngineEvent]) -> dict[str, list[int]]:
+    """Token ids per request, checking each index comes once and in order."""
+    ids: dict[str, list[int]] = {}
+    for event in events:
+        if isinstance(event, TokenEvent):
+            tokens = ids.setdefault(event.request_id, [])
+            assert event.index == len(tokens), event
+            tokens.append(event.token_id)
+    return ids
+
+
+def _finishes(events: list[EngineEvent]) -> dict[str, FinishEvent]:
+    finishes: dict[str, FinishEvent] = {}
+    for event in events:
+        if isinstance(event, FinishEvent):
+            assert event.request_id not in finishes, f"{event.request_id} finished twice"
+            finishes[event.request_id] = event
+    return finishes
+
+
+def _assert_whole(engine: Engine) -> None:
+    engine.step()  # refresh the statistics
+    stats = engine.statistics()
+    assert (stats.blocks_free, stats.running, stats.waiting) == (stats.blocks_total, 0, 0)
+    assert stats.releases == stats.admitted  # each table released once, none left
+
+
+class RecordingRunner(ScriptedRunner):
+    """A scripted runner that also records the token ids each chunk writes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chunk_ids: list[tuple[str, list[int], bool]] = []  # (id, chunk.ids, samples)
+
+    def prefill(self, chunks: list[Chunk]) -> list[int | Exception | None]:
+        self.chunk_ids += [(c.seq.request_id, c.ids, c.samples) for c in chunks]
+        return super().prefill(chunks)
+
+
+# -- on demand -----------------------------------------------------------------------------
+
+
+def test_a_table_grows_a_block_when_the_next_position_needs_one() -> None:
+    engine = scripted_engine(num_blocks=16, block_size=4)
+    _submit(engine, "a", "abcd", 9)  # 13 positions: 4 blocks if reserved
+    held = []
+    while engine.has_work():
+        engine.step()
+        held.append(engine.statistics().blocks_reserved)
+    # Positions 0-3 at the prefill; 4 at the first decode (a 2nd block), 8 (a 3rd),
+    # then the finish. Position 12 (token 8's) is never written.
+    assert held == [1, 2, 2, 2, 2, 3, 3, 3, 0]
+
+
+def test_the_reservation_scheme_holds_every_block_from_admission() -> None:
+    engine = scripted_engine(num_blocks=16, block_size=4, kv_admission="reserve")
+    _submit(engine, "a", "abcd", 9)
+    engine.step()
+    assert engine.statistics().blocks_reserved == 4
+    assert engine.statistics().blocks_filled == 1
+    _run_until_idle(engine)
+
+
+def test_on_demand_admits_more_than_worst_case_reservations_would() -> None:
+    engines = {scheme: scripted_engine(num_blocks=16, block_size=4, kv_admission=scheme)
+               for scheme in ("reserve", "on_demand")}
+    for engine in engines.values():
+        for i in range(8):
+            _submit(engine, f"r{i}", "abcd", 20)  # 24 positions: 6 blocks reserved
+        engine.step()
+    assert engines["reserve"].statistics().running == 2
+    assert engines["on_demand"].statistics().running == 8
+    for engine in engines.values():
+        _run_until_idle(engine)
+
+
+@pytest.mark.parametrize(("watermark", "admitted_beside_a"), [(0.05, False), (0.0, True)])
+def test_admission_leaves_the_watermark_free_while_others_run(
+    watermark: float, admitted_beside_a: bool
+) -> None:
+    engine = scripted_engine(num_blocks=100, block_size=4, watermark=watermark)
+    _submit(engine, "a", "abcd", 3)  # 1 block, then 2
+    engine.step()
+    # 96 blocks: 96 + 5 > 98 free while "a" runs; alone, over the watermark of 100.
+    _submit(engine, "big", "x" * 383, 1)
+    engine.step()
+    stats = engine.statistics()
+    assert (stats.running, stats.waiting) == ((2, 0) if admitted_beside_a else (1, 1))
+    events = _run_until_idle(engine)  # alone, "big" is admitted whatever the watermark
+    assert _finishes(events)["big"].reason is FinishReason.LENGTH
+    _assert_whole(engine)
+
+
+# -- preemption ----------------------------------------------------------------------------
+
+
+def _three_sharing_five_blocks(runner: ScriptedRunner) -> Engine:
+    """a, b (1 block each) and c (2 blocks) admitted together over 5 blocks of 4; at the
+    first decode a and b each need a 2nd block, and only one is free."""
+    engine = scripted_engine(runner, num_blocks=5, block_size=4, watermark=0.0)
+    _submit(engine, "a", "abcd", 6)
+    _submit(engine, "b", "abcd", 6)
+    _submit(engine, "c", "abcdef", 6)
+    engine.step()
+    return engine
+
+
+def test_the_most_recently_admitted_sequence_is_preempted() -> None:
+    runner = ScriptedRunner()
+    engine = _three_sharing_five_blocks(runner)
+    engine.step()
+    assert runner.decodes == [["a", "b"]]  # c gave its blocks to b
+    (c,) = engine.scheduler.waiting
+    assert (c.request_id, c.state, c.block_table, c.num_preemptions) == (
+        "c", SequenceState.WAITING, None, 1)
+    stats = engine.statistics()
+    assert (stats.preemptions, stats.running, stats.waiting) == (1, 2, 1)
+    _run_until_idle(engine)
+    _assert_whole(engine)
+
+
+def test_a_recompute_prefills_the_prompt_and_all_but_the_last_token_and_samples_nothing() -> None:
+    runner = RecordingRunner()
+    engine = scripted_engine(runner, num_blocks=4, block_size=4, watermark=0.0)
+    _submit(engine, "a", "abcd", 8)
+    _submit(engine, "b", "mnop", 8)
+    events = []
+    while engine.statistics().preemptions == 0:
+        events += engine.step()
+    assert engine.scheduler.waiting[0].request_id == "b"
+    events += _run_until_idle(engine)
+    recompute = [(ids, samples) for rid, ids, samples in runner.chunk_ids[2:] if rid == "b"]
+    generated = _tokens(events)["b"]
+    assert recompute == [(list(b"mnop") + generated[: len(recompute[0][0]) - 4], False)]
+    assert "".join(map(chr, generated)) == "qrstuvwx"  # no token lost, none repeated
+    assert engine.statistics().recomputed_tokens == len(recompute[0][0])
+    _assert_whole(engine)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SEEDED], ids=["greedy", "seeded"])
+def test_preempted_streams_equal_their_solo_runs(sampling: SamplingParams) -> None:
+    prompts = ["abcd", "efg", "hijklm", "nop", "q", "rstuvw", "ab", "cdefghij"]
+
+    def run(num_blocks: int, ids: list[int]) -> tuple[dict[str, list[int]], Engine]:
+        engine = scripted_engine(num_blocks=num_blocks, block_size=4, watermark=0.0)
+        for i in ids:
+            _submit(engine, f"r{i}", prompts[i], 14, sampling)
+        return _tokens(_run_until_idle(engine)), engine
+
+    solo = {f"r{i}": run(64, [i])[0][f"r{i}"] for i in range(len(prompts))}
+    got, engine = run(12, list(range(len(prompts))))
+    assert engine.statistics().preemptions >= 4
+    assert got == solo
+    _assert_whole(engine)
+
+
+def test_a_preempted_sequence_cancelled_while_waiting_is_released_once() -> None:
+    runner = ScriptedRunner()
+    engine = _three_sharing_five_blocks(runner)
+    engine.step()  # c preempted
+    engine.cancel("c")
+    events = engine.step()
+    assert _finishes(events)["c"].reason is FinishReason.CANCELLED
+    assert engine.scheduler.find("c") is None
+    events += _run_until_idle(engine)
+    assert set(_finishes(events)) == {"a", "b", "c"}
+    _assert_whole(engine)
+    assert engine.statistics().releases == 4  # a, b, c's first table; never a second
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_table_is_released_exactly_once_under_preempt_cancel_pause_and_finish(
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
+    engine = scripted_engine(num_blocks=10, block_size=4, max_batch=6, watermark=0.0)
+    live: list[str] = []
+    events: list[EngineEvent] = []
+    for step in range(400):
+        if step < 150 and rng.random() < 0.5:
+            rid = f"r{step}"
+            _submit(engine, rid, "abcdefgh"[: rng.randint(1, 8)], rng.randint(1, 20),
+                    rng.choice([SamplingParams(), SEEDED]))
+            live.append(rid)
+        if live and rng.random() < 0.15:
+            engine.cancel(rng.choice(live))
+        if live and rng.random() < 0.2:
+            getattr(engine, rng.choice(["pause", "resume"]))(rng.choice(live))
+        if step >= 150:
+            for rid in live:
+                engine.resume(rid)
+        events += engine.step()  # a second release would raise DoubleRelease here
+        if step >= 150 and not engine.has_work():
+            break
+    finishes = _finishes(events)
+    assert set(finishes) == set(live)
+    tokens = _tokens(events)
+    for rid, finish in finishes.items():
+        assert finish.completion_tokens == len(tokens.get(rid, []))
+    assert engine.statistics().preemptions > 0
+    _assert_whole(engine)
+
+
+# -- preemption on the tiny models: identity -----------------------------------------------
+
+MODEL_PROMPTS = [
+    "The capital of France is", "A", "Every stream has an owner", "0123", "Les élèves",
+    "日本語", "tokens leave as they are made", "Rome",
+]
+MODEL_SAMPLINGS = {
+    "greedy": SamplingParams(ignore_eos=True),
+    "seeded": SamplingParams(temperature=0.9, top_p=0.9, top_k=40, seed=11, ignore_eos=True),
+}
+
+
+@pytest.mark.parametrize("model", ["tiny-gpt2", "tiny-llama"])
+@pytest.mark.parametrize("kind", list(MODEL_SAMPLINGS))
+def test_streams_preempted_mid_stream_equal_their_solo_runs(
+    model: str, kind: str, make_tiny_engine: Callable[..., Engine]
+) -> None:
+    sampling = MODEL_SAMPLINGS[kind]
+    requests = [GenerationRequest(f"r{i}", prompt, 24, sampling=sampling)
+                for i, prompt in enumerate(MODEL_PROMPTS)]
+    solo = {}
+    for request in requests:
+        alone = make_tiny_engine(model, max_batch=1, num_blocks=64, block_size=4)
+        alone.submit(request)
+        solo[request.request_id] = _tokens(_run_until_idle(alone))[request.request_id]
+    engine = make_tiny_engine(model, max_batch=8, num_blocks=24, block_size=4)
+    for request in requests:
+        engine.submit(request)
+    got = _tokens(_run_until_idle(engine))
+    stats = engine.statistics()
+    assert stats.preemptions >= 3 and stats.recomputed_tokens > 0
+    assert got == solo
