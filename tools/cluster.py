@@ -172,37 +172,46 @@ class Cluster:
     admin_socket: Path
     restarts: list[Restart] = field(default_factory=list)
 
-    async def server_states(self) -> dict[str, str]:
-        """HAProxy's status of each replica ("UP", "DOWN", "UP 1/2", ...), by name."""
+    async def admin(self, command: str) -> str:
+        """One command on HAProxy's admin socket (its runtime API); its answer."""
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with sock:
             await sock.connect(str(self.admin_socket))
-            await sock.send(b"show stat\n")
+            await sock.send(command.encode() + b"\n")
             data = b""
             while chunk := await sock.recv(65536):
                 data += chunk
+        return data.decode()
+
+    async def server_states(self) -> dict[str, str]:
+        """HAProxy's status of each replica ("UP", "DOWN", "UP 1/2", "DRAIN", ...)."""
         states = {}
-        for line in data.decode().splitlines():
+        for line in (await self.admin("show stat")).splitlines():
             fields = line.split(",")
             if len(fields) > 17 and fields[0] == "replicas" and fields[1] not in (
                     "BACKEND", "FRONTEND"):
                 states[fields[1]] = fields[17]
         return states
 
-    async def wait_in_pool(self, name: str, up: bool = True) -> None:
+    async def wait_in_pool(self, name: str, up: bool = True, state: str | None = None) -> None:
         """Until HAProxy counts replica ``name`` UP (or, ``up=False``, DOWN: not "UP 1/2",
-        which is still UP after one failed check)."""
-        want = "UP" if up else "DOWN"
+        which is still UP after one failed check; or exactly ``state``)."""
+        want = state or ("UP" if up else "DOWN")
         with trio.move_on_after(POOL_TIMEOUT_S):
             while (await self.server_states()).get(name) != want:  # noqa: ASYNC110
                 await trio.sleep(POLL_S)  # HAProxy's state has no event to wait on
             return
-        raise ClusterError(f"HAProxy did not count {name} {'UP' if up else 'DOWN'} within "
+        raise ClusterError(f"HAProxy did not count {name} {want} within "
                            f"{POOL_TIMEOUT_S:.0f} s: {await self.server_states()}")
 
-    async def restart(self, replica: Replica) -> Restart:
-        """SIGTERM, wait for the exit, start again, wait until ready and in the pool."""
+    async def restart(self, replica: Replica, *, haproxy_drain: bool = True) -> Restart:
+        """Out of HAProxy's pool first (``haproxy_drain``: ``set server ... state drain``,
+        no new request goes there, open ones go on), then SIGTERM, wait for the exit,
+        start again, wait until ready, back in the pool (``state ready``)."""
         began = time.perf_counter()
+        if haproxy_drain:
+            await self.admin(f"set server replicas/{replica.name} state drain")
+            await self.wait_in_pool(replica.name, state="DRAIN")
         replica.terminate()
         code = await replica.wait_exit()
         exited = time.perf_counter() - began
@@ -212,15 +221,18 @@ class Cluster:
         await self.wait_in_pool(replica.name, up=False)
         await replica.start()
         ready = time.perf_counter() - began
+        if haproxy_drain:
+            await self.admin(f"set server replicas/{replica.name} state ready")
         await self.wait_in_pool(replica.name)
         restart = Restart(replica.name, code, round(exited, 3), round(ready, 3),
                           round(time.perf_counter() - began, 3))
         self.restarts.append(restart)
         return restart
 
-    async def rolling_restart(self) -> list[Restart]:
+    async def rolling_restart(self, *, haproxy_drain: bool = True) -> list[Restart]:
         """Each replica in turn (see the module docstring)."""
-        return [await self.restart(replica) for replica in self.replicas]
+        return [await self.restart(replica, haproxy_drain=haproxy_drain)
+                for replica in self.replicas]
 
 
 def _spawn_redis(port: int, log_dir: Path) -> subprocess.Popen[bytes]:
