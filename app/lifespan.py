@@ -119,6 +119,8 @@ def load_engine_from_settings(settings: Settings) -> ServingEngine:
         max_step_ms=settings.max_step_ms,
         num_blocks=settings.cache_blocks,
         block_size=settings.block_size,
+        cache_memory=settings.cache_memory,
+        kv_admission=settings.kv_admission,
     )
 
 
@@ -448,7 +450,8 @@ def _prompt_ids(eng: ServingEngine, prompt: str) -> tuple[int, ...]:
 
 def _engine_fields(eng: ServingEngine | None) -> dict[str, Any]:
     names = ("blocks_total", "blocks_free", "blocks_reserved", "running", "waiting", "paused",
-             "admitted", "releases", "steps", "last_step_ms", "median_decode_step_ms")
+             "admitted", "releases", "steps", "last_step_ms", "median_decode_step_ms",
+             "blocks_filled", "preemptions", "recomputed_tokens")
     stats = eng.statistics() if eng is not None else None
     return {name: getattr(stats, name) if stats is not None else None for name in names}
 

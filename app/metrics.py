@@ -211,6 +211,8 @@ _GAUGES = (
      "Running sequences left out of decode because their reader is behind."),
     ("streamscope_num_streams_open", "streams_open", "Streams open in the hub."),
     ("streamscope_kv_cache_blocks_total", "blocks_total", "KV-cache blocks in the pool."),
+    ("streamscope_kv_cache_blocks_filled", "blocks_filled",
+     "KV-cache blocks holding a cached position of a running sequence (of those used)."),
     ("streamscope_resumable_streams", "resumable_streams",
      "Resumable streams held: running, or ended with their log kept for the grace period."),
     ("streamscope_resumable_streams_detached", "resumable_detached",
@@ -219,6 +221,13 @@ _GAUGES = (
      "Bytes in the event logs of resumable streams."),
     ("streamscope_resume_detached_bytes", "resume_detached_bytes",
      "Bytes in the event logs of resumable streams no reader holds (capped)."),
+)
+# (metric name, /stats key, help) for the engine's counters.
+_ENGINE_COUNTERS = (
+    ("streamscope_preemptions", "preemptions",
+     "Running sequences whose cache blocks were taken back, to be recomputed later."),
+    ("streamscope_recomputed_tokens", "recomputed_tokens",
+     "Positions prefilled again for sequences readmitted after a preemption."),
 )
 # (metric name, /stats key, help) for the resumption registry's counters.
 _RESUME_COUNTERS = (
@@ -264,7 +273,7 @@ class RuntimeCollector(Collector):
                                   value=stats.get("slow_client_drops") or 0)
         for name, key, doc in _DEADLINE_COUNTERS:
             yield CounterMetricFamily(name, doc, value=stats.get(key) or 0)
-        for name, key, doc in _RESUME_COUNTERS:
+        for name, key, doc in _ENGINE_COUNTERS + _RESUME_COUNTERS:
             yield CounterMetricFamily(name, doc, value=stats.get(key) or 0)
 
 

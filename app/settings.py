@@ -60,8 +60,20 @@ class Settings:
             "422): any but naive, which would let one client stall every stream"))
     max_batch: int = field(default=32, metadata=_doc(
         "most sequences running at once (batch slots)"))
-    cache_blocks: int = field(default=512, metadata=_doc(
-        "KV-cache blocks, allocated once at startup"))
+    cache_blocks: int | None = field(default=None, metadata={**_doc(
+        "KV-cache blocks, allocated once at startup; unset: as many as "
+        "STREAMSCOPE_CACHE_MEMORY holds"), "shown": "(from memory)"})
+    cache_memory: float | int = field(default=0.1, metadata=_doc(
+        "the KV cache's memory when cache_blocks is unset: a share of the device's "
+        "available memory at startup (a number with a point, up to 1.0; on a GPU, of what "
+        "the model left free) or bytes (`2147483648`, `512MiB`, `2GiB`); a position takes "
+        "layers × 2 × kv heads × head dim × dtype bytes (45 KiB for smollm2), and the cache "
+        "never exceeds max_batch × the model's context"))
+    kv_admission: str = field(default="on_demand", metadata=_doc(
+        "on_demand: a sequence takes cache blocks as it writes (admission needs its prompt's "
+        "blocks and a 1% watermark), and when they run out the newest running sequence is "
+        "preempted and later recomputed, with the same tokens; reserve: every block a "
+        "request may need (prompt + max_new_tokens) at admission, kept for comparison"))
     block_size: int = field(default=16, metadata=_doc("token positions per cache block"))
     max_prefill_tokens: int = field(default=256, metadata=_doc(
         "prompt tokens prefilled per engine step, all in one forward pass; the rest wait "
@@ -252,6 +264,47 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
 
+KV_ADMISSIONS = ("on_demand", "reserve")
+_MEMORY_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9,
+                 "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def _memory(raw: str) -> float | int:
+    """A share of memory (``0.1``, with a point) or bytes (``2147483648``, ``512MiB``)."""
+    number = raw.strip().rstrip("BbKkMmGgIi")
+    unit = raw.strip()[len(number):].lower()
+    try:
+        if "." in number and not unit:
+            share = float(number)
+            if 0 < share <= 1:
+                return share
+        elif unit in _MEMORY_UNITS:
+            size = int(float(number) * _MEMORY_UNITS[unit])
+            if size >= 1:
+                return size
+    except ValueError:
+        pass
+    raise ValueError("expected a share of memory in (0, 1] such as 0.1, or bytes such as "
+                     "2147483648, 512MiB or 2GiB")
+
+
+def _cache_blocks(raw: str) -> int:
+    """Like ``_positive_int``, for a setting that may stay unset (checked on its own)."""
+    return _positive_int(raw)
+
+
+def _is_memory(value: object) -> bool:
+    if isinstance(value, float):
+        return 0 < value <= 1
+    return _is_positive_int(value)
+
+
+def _kv_admission(raw: str) -> str:
+    if raw.lower() in KV_ADMISSIONS:
+        return raw.lower()
+    raise ValueError(f"expected one of {', '.join(KV_ADMISSIONS)}")
+
+
 def _boolean(raw: str) -> bool:
     lowered = raw.lower()
     if lowered in _TRUE | _FALSE:
@@ -313,11 +366,14 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "detect_disconnect": _boolean,
     "lab_routes": _boolean,
     "lab_pad_bytes": _pad_bytes,
+    "cache_blocks": _cache_blocks,
+    "cache_memory": _memory,
+    "kv_admission": _kv_admission,
     "api_key": str,  # checked in _range_problems, whose message does not repeat the key
     **{
         name: _positive_int
         for name in (
-            "max_batch", "cache_blocks", "block_size", "max_prefill_tokens", "max_waiting",
+            "max_batch", "block_size", "max_prefill_tokens", "max_waiting",
             "queue_limit", "resume_max_bytes",
             "max_new_tokens_limit", "default_max_new_tokens", "max_body_bytes",
             "max_prompt_chars",
@@ -334,6 +390,15 @@ def _range_problems(s: Settings) -> list[str]:
                 for n in ints if not _is_positive_int(getattr(s, n))]
     problems += [f"{_env_name(n)} must be finite and > 0, not {getattr(s, n)!r}"
                  for n in seconds if not _is_positive_seconds(getattr(s, n))]
+    if s.cache_blocks is not None and not _is_positive_int(s.cache_blocks):
+        problems.append(f"{_env_name('cache_blocks')} must be a whole number >= 1, "
+                        f"not {s.cache_blocks!r}")
+    if not _is_memory(s.cache_memory):
+        problems.append(f"{_env_name('cache_memory')} must be a share in (0, 1] or bytes "
+                        f">= 1, not {s.cache_memory!r}")
+    if s.kv_admission not in KV_ADMISSIONS:
+        problems.append(f"{_env_name('kv_admission')} must be one of "
+                        f"{', '.join(KV_ADMISSIONS)}, not {s.kv_admission!r}")
     if not _is_pad_bytes(s.lab_pad_bytes):
         problems.append(f"{_env_name('lab_pad_bytes')} must be 0 or from 2 to "
                         f"{MAX_LAB_PAD_BYTES}, not {s.lab_pad_bytes!r}")

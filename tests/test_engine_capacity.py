@@ -9,10 +9,13 @@ greedy and seeded. The cache sizing from memory is checked against the models' c
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
+from typing import Any
 
 import pytest
+import trio
 
 from engine import (
     EngineEvent,
@@ -24,6 +27,8 @@ from engine import (
 )
 from engine.engine import Engine
 from engine.sequence import Chunk, SequenceState
+from tests.http_clients import parse_sse, stream_body
+from tests.http_server import StartServer
 from tests.scripted_runner import ScriptedRunner, scripted_engine
 
 SEEDED = SamplingParams(temperature=0.9, top_p=0.95, seed=7)
@@ -279,3 +284,135 @@ def test_streams_preempted_mid_stream_equal_their_solo_runs(
     stats = engine.statistics()
     assert stats.preemptions >= 3 and stats.recomputed_tokens > 0
     assert got == solo
+
+
+# -- over HTTP: /stats and /metrics --------------------------------------------------------
+
+
+async def test_preempted_streams_over_http_equal_solo_and_metrics_agree_with_stats(
+    start_server: StartServer,
+) -> None:
+    from tests.test_app_metrics import scrape, stats, value
+
+    server = await start_server(cache_blocks=8, block_size=4)  # 32 positions in all
+    bodies = [stream_body(prompt=p, max_new_tokens=20, ignore_eos=True)
+              for p in ("Rome", "A", "0123", "close")]
+
+    async def text_of(body: dict[str, object], out: list[str]) -> None:
+        async with server.client() as client:
+            response = await client.post("/v1/stream", json=body)
+        events = parse_sse(response.content)
+        assert json.loads(events[-1].data)["finish_reason"] == "length"
+        out.append("".join(json.loads(e.data)["text"] for e in events if e.event == "token"))
+
+    solo: list[list[str]] = []
+    for body in bodies:
+        solo.append([])
+        await text_of(body, solo[-1])
+    assert (await stats(server))["preemptions"] == 0
+    together: list[list[str]] = [[] for _ in bodies]
+    async with trio.open_nursery() as nursery:
+        for body, out in zip(bodies, together, strict=True):
+            nursery.start_soon(text_of, body, out)
+    assert together == solo
+    current, samples = await stats(server), await scrape(server)
+    assert current["preemptions"] > 0 and current["recomputed_tokens"] > 0
+    assert value(samples, "streamscope_preemptions_total") == current["preemptions"]
+    assert (value(samples, "streamscope_recomputed_tokens_total")
+            == current["recomputed_tokens"])
+    assert value(samples, "streamscope_kv_cache_blocks_filled") == current["blocks_filled"] == 0
+
+
+# -- a cache sized from memory -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["tiny-gpt2", "tiny-llama"])
+def test_the_cache_is_sized_from_a_memory_budget_and_the_model_config(
+    model: str, make_tiny_engine: Callable[..., Engine]
+) -> None:
+    from engine.kv_cache import kv_bytes_per_token
+
+    loaded = make_tiny_engine(model, num_blocks=4).loaded
+    config = loaded.model.config  # type: ignore[attr-defined]
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = config.hidden_size // config.num_attention_heads
+    per_token = config.num_hidden_layers * 2 * kv_heads * head_dim * 4  # float32
+    assert kv_bytes_per_token(config, loaded.model.dtype) == per_token  # type: ignore[attr-defined]
+
+    engine = make_tiny_engine(model, block_size=4, cache_memory=per_token * 4 * 10 + 1)
+    assert engine.allocator.num_blocks == 10
+    cache = engine.runner.cache  # type: ignore[attr-defined]
+    assert sum(t.nbytes for t in cache.keys + cache.values) == per_token * 4 * 10
+    assert make_tiny_engine(model, num_blocks=7, cache_memory=10**9).allocator.num_blocks == 7
+    capped = make_tiny_engine(model, max_batch=2, block_size=4, cache_memory=2**40)
+    assert capped.allocator.num_blocks == 2 * loaded.max_context // 4  # never more than used
+    share = make_tiny_engine(model, max_batch=1, block_size=4, cache_memory=1e-9)
+    assert share.allocator.num_blocks >= 1
+
+
+def test_the_settings_choose_the_cache_memory_and_the_admission_scheme() -> None:
+    from app.lifespan import load_engine_from_settings
+    from app.settings import Settings, SettingsError
+
+    env = Settings.from_env
+    assert env({}).cache_blocks is None
+    assert (env({}).cache_memory, env({}).kv_admission) == (0.1, "on_demand")
+    assert env({"STREAMSCOPE_CACHE_MEMORY": "512MiB"}).cache_memory == 512 * 2**20
+    assert env({"STREAMSCOPE_CACHE_MEMORY": "2GB"}).cache_memory == 2 * 10**9
+    assert env({"STREAMSCOPE_CACHE_MEMORY": "1048576"}).cache_memory == 2**20
+    assert env({"STREAMSCOPE_CACHE_MEMORY": "0.25"}).cache_memory == 0.25
+    for bad in ("1.5", "0.0", "lots", "-1GiB"):
+        with pytest.raises(SettingsError, match="STREAMSCOPE_CACHE_MEMORY"):
+            env({"STREAMSCOPE_CACHE_MEMORY": bad})
+    with pytest.raises(SettingsError, match="STREAMSCOPE_KV_ADMISSION"):
+        env({"STREAMSCOPE_KV_ADMISSION": "greedy"})
+    built = load_engine_from_settings(Settings(
+        model="tiny-gpt2", device="cpu", block_size=4, cache_memory=2**20,
+        kv_admission="reserve"))
+    engine = built  # the production path: the Engine itself
+    assert engine.scheduler.kv_admission.value == "reserve"  # type: ignore[attr-defined]
+    assert engine.allocator.num_blocks > 1  # type: ignore[attr-defined]
+
+
+# -- conformance: the scripted runner preempts as the model does -------------------------
+
+PREEMPTING_SCENARIO: list[list[tuple[str, str, int]]] = [
+    [("submit", "r0", 10), ("submit", "r1", 9), ("submit", "r2", 10), ("submit", "r3", 8)],
+    [],
+    [],
+    [("cancel", "r3", 0)],  # preempted by then: cancelled while it waits
+    [("pause", "r0", 0)],
+    [("resume", "r0", 0), ("submit", "r4", 6)],
+]
+
+
+def _preempting_trace(engine: Engine) -> list[tuple[list[tuple[str, ...]], bool, int]]:
+    from tests.test_engine_conformance import _shape
+
+    trace: list[tuple[list[tuple[str, ...]], bool, int]] = []
+    for step in range(80):
+        if step < len(PREEMPTING_SCENARIO):
+            for op, rid, max_new in PREEMPTING_SCENARIO[step]:
+                if op == "submit":
+                    engine.submit(GenerationRequest(
+                        rid, "", max_new, sampling=SamplingParams(ignore_eos=True),
+                        prompt_token_ids=(5, 6, 7)))  # the same length in both tokenizers
+                else:
+                    getattr(engine, op)(rid)
+        elif not engine.has_work():
+            return trace
+        early: list[EngineEvent] = []
+        late = engine.step(on_prefill=early.extend)
+        shapes = [_shape(e, "early") for e in early] + [_shape(e, "late") for e in late]
+        trace.append((shapes, engine.has_work(), engine.statistics().preemptions))
+    raise AssertionError("still working after 80 steps")
+
+
+def test_the_scripted_runner_and_the_model_preempt_alike(
+    make_tiny_engine: Callable[..., Engine],
+) -> None:
+    options: dict[str, Any] = {"max_batch": 4, "num_blocks": 6, "block_size": 4,
+                               "watermark": 0.0}
+    model = _preempting_trace(make_tiny_engine(**options))
+    assert model[-1][2] >= 2  # preemptions happened
+    assert _preempting_trace(scripted_engine(**options)) == model
