@@ -260,6 +260,8 @@ class Runtime:
 
         Raises:
             ApiError: not ready, stopping or failed (503), before or after the encode.
+            streams.DeadlineUnmeetable: by the estimate without the prompt's tokens,
+                before the encode (no wait in its queue), or with them after it.
             streams.WaitingLimitReached, streams.NotAccepting, engine.InvalidRequest:
                 from ``Hub.open_stream``; nothing was submitted.
 
@@ -268,7 +270,7 @@ class Runtime:
         itself and the hand-over to ``owner`` have no checkpoint: the owner holds the
         stream as soon as it exists.
         """
-        self._raise_refusal()
+        self._raise_refusal().check_deadline(request)  # before the encode's queue
         assert self.engine is not None  # READY: built
         if request.prompt_token_ids is None:  # else render_chat encoded it
             tokenize = partial(_prompt_ids, self.engine, request.prompt)

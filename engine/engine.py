@@ -88,6 +88,11 @@ DEFAULT_MAX_PREFILL_TOKENS = 256
 DEFAULT_CACHE_MEMORY = 0.1
 
 
+# Each new step period's weight in the moving average estimate_ttft_ms paces steps by:
+# about the last ten steps, so a burst's slower steps count within a few tokens.
+PERIOD_WEIGHT = 0.1
+
+
 class ModelSource(Protocol):
     """What the engine needs of a loaded model (``engine.model.LoadedModel`` is one)."""
 
@@ -198,6 +203,11 @@ class Engine:
         self._num_steps = 0
         self.num_mixed_steps = 0  # steps whose prefill and decode ran in one pass
         self._last_step_ms: float | None = None
+        # Between the starts of consecutive steps while sequences ran: the step as the
+        # caller's loop paces it (its own work between steps, a busy event loop, the GIL
+        # included), which a forward pass's time alone leaves out. For estimate_ttft_ms.
+        self._busy_period_ms: float | None = None
+        self._last_start: float | None = None
         self._decode_ms: deque[float] = deque(maxlen=256)
         self._snapshot = self._take_snapshot()
         if max_step_ms is not None:
@@ -291,7 +301,9 @@ class Engine:
 
         The step in flight ends first; then every prompt token queued ahead of this
         request and its own are prefilled, at most a step's prefill budget a step, each
-        step also decoding the sequences that decode now. If every batch slot is
+        step also decoding the sequences that decode now (a step costs its passes, or
+        the period between step starts measured while sequences ran, if that is
+        longer: the caller's own work between steps counts). If every batch slot is
         taken, the decode steps until one frees are added (``_slot_wait_steps``); a
         wait for blocks is not in it. Thread-safe: it reads the last step boundary's
         state.
@@ -304,8 +316,9 @@ class Engine:
         ahead = self._to_prefill + self.scheduler.inbox_prompt_tokens() + prompt_tokens
         steps = -(-ahead // max(self.scheduler.prefill_budget(self._decoding), 1))
         in_flight = self._last_step_ms or 0.0
-        slot_wait = self._slot_wait_steps(self.scheduler.inbox_submits()) * decode
-        return in_flight + slot_wait + steps * (decode + fixed) + per_token * ahead
+        period = self._busy_period_ms or 0.0  # a step as paced, if longer than its passes
+        slot_wait = self._slot_wait_steps(self.scheduler.inbox_submits()) * max(decode, period)
+        return in_flight + slot_wait + steps * max(decode + fixed, period) + per_token * ahead
 
     def _slot_wait_steps(self, inbox_submits: int) -> int:
         """Decode steps until a batch slot frees for a request submitted now (0 if one is
@@ -426,6 +439,10 @@ class Engine:
         elapsed_ms = (time.perf_counter() - started) * 1000
         self._num_steps += 1
         self._last_step_ms = elapsed_ms
+        if self._last_start is not None:  # the last step left sequences running
+            period, old = (started - self._last_start) * 1000, self._busy_period_ms
+            self._busy_period_ms = period if old is None else old + PERIOD_WEIGHT * (period - old)
+        self._last_start = started if self.scheduler.num_decoding else None
         if decoded and not prefilled:
             self._decode_ms.append(elapsed_ms)
         self._snapshot = self._take_snapshot()

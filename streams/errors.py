@@ -43,8 +43,8 @@ class WaitingLimitReached(HubError):
 class DeadlineUnmeetable(HubError):
     """The first token would come after the request's deadline, by the engine's estimate.
 
-    ``estimate_ms``: the engine's estimate from now (None if its deadline had already
-    passed before an estimate was needed); ``left_ms``: the time left to the deadline;
+    ``estimate_ms``: the engine's estimate from now (None: nothing measured yet, and the
+    deadline had passed already); ``left_ms``: the time left to the deadline;
     ``retry_after_s``: how much the estimate overshoots it, a hint for a retry.
     """
 

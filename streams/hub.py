@@ -228,8 +228,7 @@ class Hub:
             raise WaitingLimitReached(
                 self.settings.max_waiting, self.settings.waiting_retry_after_s
             )
-        if request.ttft_deadline is not None:
-            self._check_deadline(request, request.ttft_deadline)
+        self.check_deadline(request)
         request_id = request.request_id
         if request_id in self._streams or request_id in self._in_engine:
             raise DuplicateRequestId(f"request id {request_id!r} is in use")
@@ -367,12 +366,18 @@ class Hub:
         s = self.settings
         return Policy(name, queue_limit=s.queue_limit, stall_timeout_s=s.stall_timeout_s)
 
-    def _check_deadline(self, request: GenerationRequest, deadline: float) -> None:
-        """Raise DeadlineUnmeetable if the first token cannot come by ``deadline``
-        (time.monotonic() seconds). Sync: it reads the engine's last step boundary."""
+    def check_deadline(self, request: GenerationRequest) -> None:
+        """Raise DeadlineUnmeetable if the engine's estimate says the first token cannot
+        come by ``request.ttft_deadline`` (time.monotonic() seconds; None: no check),
+        counting its ``prompt_token_ids`` (none given: none counted, a lower bound, so
+        a caller may check before encoding the prompt). Sync, never waits a step: it
+        reads the engine's last step boundary. ``open_stream`` checks again itself."""
+        deadline = request.ttft_deadline
+        if deadline is None:
+            return
         left_ms = (deadline - time.monotonic()) * 1000
         ids = request.prompt_token_ids
-        estimate = None if left_ms <= 0 else self._engine.estimate_ttft_ms(len(ids or ()))
+        estimate = self._engine.estimate_ttft_ms(len(ids or ()))
         if left_ms <= 0 or (estimate is not None and estimate > left_ms):
             self._refused_deadline += 1
             raise DeadlineUnmeetable(estimate, left_ms)

@@ -1,4 +1,4 @@
-"""The buffers, slowclient, disconnect, leak and fuzz experiments work, in their quick forms.
+"""The buffers, slowclient, disconnect, leak, fuzz and admission experiments work, quick.
 
 Each runs as ``python -m tools.lab NAME --quick`` in its own subprocess, which starts its
 own server (tiny GPT-2 on the CPU, one torch thread) with the experiment's settings; the
@@ -23,7 +23,7 @@ import pytest
 from streams import PolicyName
 from tools.server import REPO_ROOT
 
-EXPERIMENTS = ("buffers", "slowclient", "disconnect", "leak", "fuzz")
+EXPERIMENTS = ("buffers", "slowclient", "disconnect", "leak", "fuzz", "admission")
 COMMAND_TIMEOUT_S = 240  # a safety net; together they take one to two minutes
 
 
@@ -156,3 +156,22 @@ def test_fuzz_quick_sends_every_kind_and_finds_no_5xx_hang_or_leak(
     assert summary["streams_registered_after"] == 0
     # server_deaths is not asserted: a body that ends early can still crash the server
     # (tests/test_fuzz_http.py, the xfail test); assert it is 0 once that is fixed.
+
+
+def test_admission_quick_gates_by_deadline_and_accounts_for_every_request(
+    results: dict[str, Path],
+) -> None:
+    summary = summary_of(results, "admission")
+    document = json.loads((results["admission"] / "admission.json").read_text())
+    conditions = ("deadline", "admit_all", "waiting_limit")
+    assert summary["deadline_ms"] > 0 and summary["offered_rate_per_s"] > 0
+    for name in conditions:
+        result = document["conditions"][name]
+        assert result["offered"] == result["admitted"] + result["refused"] > 0
+        assert result["other_ends"] == {}  # every admitted request ended done or missed
+    gated = document["conditions"]["deadline"]
+    assert set(gated["refused_by"]) <= {"deadline_unmeetable"}
+    assert gated["stats"]["refused_deadline"] == gated["refused"]
+    assert gated["stats"]["deadline_misses"] == gated["missed_waiting"]
+    assert document["conditions"]["admit_all"]["missed_waiting"] == 0  # no deadline given
+    assert document["meta"]["idle_after"] is True
