@@ -67,8 +67,9 @@ class Settings:
         "the KV cache's memory when cache_blocks is unset: a share of the device's "
         "available memory at startup (a number with a point, up to 1.0; on a GPU, of what "
         "the model left free) or bytes (`2147483648`, `512MiB`, `2GiB`); a position takes "
-        "layers × 2 × kv heads × head dim × dtype bytes (45 KiB for smollm2), and the cache "
-        "never exceeds max_batch × the model's context"))
+        "layers × 2 × kv heads × head dim × dtype bytes (45 KiB for smollm2: 0.1 of 22 GB "
+        "available holds 47,728 positions, where 512 blocks held 8,192), and the cache never "
+        "exceeds max_batch × the model's context"))
     kv_admission: str = field(default="on_demand", metadata=_doc(
         "on_demand: a sequence takes cache blocks as it writes (admission needs its prompt's "
         "blocks and a 1% watermark), and when they run out the newest running sequence is "

@@ -45,6 +45,8 @@ finished), ``fds_leaked`` (how many more files the server has open after than be
 ``full_readers_without_done`` (full, close and burst readers let in (200) whose stream
 did not end with ``done``), ``connection_close_without_eof``, ``refused`` (429: streams
 that met a burst),
+``preemptions`` and ``recomputed_tokens`` (run it with a small
+``STREAMSCOPE_CACHE_BLOCKS`` in the environment to force preemptions),
 ``tokens_generated_per_token_read`` (for the streams that left early with a finish
 record: the sum of their ``completion_tokens`` over the sum of the tokens their clients
 read; the chapter's target is at most 1.3-1.4), ``streams``, ``streams_with_id`` (whose
@@ -281,6 +283,11 @@ async def leak(lab: Lab) -> Report:
         "admitted": (admitted or 0) - (before.get("admitted") or 0),
         "releases": (releases or 0) - (before.get("releases") or 0),
         "events_dropped": after.get("events_dropped"),
+        # A preempted sequence releases its table and is admitted again with a new one:
+        # releases == admitted still holds, each admission's table released once.
+        "preemptions": (after.get("preemptions") or 0) - (before.get("preemptions") or 0),
+        "recomputed_tokens": (after.get("recomputed_tokens") or 0)
+        - (before.get("recomputed_tokens") or 0),
         "makespan_s": round(makespan, 2),
         "clients": clients,
     }
