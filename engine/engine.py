@@ -62,7 +62,7 @@ from typing import Any, Protocol
 
 from .block_manager import BlockAllocator
 from .costs import StepCosts, calibrate, timed
-from .errors import EmptyPrompt, PromptTooLong, StepReentered
+from .errors import EmptyPrompt, InvalidMaxNewTokens, PromptTooLong, StepReentered
 from .scheduler import DEFAULT_WATERMARK, KvAdmission, Op, Scheduler
 from .sequence import Chunk, Sequence
 from .text import IncrementalDetokenizer, PromptEncoder, StopMatcher
@@ -114,6 +114,10 @@ class Runner(Protocol):
     """
 
     def new_generator(self, params: SamplingParams) -> object | None: ...
+    def advance_generator(self, generator: object | None, generated_ids: list[int]) -> None:
+        """Bring a new generator to where it was after sampling ``generated_ids``."""
+        ...
+
     def prefill(self, chunks: list[Chunk]) -> list[int | Exception | None]: ...
     def decode(self, seqs: list[Sequence]) -> list[int | Exception]: ...
     def mixed(
@@ -240,10 +244,21 @@ class Engine:
         """
         return self._encoder.render_chat(messages, add_generation_prompt)
 
-    def submit(self, request: GenerationRequest) -> int:
+    def submit(self, request: GenerationRequest, resume_from: Seq[int] = ()) -> int:
         """Validate and queue a request; return its prompt's token count.
 
         The prompt is encoded here unless ``request.prompt_token_ids`` holds its ids.
+
+        ``resume_from``: the tokens this request already generated (a stream rebuilt on
+        another replica after its owner died). It continues exactly as the uninterrupted
+        run would: its prefill caches the prompt and these tokens but the last (as a
+        preempted sequence's recompute: nothing sampled), the step that applies the
+        submit replays them through its detokenizer and stop matcher with no event
+        (text and stop strings across the cut come out the same) and advances its
+        generator by the draws they took (``Runner.advance_generator``); its token
+        events go on from index ``len(resume_from)``, and ``max_new_tokens`` counts
+        them. If they already end it (a stop string, eos, the length), that step gives
+        only its FinishEvent. A sampled request needs its ``seed`` for this.
 
         Raises:
             EmptyPrompt, InvalidMaxNewTokens, InvalidSampling, PromptTooLong,
@@ -254,6 +269,9 @@ class Engine:
         prompt_ids = list(given) if given is not None else self.tokenize(request.prompt)
         if not prompt_ids:
             raise EmptyPrompt("the prompt is empty")
+        if len(resume_from) > request.max_new_tokens:
+            raise InvalidMaxNewTokens(f"{len(resume_from)} tokens to resume from, over "
+                                      f"max_new_tokens ({request.max_new_tokens})")
         self.check_budget(len(prompt_ids), request.max_new_tokens)
         self.scheduler.post_submit(
             Sequence(
@@ -262,6 +280,7 @@ class Engine:
                 detokenizer=IncrementalDetokenizer(self.tokenizer, prompt_ids),
                 stop_matcher=StopMatcher(tuple(request.stop)),
                 generator=self.runner.new_generator(request.sampling),
+                generated_ids=list(resume_from),
             )
         )
         return len(prompt_ids)
@@ -353,6 +372,8 @@ class Engine:
             events: list[EngineEvent] = []
             early = events.extend if on_prefill is None else partial(self._hand_over, on_prefill)
             early(self.scheduler.apply_inbox())
+            for seq in self.scheduler.take_resumed():  # their tokens' draws, once
+                self.runner.advance_generator(seq.generator, seq.generated_ids)
             early(self.scheduler.expire_deadlines(time.monotonic()))
             plan = self.scheduler.schedule()
             if self.mixed_step and plan.prefill and plan.decode:

@@ -55,6 +55,12 @@ class ModelRunner:
     def new_generator(self, params: SamplingParams) -> torch.Generator | None:
         return sampling.make_generator(params, self.device)
 
+    def advance_generator(self, generator: object | None, generated_ids: list[int]) -> None:
+        """Past the draws of ``generated_ids``: one sample each (``sampling.advance``)."""
+        if isinstance(generator, torch.Generator):
+            vocab_size = self.model.get_output_embeddings().weight.shape[0]
+            sampling.advance(generator, vocab_size, len(generated_ids))
+
     # prefill
 
     @torch.inference_mode()

@@ -18,6 +18,10 @@ from .types import SamplingParams
 # _SAMPLING_EPS is the same).
 GREEDY_BELOW_TEMPERATURE = 1e-5
 
+# Samples' worth of variates ``advance`` draws at once: 64 x a 50k vocabulary is 12 MiB
+# of float32, a bounded buffer however long the stream was.
+ADVANCE_CHUNK = 64
+
 
 def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
     """A generator for a sampled request (None for greedy)."""
@@ -26,6 +30,29 @@ def make_generator(params: SamplingParams, device: torch.device) -> torch.Genera
     generator = torch.Generator(device=device)
     generator.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
     return generator
+
+
+def advance(generator: torch.Generator, vocab_size: int, draws: int) -> None:
+    """Advance ``generator`` past ``draws`` samples over ``vocab_size`` logits, as if
+    ``_sample_row`` had drawn them (a stream rebuilt after its owner died goes on with
+    the state the uninterrupted run had).
+
+    ``torch.multinomial(probs, 1)`` takes one exponential variate per element of
+    ``probs`` (``q = exponential_(); argmax(probs / q)``): what it takes from the
+    generator depends on the vocabulary's size, never on the probabilities, the
+    temperature, top-k or top-p. On the CPU that is drawn here directly, in bulk (the
+    same sequence of variates, several times faster than one sampling call per
+    token); elsewhere by repeating the call on uniform probabilities. Both are checked
+    against real sampling in ``tests/test_failover_engine.py``.
+    """
+    if generator.device.type == "cpu":
+        for start in range(0, draws, ADVANCE_CHUNK):
+            size = min(ADVANCE_CHUNK, draws - start) * vocab_size
+            torch.empty(size).exponential_(generator=generator)
+        return
+    uniform = torch.full((vocab_size,), 1.0 / vocab_size, device=generator.device)
+    for _ in range(draws):
+        torch.multinomial(uniform, 1, generator=generator)
 
 
 def greedy(logits: torch.Tensor) -> list[int]:

@@ -151,6 +151,7 @@ class Scheduler:
         self._live_ids: set[str] = set()  # submitted and not yet finished
         self._inbox_lock = threading.Lock()  # guards _inbox, _live_ids and the count below
         self._inbox_prompt_tokens = 0  # prompt tokens of the submits in the inbox
+        self._resumed: list[Sequence] = []  # replayed by apply_inbox: see take_resumed
 
     # -- wishes: any thread ------------------------------------------------------
 
@@ -200,6 +201,8 @@ class Scheduler:
         for wish in wishes:
             if isinstance(wish, Sequence):
                 self.waiting.append(wish)
+                if wish.generated_ids:  # a stream rebuilt elsewhere (Engine.submit)
+                    events += self._replay(wish)
                 continue
             op, request_id = wish
             seq = self.find(request_id)
@@ -210,6 +213,27 @@ class Scheduler:
             else:
                 seq.is_paused = op is Op.PAUSE
         return events
+
+    def take_resumed(self) -> list[Sequence]:
+        """The sequences submitted with tokens that the last ``apply_inbox`` replayed
+        (still live): their generators are to be advanced. Each is given once."""
+        resumed, self._resumed = self._resumed, []
+        return [s for s in resumed if s.state is not SequenceState.FINISHED]
+
+    def _replay(self, seq: Sequence) -> list[EngineEvent]:
+        """Bring a rebuilt sequence's detokenizer and stop matcher to where they were
+        after its generated tokens, silently (their events went out where they were
+        made); a finish if those tokens already end it (the finish was lost)."""
+        self._resumed.append(seq)
+        for index, token in enumerate(seq.generated_ids):
+            try:
+                _, reason = self._text_of(seq, token, index)
+            except Exception as exc:
+                error = f"replaying token {index} failed: {exc!r}"
+                return [self.finish(seq, FinishReason.ERROR, error=error)]
+            if reason is not None:
+                return [self.finish(seq, reason)]
+        return []
 
     def expire_deadlines(self, now: float) -> list[EngineEvent]:
         """Finish with DEADLINE every sequence whose ``ttft_deadline`` (time.monotonic()

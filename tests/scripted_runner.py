@@ -75,6 +75,13 @@ class ScriptedRunner:
     def new_generator(self, params: SamplingParams) -> random.Random | None:
         return None if params.temperature == 0.0 else random.Random(params.seed)
 
+    def advance_generator(self, generator: object | None, generated_ids: list[int]) -> None:
+        """``_sample`` draws once for every token but EOS."""
+        if isinstance(generator, random.Random):
+            for token in generated_ids:
+                if token != EOS:
+                    generator.randrange(3)
+
     def prefill(self, chunks: list[Chunk]) -> list[int | Exception | None]:
         seqs = [c.seq for c in chunks]
         self.prefills.append([s.request_id for s in seqs])
