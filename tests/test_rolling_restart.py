@@ -7,8 +7,9 @@ of them resumable, retrying what a client may retry (a refusal before the first 
 with ``Retry-After``, a connection refused; a resumable stream cut before its final
 event, by ``Last-Event-ID``), while each replica in turn is restarted as README
 ("Several replicas") says: out of HAProxy's pool (``set server ... state drain`` on its
-runtime API), SIGTERM (it drains and exits 0), started again, ready, back in the pool. Meanwhile a resumable stream that one replica
-generates is read on the replica being restarted (a remote reader of the shared log):
+runtime API), SIGTERM (it drains and exits 0), started again, ready, back in the pool.
+Meanwhile a resumable stream that one replica generates is read on the replica being
+restarted (a remote reader of the shared log):
 the drain ends that read at once, without a final event, and the client resumes it
 through HAProxy on the other replica, which completes it with the same tokens.
 
