@@ -111,6 +111,26 @@ async def test_a_meetable_deadline_is_admitted_under_the_same_load(
     assert server.hub.statistics().refused_deadline == 0
 
 
+async def test_the_openai_routes_take_deadline_ms_and_refuse_in_their_shape(
+    server: RunningServer,
+) -> None:
+    await warm_up(server)
+    async with trio.open_nursery() as nursery:
+        await open_load(server, nursery)
+        estimate = server.recorder.estimate_ttft_ms(0)
+        assert estimate is not None
+        async with server.client() as client:
+            response = await client.post("/v1/completions", json={
+                "prompt": "Hello", "max_tokens": 2, "stream": True,
+                "deadline_ms": estimate / 2})
+        server.recorder.release()
+    assert response.status_code == 429, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["type"]) == ("deadline_unmeetable", "rate_limit_error")
+    assert error["estimate_ms"] >= round(estimate, 1) - 0.05
+    assert int(response.headers["Retry-After"]) >= 1
+
+
 async def read_stream_past_deadline(
     server: RunningServer, body: dict[str, Any]
 ) -> tuple[httpx.Response, list[ServerSentEvent]]:
