@@ -11,6 +11,9 @@ stepping thread, when ``step()`` hands an event out):
   bare decode ceiling measured first in the same run (32 / the median of decode steps
   with all 32 running, after one packed prefill; also the run's warm-up), and TTFT p99
   against that one packed prefill of all 32 plus one decode step (``ttft_p99_of_one``).
+  Throughput also per CPU second of this process (``tokens_per_cpu_s``, against the
+  ceiling's own): on a shared machine the wall clock counts the others' work too, the
+  CPU time (with ``--threads 1``) only this run's.
 * ``waves``: the same 32 prompts in 4 waves of 8, one step apart (as arrivals over
   HTTP land in different steps): the earlier waves decode while the later ones are
   prefilled, so the gaps show what a burst costs running streams. TTFT from each
@@ -39,6 +42,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from engine import EngineEvent, GenerationRequest, SamplingParams, TokenEvent
 from engine.engine import Engine
 from engine.model import LoadedModel, load_model
@@ -58,6 +63,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
+        self.cpu0 = time.process_time()  # the process's CPU time: what the work cost
         self.times: dict[str, list[float]] = {}
 
     def __call__(self, events: list[EngineEvent]) -> None:
@@ -95,8 +101,10 @@ def burst(
     ttft = [t[0] - arrived[rid] for rid, t in record.times.items()]
     gaps = [b - a for t in record.times.values() for a, b in itertools.pairwise(t)]
     makespan = max(t[-1] for t in record.times.values())
-    tokens_per_s = sum(len(t) for t in record.times.values()) / makespan
+    tokens = sum(len(t) for t in record.times.values())
+    tokens_per_s = tokens / makespan
     return {
+        "tokens_per_cpu_s": round(tokens / (time.process_time() - record.cpu0), 1),
         "ttft_p50": _pct(ttft, 0.5), "ttft_p99": _pct(ttft, 0.99), "ttft_max": _pct(ttft, 1),
         "gap_p50": _pct(gaps, 0.5), "gap_p99": _pct(gaps, 0.99), "gap_max": _pct(gaps, 1),
         "tokens_per_s": round(tokens_per_s, 1),
@@ -105,12 +113,13 @@ def burst(
 
 def decode_ceiling(
     loaded: LoadedModel, prompts: list[list[int]], steps: int = 8, rounds: int = 2
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, float]:
     """Tokens/s of bare decode steps with every prompt running (32 / median step time),
-    the median decode step and the median packed prefill of every prompt, in seconds.
+    the median decode step and the median packed prefill of every prompt, in seconds,
+    and the same ceiling in tokens per CPU second of this process.
 
     Also the run's warm-up: the first passes at each shape pay one-off costs."""
-    times, prefills = [], []
+    times, prefills, cpu = [], [], []
     for _ in range(rounds):
         engine = Engine(loaded, max_batch=len(prompts), num_blocks=1024, max_prefill_tokens=4096)
         for i, ids in enumerate(prompts):
@@ -119,13 +128,15 @@ def decode_ceiling(
         engine.step()  # every prefill, in one pass
         prefills.append(time.perf_counter() - started)
         for _ in range(steps):
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             engine.step()
             times.append(time.perf_counter() - started)
+            cpu.append(time.process_time() - cpu_started)
         while engine.has_work():
             engine.step()
     step = statistics.median(times)
-    return len(prompts) / step, step, statistics.median(prefills)
+    cpu_ceiling = len(prompts) / statistics.median(cpu)
+    return len(prompts) / step, step, statistics.median(prefills), cpu_ceiling
 
 
 def long_prompt(
@@ -180,16 +191,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", nargs="+", default=None, help="a subset, by name")
     parser.add_argument("--scenarios", nargs="+", default=["burst", "waves", "long"])
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's); 1 keeps a shared machine's "
+                        "other work from stalling every kernel of a pass")
+    parser.add_argument("--ceiling-each", action="store_true",
+                        help="measure the decode ceiling again before each setting")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     loaded = load_model(args.model, "cpu")
     encode: Callable[[str], list[int]] = loaded.tokenizer.encode
     prompts = [encode(p) for p in load_prompts()]
     long_ids = [t for p in prompts for t in p][: args.long_tokens]
-    ceiling, decode_s, prefill_s = decode_ceiling(loaded, prompts)
+    ceiling, decode_s, prefill_s, cpu_ceiling = decode_ceiling(loaded, prompts)
     chosen = settings(loaded, args.step_ms)
     one = (prefill_s + decode_s) * 1000  # one packed prefill of all 32 plus one decode step
     head = {"decode_ceiling_tokens_per_s": round(ceiling, 1),
+            "decode_ceiling_tokens_per_cpu_s": round(cpu_ceiling, 1),
             "decode_step_ms": round(decode_s * 1000, 1),
             "prefill_all_ms": round(prefill_s * 1000, 1),
             "step_target_ms": chosen["step-target"]["max_step_ms"]}
@@ -199,11 +218,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.settings and name not in args.settings:
             continue
         row: dict[str, Any] = {"setting": name, "options": options}
+        if args.ceiling_each:  # the ceiling again, right before: a shared machine's load moves
+            ceiling, decode_s, prefill_s, cpu_ceiling = decode_ceiling(loaded, prompts, rounds=1)
+            one = (prefill_s + decode_s) * 1000
+            row["ceiling"] = {"tokens_per_s": round(ceiling, 1),
+                              "tokens_per_cpu_s": round(cpu_ceiling, 1),
+                              "decode_step_ms": round(decode_s * 1000, 1),
+                              "prefill_all_ms": round(prefill_s * 1000, 1)}
         for scenario in args.scenarios:
             engine = Engine(loaded, max_batch=32, num_blocks=1024, block_size=16, **options)
             if scenario in ("burst", "waves"):
                 got = burst(engine, prompts, args.burst_tokens, 1 if scenario == "burst" else 4)
                 got["of_ceiling"] = round(got["tokens_per_s"] / ceiling, 3)
+                got["of_ceiling_cpu"] = round(got["tokens_per_cpu_s"] / cpu_ceiling, 3)
                 got["ttft_p99_of_one"] = round(got["ttft_p99"] / one, 2)
                 row[scenario] = got
             else:
