@@ -3,7 +3,9 @@
 Theory of operation. Other threads only post wishes (``post_submit``, ``post``)
 into the inbox; the stepping thread applies them at the start of a step
 (``apply_inbox``): submits join the waiting queue, cancels finish a waiting
-sequence (never admitted) or a running one, pauses and resumes flip a flag.
+sequence (never admitted) or a running one, pauses and resumes flip a flag. Then
+``expire_deadlines`` finishes (DEADLINE) each sequence past its ``ttft_deadline``
+whose prefill has not begun: a deadline never ends a sequence that has a token.
 
 ``schedule`` first gives every decode row the block its next position falls in
 (blocks on demand, ``KvAdmission.ON_DEMAND``, the default): a sequence holds the
