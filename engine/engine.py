@@ -61,7 +61,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from .block_manager import BlockAllocator
-from .costs import StepCosts, calibrate, timed
+from .costs import StepCosts, calibrate, cost_tokens, timed
 from .errors import EmptyPrompt, InvalidMaxNewTokens, PromptTooLong, StepReentered
 from .scheduler import DEFAULT_WATERMARK, KvAdmission, Op, Scheduler
 from .sequence import Chunk, Sequence
@@ -408,7 +408,7 @@ class Engine:
             return [e for chunk in chunks for e in self._prefill([chunk])]
         if not chunks:
             return []
-        tokens = sum(c.end - c.start for c in chunks)
+        tokens = sum(cost_tokens(c.end - c.start, c.start) for c in chunks)
         try:
             outcomes = timed(self.runner.prefill, chunks, self.costs.observe_prefill, tokens)
         except Exception as exc:
@@ -423,7 +423,7 @@ class Engine:
         """One forward pass for both; the prefills' events, then the decodes'. If it
         fails, the two run apart as ``_prefill`` and ``_decode`` (each with its own
         failure handling), so a failure ends no more than those would."""
-        tokens = sum(c.end - c.start for c in chunks)
+        tokens = sum(cost_tokens(c.end - c.start, c.start) for c in chunks)
         started = time.perf_counter()
         try:
             prefilled, decoded = self.runner.mixed(chunks, seqs)

@@ -33,7 +33,9 @@ stream waits for it). A prompt that fits the budget's room is prefilled
 whole; one that does not waits for the next step, unless it is the first: then
 it is cut (chunked prefill), its first chunk fills the budget, and the rest
 follows in the next steps, so a long prompt never stalls the running streams
-for longer than the budget. Its first token comes with its last chunk.
+for longer than the budget. Its first token comes with its last chunk. With a
+step-time target a chunk counts its cached prefix too (``costs.cost_tokens``), so
+a long prompt's late chunks, which attend over more positions, are cut shorter.
 
 ``record_token`` is the per-sequence error boundary: it turns one sampled token
 (or the exception its sampling raised) into events, running the detokenizer and
@@ -55,7 +57,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from .block_manager import BlockAllocator
-from .costs import StepCosts
+from .costs import StepCosts, cost_tokens, tokens_within
 from .errors import DuplicateRequestId
 from .sequence import Chunk, Sequence, SequenceState
 from .types import EngineEvent, FinishEvent, FinishReason, TokenEvent
@@ -253,16 +255,19 @@ class Scheduler:
         budget = self.prefill_budget(len(decode))
         prefill: list[Chunk] = []
         used = 0
+        timed = self.max_step_ms is not None  # then a late chunk's prefix counts (costs)
         for seq in self.running.values():
             if seq.is_paused or not seq.needs_prefill:
                 continue
             left = seq.num_to_cache
-            if used + left <= budget:
+            cost = cost_tokens(left, seq.num_prefilled) if timed else left
+            if used + cost <= budget:
                 prefill.append(Chunk(seq, seq.num_prefilled, seq.prefill_end))
-                used += left
+                used += cost
                 continue
             if not prefill:  # the first prompt: cut it to the budget
-                prefill.append(Chunk(seq, seq.num_prefilled, seq.num_prefilled + budget))
+                take = max(tokens_within(budget, seq.num_prefilled) if timed else budget, 1)
+                prefill.append(Chunk(seq, seq.num_prefilled, seq.num_prefilled + take))
             break
         return StepPlan(prefill, decode)
 

@@ -16,7 +16,7 @@ import torch
 
 from engine import EngineEvent, FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 from engine.block_manager import BlockAllocator
-from engine.costs import StepCosts
+from engine.costs import StepCosts, cost_tokens
 from engine.engine import Engine
 from engine.model_runner import ModelRunner
 from engine.scheduler import Scheduler
@@ -194,3 +194,27 @@ def test_the_ttft_estimate_of_a_mixed_engine_counts_one_pass_a_step() -> None:
     assert engine.estimate_ttft_ms(4) == pytest.approx(in_flight + 10.0 + 0.5 * 8)
     engine.cancel("a")
     engine.cancel("b")
+
+
+@pytest.mark.parametrize("max_step_ms", [None, 1000.0])
+def test_with_a_step_target_a_long_prompts_late_chunks_count_their_prefix(
+    max_step_ms: float | None,
+) -> None:
+    runner = ScriptedRunner()
+    engine = scripted_engine(runner, max_prefill_tokens=1000, num_blocks=1100,
+                             max_step_ms=max_step_ms)
+    engine.submit(GenerationRequest("running", "a", 8))
+    engine.step()
+    engine.submit(GenerationRequest("long", "b" * 4000, 1))
+    for _ in range(3):
+        engine.step()
+    lengths = [end - start for chunks in runner.chunks for (rid, start, end) in chunks
+               if rid == "long"]
+    if max_step_ms is None:
+        assert lengths == [1000, 1000, 1000]  # a token cap counts tokens
+    else:  # 1000 / (1 + 1000 / 2800), then from 1737: 1000 / (1 + 1737 / 2800)
+        assert lengths == [1000, 737, 617]
+        assert all(cost_tokens(n, s) <= 1000 for n, s in zip(lengths, (0, 1000, 1737), strict=True))
+    engine.cancel("running")
+    engine.cancel("long")
+    engine.step()

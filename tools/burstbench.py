@@ -28,7 +28,8 @@ pass for every waiting prompt, whole: a 4096-token budget), ``budget-256``, and
 ``step-target`` (``max_step_ms``: ``--step-ms``, or by default twice the calibrated
 decode pass at batch 32), each with a step's prefill and decode in two forward
 passes; ``budget-256-mixed`` (the default engine) and ``step-target-mixed`` are the
-last two with the mixed step (one forward pass a step).
+last two with the mixed step (one forward pass a step), and ``step-target-mixed-flat``
+the last without counting a chunk's cached prefix in its cost.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from typing import Any
 
 import torch
 
-from engine import EngineEvent, GenerationRequest, SamplingParams, TokenEvent
+from engine import EngineEvent, GenerationRequest, SamplingParams, TokenEvent, costs
+from engine.costs import PREFIX_POSITIONS
 from engine.engine import Engine
 from engine.model import LoadedModel, load_model
 from tools.prompts import load_prompts
@@ -179,6 +181,9 @@ def settings(loaded: LoadedModel, step_ms: float | None) -> dict[str, Options]:
         "budget-256-mixed": {},
         "step-target": {"max_prefill_tokens": 4096, "max_step_ms": step_ms, "mixed_step": False},
         "step-target-mixed": {"max_prefill_tokens": 4096, "max_step_ms": step_ms},
+        # the same without counting a chunk's cached prefix (engine.costs.PREFIX_POSITIONS)
+        "step-target-mixed-flat": {"max_prefill_tokens": 4096, "max_step_ms": step_ms,
+                                   "prefix_positions": float("inf")},
     }
 
 
@@ -225,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                               "tokens_per_cpu_s": round(cpu_ceiling, 1),
                               "decode_step_ms": round(decode_s * 1000, 1),
                               "prefill_all_ms": round(prefill_s * 1000, 1)}
+        options = dict(options)
+        costs.PREFIX_POSITIONS = options.pop("prefix_positions", PREFIX_POSITIONS)
         for scenario in args.scenarios:
             engine = Engine(loaded, max_batch=32, num_blocks=1024, block_size=16, **options)
             if scenario in ("burst", "waves"):
