@@ -164,6 +164,7 @@ class Runtime:
         self.engine: ServingEngine | None = None
         self.hub: streams.Hub | None = None
         self.resumption: streams.ResumeRegistry | None = None  # with the hub
+        self.rebuild: streams.Rebuild | None = None  # failover (app/failover.py sets it)
         self.failure: str | None = None  # why the phase is FAILED
         self._load_scope = trio.CancelScope()
         self._settled = trio.Event()  # set when the phase leaves NEW and LOADING
@@ -248,11 +249,13 @@ class Runtime:
         policy: streams.PolicyName | None,
         *,
         owner: StreamHolder,
+        resume_from: Sequence[int] = (),
     ) -> streams.TokenStream:
         """Encode the prompt (unless ``request.prompt_token_ids`` holds it), then submit
         ``request`` to the hub and open its stream, or refuse (the engine checks the
         prompt's token budget at the submit). ``owner`` takes the stream in the same
         call, before any checkpoint: no caller can forget to own what it opened.
+        ``resume_from``: the tokens it made already on a replica that died (failover).
 
         The prompt is encoded in a worker thread (a 32k-character prompt takes tens of
         milliseconds: never on the event loop), ``TOKENIZE_THREADS`` at a time, by the
@@ -270,16 +273,27 @@ class Runtime:
         itself and the hand-over to ``owner`` have no checkpoint: the owner holds the
         stream as soon as it exists.
         """
+        request = await self.encoded(request)
+        hub = self._raise_refusal()  # the phase may have changed meanwhile
+        stream = hub.open_stream(request, policy=policy, resume_from=resume_from)
+        owner.own(stream)
+        return stream
+
+    async def encoded(self, request: engine.GenerationRequest) -> engine.GenerationRequest:
+        """``request`` with its ``prompt_token_ids`` (``open_stream``'s encode, which it
+        skips for a request that has them), refused as there before the encode.
+
+        Cancellation: as ``open_stream``'s before the open: nothing was submitted.
+        """
         self._raise_refusal().check_deadline(request)  # before the encode's queue
         assert self.engine is not None  # READY: built
         if request.prompt_token_ids is None:  # else render_chat encoded it
             tokenize = partial(_prompt_ids, self.engine, request.prompt)
             prompt_ids = await trio.to_thread.run_sync(tokenize, limiter=self._tokenize_limiter)
             request = replace(request, prompt_token_ids=prompt_ids)
-        hub = self._raise_refusal()  # the phase may have changed meanwhile
-        stream = hub.open_stream(request, policy=policy)
-        owner.own(stream)
-        return stream
+        else:
+            await trio.lowlevel.checkpoint()
+        return request
 
     async def render_chat(
         self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
@@ -386,7 +400,7 @@ class Runtime:
             self.hub = streams.Hub(built, self.settings.hub_settings())
             self.resumption = streams.ResumeRegistry(
                 _resume_log(self.settings), grace_s=self.settings.resume_grace_s,
-                max_detached_bytes=self.settings.resume_max_bytes,
+                max_detached_bytes=self.settings.resume_max_bytes, rebuild=self.rebuild,
             )
             await nursery.start(self.resumption.run)
             await nursery.start(self._run_hub, self.hub)
@@ -493,7 +507,8 @@ def _resume_log(settings: Settings) -> streams.EventLog:
         return streams.MemoryEventLog()
     from streams.redis_log import RedisEventLog  # redis-py only where it is used
 
-    return RedisEventLog.from_url(settings.resume_store, ttl_s=settings.resume_grace_s)
+    return RedisEventLog.from_url(settings.resume_store, ttl_s=settings.resume_grace_s,
+                                  owner_lease_s=settings.owner_lease_s)
 
 
 def _resume_fields(registry: streams.ResumeRegistry | None) -> dict[str, Any]:
@@ -507,4 +522,5 @@ def _resume_fields(registry: streams.ResumeRegistry | None) -> dict[str, Any]:
         "resume_expiries": stats.expiries if stats else 0,
         "resume_overflows": stats.overflows if stats else 0,
         "resume_cancels": stats.cancels if stats else 0,
+        "resume_failovers": stats.failovers if stats else 0,
     }

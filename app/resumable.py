@@ -66,6 +66,7 @@ from streams import (
 from .auth import STREAM_TOKEN_PARAM, stream_token
 from .connection import own_stream
 from .errors import ApiError, ErrorType
+from .failover import Rebuilder, spec_of, with_seed
 from .lifespan import SHUTDOWN_RETRY_AFTER_S, Runtime
 from .metrics import Metrics, RequestTimer
 from .schemas import RequestLimits, parse_generate_body
@@ -128,10 +129,12 @@ class ResumableOwner:
     """The resumption registry as the owner of a stream opening now (``StreamHolder``);
     with ``attach``, the request's connection owns the first ``reader``."""
 
-    def __init__(self, registry: ResumeRegistry, timer: RequestTimer, *, attach: bool) -> None:
+    def __init__(self, registry: ResumeRegistry, timer: RequestTimer, *, attach: bool,
+                 spec: bytes | None = None) -> None:
         self._registry = registry
         self._timer = timer
         self._attach = attach
+        self._spec = spec  # what a failover needs (app/failover.py), with a shared store
         self.reader: Reader | None = None
 
     def own(self, stream: TokenStream) -> None:
@@ -140,7 +143,8 @@ class ResumableOwner:
         self._timer.submitted(stream.prompt_tokens)
         encoder = ResumableEncoder(stream.request_id, stream.prompt_tokens)
         self.reader = self._registry.adopt(
-            stream, encoder, encoder.opening(), observer=self._timer, attach=self._attach
+            stream, encoder, encoder.opening(), observer=self._timer, attach=self._attach,
+            spec=self._spec,
         )
         if self.reader is not None:
             own_stream(request.scope, self.reader)
@@ -210,13 +214,26 @@ async def open_resumable(
     Cancellation: before the stream opens, nothing to undo; after, the connection owns
     the reader and the registry the stream.
     """
-    owner = ResumableOwner(runtime.resume_registry(), timer, attach=True)
+    generation, spec = await _with_spec(runtime, generation, policy)
+    owner = ResumableOwner(runtime.resume_registry(), timer, attach=True, spec=spec)
     stream = await runtime.open_stream(generation, policy, owner=owner)
     assert owner.reader is not None  # attach=True
     body = ResumableEventBody(owner.reader, keepalive_s=runtime.settings.keepalive_s,
                               send_retry=False)
     return sse_response(body, stream.request_id,
                         headers={"X-Resume-URL": resume_url(stream.request_id)})
+
+
+async def _with_spec(
+    runtime: Runtime, generation: GenerationRequest, policy: PolicyName | None
+) -> tuple[GenerationRequest, bytes | None]:
+    """With a shared store: the request encoded and seeded, and its failover spec
+    (``failover.py``); else as it is, and None. Cancellation: nothing opened yet."""
+    if runtime.settings.resume_store is None:
+        await trio.lowlevel.checkpoint()
+        return generation, None
+    generation = with_seed(await runtime.encoded(generation))
+    return generation, spec_of(generation, policy)
 
 
 def parse_position(value: str | None, request_id: str) -> int:
@@ -239,6 +256,7 @@ def make_resumable_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     """``POST /v1/requests``, ``GET /v1/stream/<id>``, ``DELETE /v1/requests/<id>``."""
     bp = Blueprint("resumable", __name__)
     settings = runtime.settings
+    runtime.rebuild = Rebuilder(runtime, metrics)  # a dead replica's streams go on here
     limits = RequestLimits.from_settings(settings)
 
     @bp.post("/v1/requests")
@@ -250,10 +268,11 @@ def make_resumable_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
         """
         timer = metrics.start_request()
         body = parse_generate_body(await read_body(), limits)
-        owner = ResumableOwner(runtime.resume_registry(), timer, attach=False)
         deadline = ttft_deadline(timer, body.deadline_ms, settings.ttft_deadline_ms)
-        stream = await runtime.open_stream(body.to_generation_request(deadline), body.policy,
-                                           owner=owner)
+        generation, spec = await _with_spec(runtime, body.to_generation_request(deadline),
+                                            body.policy)
+        owner = ResumableOwner(runtime.resume_registry(), timer, attach=False, spec=spec)
+        stream = await runtime.open_stream(generation, body.policy, owner=owner)
         url = resume_url(stream.request_id)
         if settings.api_key is not None:
             url += f"?{STREAM_TOKEN_PARAM}={stream_token(settings.api_key, stream.request_id)}"

@@ -110,6 +110,10 @@ class Settings:
         "where resumable streams' event logs live: unset, this process's memory; "
         "redis://host:port/db, a Redis that several replicas share, so that a stream "
         "resumes on any of them (see Several replicas)"), "shown": "(memory)"})
+    owner_lease_s: float = field(default=3.0, metadata=_doc(
+        "with resume_store: the lease of the replica generating a resumable stream, "
+        "renewed every third of it; once it lapses (the replica died), a resume on "
+        "another replica takes the stream over and continues it with the same tokens"))
     max_new_tokens_limit: int = field(default=1024, metadata=_doc(
         "the largest max_new_tokens a request may ask for (422 above)"))
     default_max_new_tokens: int = field(default=64, metadata=_doc(
@@ -364,6 +368,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "max_step_ms": _positive_ms,
     "ttft_deadline_ms": _positive_ms,
     "resume_store": _resume_store,
+    "owner_lease_s": _positive_seconds,
     "detect_disconnect": _boolean,
     "lab_routes": _boolean,
     "lab_pad_bytes": _pad_bytes,

@@ -28,6 +28,7 @@ from .resumption import LoggedEvent as LoggedEvent
 from .resumption import NothingToResume as NothingToResume
 from .resumption import Reader as Reader
 from .resumption import ReaderBusy as ReaderBusy
+from .resumption import Rebuild as Rebuild
 from .resumption import RemoteReader as RemoteReader
 from .resumption import ResumeError as ResumeError
 from .resumption import ResumeRegistry as ResumeRegistry
@@ -64,6 +65,7 @@ __all__ = [
     "PolicyName",
     "Reader",
     "ReaderBusy",
+    "Rebuild",
     "RemoteReader",
     "ResumeError",
     "ResumeRegistry",

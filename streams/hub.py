@@ -61,6 +61,7 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import trio
 
@@ -201,9 +202,12 @@ class Hub:
     # -- streams -------------------------------------------------------------------
 
     def open_stream(
-        self, request: GenerationRequest, *, policy: PolicyName | None = None
+        self, request: GenerationRequest, *, policy: PolicyName | None = None,
+        resume_from: Sequence[int] = (),
     ) -> TokenStream:
         """Submit ``request`` and open its stream; the engine admits it at a later step.
+        ``resume_from``: the tokens it made already (a failover: ``Engine.submit``); its
+        stream's events go on after them.
 
         Returns:
             The stream, registered under ``request.request_id``, using ``policy`` (by
@@ -232,7 +236,7 @@ class Hub:
         request_id = request.request_id
         if request_id in self._streams or request_id in self._in_engine:
             raise DuplicateRequestId(f"request id {request_id!r} is in use")
-        prompt_tokens = self._engine.submit(request)
+        prompt_tokens = self._engine.submit(request, resume_from)
         chosen = self._default_policy if policy is None else self._policy(policy)
         stream = TokenStream(request_id, prompt_tokens, chosen, self._owner)
         self._streams[request_id] = stream

@@ -7,7 +7,7 @@ runs or waits.
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,7 +33,7 @@ class StepEngine(Protocol):
     only for a raising ``on_prefill`` or a bug.
     """
 
-    def submit(self, request: GenerationRequest) -> int: ...
+    def submit(self, request: GenerationRequest, resume_from: Sequence[int] = ()) -> int: ...
     def cancel(self, request_id: str) -> None: ...
     def pause(self, request_id: str) -> None: ...
     def resume(self, request_id: str) -> None: ...

@@ -9,6 +9,15 @@ over (a plain SET of its token), and the old one finds at its next renewal (a
 compare-and-renew) that it is not its own any more. The braces keep both keys in one
 Redis Cluster slot.
 
+Failover keys: ``streamscope:{<id>}:spec`` (what a rebuild needs, from the app; time to
+live ``ttl_s``, refreshed with the events) and ``streamscope:{<id>}:owner`` (the owning
+replica's token, PX ``owner_lease_s``), both queued by ``publish`` before the first
+event, so a stream in the store always has both. The writer task renews the owner lease
+(compare-and-renew) every ``refresh_s``, a third of the shortest of the three times, so
+a lease survives two missed renewals; it stops at the stream's last event. ``take_over``
+is one Lua script: the owner key is SET (PX) only if it is absent, the spec is there and
+the last event does not end the stream; of replicas racing for it, exactly one gets 1.
+
 Why Redis Streams and not lists: XRANGE from an id replays exactly the events after a
 position (a list would need the index arithmetic, and nothing refuses a duplicate), and
 XREAD BLOCK from that id follows new events with no lost wake-up (an entry appended
@@ -37,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -58,6 +68,22 @@ _RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
           "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end")
 _RELEASE = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
             "return redis.call('del', KEYS[1]) else return 0 end")
+# Take a stream over from an owner whose lease lapsed (failover), atomically: exactly one
+# replica's SET succeeds. Only a stream whose owner key is gone, whose rebuild spec and
+# events are there, and whose last event does not end it. KEYS: owner, events, spec.
+_TAKE_OVER = """
+if redis.call('exists', KEYS[1]) == 1 or redis.call('exists', KEYS[3]) == 0 then
+  return 0
+end
+local last = redis.call('xrevrange', KEYS[2], '+', '-', 'COUNT', 1)
+if #last == 0 then return 0 end
+local fields = last[1][2]
+for i = 1, #fields, 2 do
+  if fields[i] == 'e' and fields[i + 1] == '1' then return 0 end
+end
+redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
 
 Op = Callable[[Any], None]  # queues one command on a redis-py pipeline
 
@@ -68,6 +94,14 @@ def events_key(stream_id: str) -> str:
 
 def reader_key(stream_id: str) -> str:
     return f"{KEY_PREFIX}{{{stream_id}}}:reader"
+
+
+def owner_key(stream_id: str) -> str:
+    return f"{KEY_PREFIX}{{{stream_id}}}:owner"
+
+
+def spec_key(stream_id: str) -> str:
+    return f"{KEY_PREFIX}{{{stream_id}}}:spec"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,18 +121,26 @@ class RedisEventLog:
         ttl_s: how long a stream's keys live after its owner last touched them.
         lease_s: a remote reader's lease.
         follow_wait_s: one XREAD BLOCK at most (a follower renews its lease between).
+        owner_lease_s: the owner's lease on the streams it generates (failover).
     """
 
     def __init__(
         self, client: redis.Redis, *, ttl_s: float, lease_s: float = 5.0,
-        follow_wait_s: float = 1.0, max_readers: int = 16,
+        follow_wait_s: float = 1.0, max_readers: int = 16, owner_lease_s: float = 3.0,
     ) -> None:
-        if not (0 < ttl_s < math.inf and 0 < follow_wait_s < lease_s < math.inf):
-            raise ValueError("need 0 < ttl_s < inf and 0 < follow_wait_s < lease_s < inf")
+        if not (0 < ttl_s < math.inf and 0 < follow_wait_s < lease_s < math.inf
+                and 0 < owner_lease_s < math.inf):
+            raise ValueError("need 0 < ttl_s < inf, 0 < follow_wait_s < lease_s < inf "
+                             "and 0 < owner_lease_s < inf")
         self.lease_s = lease_s
         self.ttl_s = ttl_s
         self.follow_wait_s = follow_wait_s
-        self.refresh_s = min(ttl_s, lease_s) / 3
+        self.owner_lease_s = owner_lease_s
+        # A third of the shortest: a lease outlives two missed renewals (a long step, a
+        # Redis blip of up to RETRY_PAUSE_S) before anyone takes it for dead.
+        self.refresh_s = min(ttl_s, lease_s, owner_lease_s) / 3
+        self.owner_token = secrets.token_hex(8)  # this replica, as an owner
+        self._owned: set[str] = set()  # streams it generates: their owner lease is renewed
         self._client = client
         self._local = MemoryEventLog()
         self._last: dict[str, bool] = {}  # stream id -> its last event is logged
@@ -115,6 +157,7 @@ class RedisEventLog:
         self._read_limiter = trio.CapacityLimiter(max_readers)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
+        self._take_over = client.register_script(_TAKE_OVER)
         self._batches = self._commands = self._errors = 0
 
     @classmethod
@@ -131,9 +174,25 @@ class RedisEventLog:
 
     # -- EventLog: the owner's side, sync, never a checkpoint ------------------------
 
+    def publish(self, stream_id: str, spec: bytes) -> None:
+        """A new stream this replica generates: its rebuild spec (what another replica
+        needs to continue it) and this replica's owner lease, queued before its first
+        event, so that a stream in the store always has both. Sync, no checkpoint."""
+        keys, token = (spec_key(stream_id), owner_key(stream_id)), self.owner_token
+        ttl_ms, lease_ms = self._ms(self.ttl_s), self._ms(self.owner_lease_s)
+        self._owned.add(stream_id)
+
+        def op(pipe: Any) -> None:
+            pipe.set(keys[0], spec, px=ttl_ms)
+            pipe.set(keys[1], token, px=lease_ms)
+
+        self._queue(op)
+
     def append(self, stream_id: str, n: int, data: bytes, *, last: bool = False) -> None:
         self._local.append(stream_id, n, data)  # raises on a gap or a duplicate
         self._last[stream_id] = last
+        if last:
+            self._owned.discard(stream_id)  # ended: nothing left to take over
         key = events_key(stream_id)
         fields = {"d": data, "e": b"1" if last else b"0"}
         self._touched.add(key)  # its time to live is set once per batch
@@ -145,7 +204,9 @@ class RedisEventLog:
     def expire(self, stream_id: str) -> int:
         self._last.pop(stream_id, None)
         self._local_leases.pop(stream_id, None)
-        keys = (events_key(stream_id), reader_key(stream_id))
+        self._owned.discard(stream_id)
+        keys = (events_key(stream_id), reader_key(stream_id), owner_key(stream_id),
+                spec_key(stream_id))
         self._queue(lambda pipe: pipe.delete(*keys))
         return self._local.expire(stream_id)
 
@@ -229,16 +290,21 @@ class RedisEventLog:
 
     def _queue_refresh(self) -> None:
         """The held streams' time to live, and the leases of this replica's readers."""
-        keys, ttl_ms = [events_key(s) for s in self._last], self._ms(self.ttl_s)
+        keys = [k for s in self._last for k in (events_key(s), spec_key(s))]
+        ttl_ms = self._ms(self.ttl_s)
         leases, lease_ms = list(self._local_leases.items()), self._ms(self.lease_s)
+        owned, owner_ms = list(self._owned), self._ms(self.owner_lease_s)
 
         def op(pipe: Any) -> None:
             for key in keys:
                 pipe.pexpire(key, ttl_ms)
             for stream_id, token in leases:
                 self._renew(keys=[reader_key(stream_id)], args=[token, lease_ms], client=pipe)
+            for stream_id in owned:
+                self._renew(keys=[owner_key(stream_id)], args=[self.owner_token, owner_ms],
+                            client=pipe)
 
-        if keys or leases:
+        if keys or leases or owned:
             self._queue(op)
 
     # -- SharedEventLog: any replica's readers, async --------------------------------
@@ -299,6 +365,41 @@ class RedisEventLog:
 
     def release_reader(self, stream_id: str, token: str) -> None:
         key = reader_key(stream_id)
+        self._queue(lambda pipe: self._release(keys=[key], args=[token], client=pipe))
+
+    # -- failover: a stream whose owner died ----------------------------------------
+
+    async def owner_alive(self, stream_id: str) -> bool:
+        return bool(await self._read(self._client.exists, owner_key(stream_id)))
+
+    async def take_over(self, stream_id: str) -> bool:
+        lease_ms = self._ms(self.owner_lease_s)
+        won = bool(await self._read(self._take_over, keys=[
+            owner_key(stream_id), events_key(stream_id), spec_key(stream_id)],
+            args=[self.owner_token, lease_ms]))
+        if won:
+            self._owned.add(stream_id)  # renewed from now on
+        return won
+
+    async def read_for_rebuild(
+        self, stream_id: str
+    ) -> tuple[bytes, list[tuple[int, bytes, bool]]] | None:
+        def read() -> tuple[bytes, list[tuple[int, bytes, bool]]] | None:
+            spec: Any = self._client.get(spec_key(stream_id))
+            entries: Any = self._client.xrange(events_key(stream_id), "-", "+")
+            return None if spec is None or not entries else (spec, [_entry(e) for e in entries])
+
+        return await self._read(read)
+
+    def adopt(self, stream_id: str, events: list[tuple[int, bytes, bool]]) -> None:
+        self._local.expire(stream_id)
+        for n, data, _ in events:
+            self._local.append(stream_id, n, data)
+        self._last[stream_id] = False
+
+    def release_owner(self, stream_id: str) -> None:
+        self._owned.discard(stream_id)
+        key, token = owner_key(stream_id), self.owner_token
         self._queue(lambda pipe: self._release(keys=[key], args=[token], client=pipe))
 
     async def reader_held(self, stream_id: str) -> bool:

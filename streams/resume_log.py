@@ -111,9 +111,40 @@ class SharedEventLog(EventLog, Protocol):
         """Let this replica's reader's lease go (queued). Sync, never a checkpoint."""
         ...
 
-
     async def reader_held(self, stream_id: str) -> bool:
         """Whether a reader (on any replica) holds the stream's lease now."""
+        ...
+
+    # Failover: the owner holds a lease on each stream it generates (renewed by ``run``
+    # until the stream's last event); once it lapses, another replica may take over.
+
+    def publish(self, stream_id: str, spec: bytes) -> None:
+        """A new stream this replica generates: store ``spec`` (what a rebuild needs)
+        and take its owner lease, both before its first event. Sync, no checkpoint."""
+        ...
+
+    async def owner_alive(self, stream_id: str) -> bool:
+        """Whether the stream's owner lease is held (by any replica)."""
+        ...
+
+    async def take_over(self, stream_id: str) -> bool:
+        """Atomically take the owner lease of a stream whose owner's lapsed, unless its
+        last event ended it or it has no spec: True for exactly one caller."""
+        ...
+
+    async def read_for_rebuild(
+        self, stream_id: str
+    ) -> tuple[bytes, list[tuple[int, bytes, bool]]] | None:
+        """(spec, every event as (n, data, last)) of a stream, or None if gone."""
+        ...
+
+    def adopt(self, stream_id: str, events: list[tuple[int, bytes, bool]]) -> None:
+        """This replica generates the stream from now on: its local copy starts with
+        ``events`` (already in the store); the next ``append`` is the one after."""
+        ...
+
+    def release_owner(self, stream_id: str) -> None:
+        """Let this replica's owner lease go (queued; a rebuild that failed)."""
         ...
 
 

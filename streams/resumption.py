@@ -72,8 +72,19 @@ lets go of the stream, which its holder takes (no item lost: the new reader foll
 the shared log the owner writes). The owner, meanwhile, holds the stream DETACHED;
 when the grace period runs out it looks at the lease, and while a remote reader holds
 it the stream goes on for another grace period. Without an answer from the store, the
-owner goes on as if alone. Not yet: a stream whose owner died has no generator (its log
-expires; failover is the next step of issue 11).
+owner goes on as if alone.
+
+Failover. The owner publishes, with a new stream's first event, what a rebuild needs
+(``adopt(spec=...)``: the app's request, prompt token ids and seed) and holds an owner
+lease that its log renews until the stream's last event. A resume on another replica
+of a stream that has not ended, whose owner lease lapsed (the owner died), takes the
+stream over in one atomic operation of the store (``take_over``: exactly one replica
+wins; a loser follows the log as a remote reader), reads the spec and every event, and
+calls the app's ``rebuild``, which opens the stream again continuing after those events
+and hands it to this registry in the same call: from then on this replica owns it,
+appending to the same log with the next numbers, so readers anywhere go on with the same
+event ids. A remote reader whose read comes back empty while the owner lease is gone
+ends (the client comes back, and that resume takes over).
 
 A replica that drains (``drain()``, at SIGTERM) is going away, and its remote readers
 only follow a log that another replica writes: each ends at once, at its next event,
@@ -120,6 +131,19 @@ class Observer(Protocol):
 
     def observe(self, item: StreamItem) -> None: ...
     def close(self) -> None: ...
+
+
+# What a rebuild hands its new stream to, in the same call that opens it (no checkpoint).
+Adopt = Callable[[TokenStream, Encode, "Observer | None"], None]
+
+
+class Rebuild(Protocol):
+    """The app's side of a failover: open the stream again from its ``spec`` (what
+    ``adopt(spec=...)`` published) and its ``events`` so far (n, data, last), continuing
+    after them, and hand it to ``adopt`` as it opens. Raises what opening raises."""
+
+    async def __call__(self, request_id: str, spec: bytes,
+                       events: list[tuple[int, bytes, bool]], adopt: Adopt) -> None: ...
 
 
 class ResumeError(Exception):
@@ -175,6 +199,7 @@ class ResumeStatistics:
     expiries: int  # grace periods that ran out (a running stream was then cancelled)
     overflows: int  # streams ended for the byte cap (resume_log_full)
     cancels: int  # streams ended by cancel() (DELETE)
+    failovers: int = 0  # streams of a dead owner taken over and continued here
 
 
 class ResumableStream:
@@ -291,20 +316,25 @@ class Reader:
         if self._pending:
             self._pos += 1
             return LoggedEvent(self._pos, self._pending.popleft(), None)
-        if entry.is_ended:
-            raise trio.EndOfChannel
-        done = trio.Event()
-        with trio.CancelScope() as scope:
-            self._take = scope, done
-            try:
-                item = await entry.stream.receive()
-                # Invariant: no checkpoint between taking the item and logging it.
-                self._pos, data = entry.log_item(item)
-                return LoggedEvent(self._pos, data, item)
-            finally:
-                self._take = None
-                done.set()
-        raise TakenOver(TAKEN_OVER)  # only the takeover cancels this scope
+        while not entry.is_ended:
+            done = trio.Event()
+            with trio.CancelScope() as scope:
+                self._take = scope, done
+                try:
+                    item = await entry.stream.receive()
+                    # Invariant: no checkpoint between taking the item and logging it.
+                    n, data = entry.log_item(item)
+                finally:
+                    self._take = None
+                    done.set()
+            if scope.cancelled_caught:
+                raise TakenOver(TAKEN_OVER)  # only the takeover cancels this scope
+            if n > self._pos:
+                self._pos = n
+                return LoggedEvent(n, data, item)
+            # After a failover, an event this reader got from the dead owner before the
+            # store had it: made again, the same bytes (the continuation is identical).
+        raise trio.EndOfChannel
 
     async def _renew_lease(self) -> None:
         """With a shared log, every ``LEASE_CHECK_S``: renew this reader's lease, or find
@@ -398,6 +428,10 @@ class RemoteReader:
                     raise TakenOver(TAKEN_OVER)
                 events = await log.read_remote(self._request_id, self._pos,
                                                wait_s=log.lease_s / 5)
+                if not events and not await log.owner_alive(self._request_id):
+                    # Its owner died: the client comes back, and that resume takes the
+                    # stream over (failover), here or on another replica.
+                    raise trio.ClosedResourceError("the stream's owner is gone")
             except StoreUnavailable as exc:  # the client comes back, maybe elsewhere
                 raise trio.ClosedResourceError(str(exc)) from exc
             if events is None:
@@ -429,9 +463,12 @@ class ResumeRegistry:
         log: where the events go (``MemoryEventLog`` by default in the app).
         grace_s: how long a stream without a reader is kept (and generates).
         max_detached_bytes: the cap on log bytes of streams without a reader.
+        rebuild: with a shared log, how a stream whose owner died is continued here
+            (failover); None: it is not (its readers follow the log until it expires).
     """
 
-    def __init__(self, log: EventLog, *, grace_s: float, max_detached_bytes: int) -> None:
+    def __init__(self, log: EventLog, *, grace_s: float, max_detached_bytes: int,
+                 rebuild: Rebuild | None = None) -> None:
         # A detached stream must end some time: the grace period is finite.
         if not 0 <= grace_s < math.inf or max_detached_bytes < 0:
             raise ValueError("grace_s must be finite and >= 0, max_detached_bytes >= 0")
@@ -445,6 +482,8 @@ class ResumeRegistry:
         self._nursery: trio.Nursery | None = None
         self._log_bytes = self._detached_bytes = 0
         self._resumes = self._expiries = self._overflows = self._cancels = 0
+        self._failovers = 0
+        self.rebuild = rebuild
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the holders of detached streams. Never returns unless cancelled.
@@ -489,12 +528,13 @@ class ResumeRegistry:
 
     def adopt(
         self, stream: TokenStream, encode: Encode, opening: bytes, *,
-        observer: Observer | None = None, attach: bool,
+        observer: Observer | None = None, attach: bool, spec: bytes | None = None,
     ) -> Reader | None:
         """Take a just-opened stream, log its opening (event 1), and either return its
         first reader (``attach``, positioned before event 1) or hold it detached for
         the grace period. Sync, never a checkpoint: the caller's ``open_stream`` hands
-        the stream over before any.
+        the stream over before any. With a shared log, ``spec`` (what ``rebuild``
+        needs) is published with the owner lease before event 1 (failover).
 
         Raises:
             RuntimeError: the registry is not running (the stream is closed first).
@@ -505,6 +545,8 @@ class ResumeRegistry:
             raise RuntimeError("the resume registry is not running")
         self._entries[entry.request_id] = entry
         entry.holding = Holding.ATTACHED
+        if self._shared is not None and spec is not None:
+            self._shared.publish(entry.request_id, spec)
         entry.log_opening(opening)
         token = secrets.token_hex(8) if self._shared is not None and attach else None
         reader = Reader(entry, 0, token)
@@ -613,8 +655,9 @@ class ResumeRegistry:
 
     async def _attach_remote(
         self, log: SharedEventLog, request_id: str, after: int
-    ) -> RemoteReader:
-        """A reader of a stream another replica owns (see ``attach``). A position past
+    ) -> Reader | RemoteReader:
+        """A reader of a stream another replica owns (see ``attach``), or, if that
+        replica died and this one takes the stream over, its ``Reader`` here. A position past
         the store's last event is waited for (``POSITION_WAIT_S``): the owner writes an
         event to its reader before its writer task puts it in the store."""
         if self._draining:
@@ -624,6 +667,8 @@ class ResumeRegistry:
         if tail is None:
             raise NothingToResume(request_id)
         last_n, ended = tail
+        if not ended and self.rebuild is not None and await log.take_over(request_id):
+            return await self._fail_over(log, self.rebuild, request_id, after)
         with trio.move_on_after(POSITION_WAIT_S):
             while after > last_n and not ended:
                 events = await log.read_remote(request_id, last_n, wait_s=POSITION_WAIT_S)
@@ -644,6 +689,58 @@ class ResumeRegistry:
         reader = RemoteReader(log, request_id, after, token,
                               on_close=self._remote_readers.discard)
         self._remote_readers.add(reader)
+        return reader
+
+    async def _fail_over(
+        self, log: SharedEventLog, rebuild: Rebuild, request_id: str, after: int
+    ) -> Reader:
+        """This replica won the owner lease of a stream whose owner died: rebuild it from
+        the store and continue it here, appending to the same log; its reader from event
+        ``after + 1`` (which may be past the store's last: the dead owner's writer lagged
+        its reader; those events are made again, the same, and skipped).
+
+        Cancellation: before the stream opens, the lease is let go (another resume may
+        take over); once open, the registry holds it (a cancelled claim of the reader
+        lease detaches it, as a reader that left).
+        """
+        adopted: list[Reader] = []
+
+        def adopt(stream: TokenStream, encode: Encode, observer: Observer | None) -> None:
+            entry = ResumableStream(self, stream, encode, observer)
+            if self._nursery is None:
+                stream.close()
+                raise RuntimeError("the resume registry is not running")
+            log.adopt(request_id, events)
+            self._entries[request_id] = entry
+            entry.holding = Holding.ATTACHED
+            entry.last_n = events[-1][0]
+            entry.log_bytes = sum(len(data) for _, data, _ in events)
+            self._log_bytes += entry.log_bytes
+            reader = Reader(entry, after, secrets.token_hex(8))
+            reader._attached.set()
+            entry._reader = reader
+            adopted.append(reader)
+
+        try:
+            got = await log.read_for_rebuild(request_id)
+            if got is None:
+                raise NothingToResume(request_id)
+            spec, events = got
+            await rebuild(request_id, spec, events, adopt)
+        except BaseException:
+            if not adopted:
+                log.release_owner(request_id)
+            raise
+        (reader,) = adopted
+        self._failovers += 1
+        self._resumes += 1
+        assert reader._token is not None
+        try:
+            await log.claim_reader(request_id, reader._token)
+        except BaseException:
+            reader.close()
+            raise
+        log.hold_local_reader(request_id, reader._token, claimed=True)
         return reader
 
     @staticmethod
@@ -682,6 +779,7 @@ class ResumeRegistry:
             expiries=self._expiries,
             overflows=self._overflows,
             cancels=self._cancels,
+            failovers=self._failovers,
         )
 
     # -- the hand-over (see the module docstring) ----------------------------------

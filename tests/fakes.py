@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -97,7 +97,9 @@ class ScriptedEngine:
 
     # -- the StepEngine interface ------------------------------------------------
 
-    def submit(self, request: GenerationRequest) -> int:
+    def submit(self, request: GenerationRequest, resume_from: Sequence[int] = ()) -> int:
+        if resume_from:
+            raise NotImplementedError("the fake engine does not continue streams")
         prompt_tokens = len(request.prompt.split())
         if prompt_tokens == 0:
             raise EmptyPrompt("the prompt has no tokens")

@@ -80,8 +80,8 @@ class RecordingEngine:
 
     # -- the engine's interface -------------------------------------------------------
 
-    def submit(self, request: GenerationRequest) -> int:
-        prompt_tokens = self._engine.submit(request)
+    def submit(self, request: GenerationRequest, resume_from: Sequence[int] = ()) -> int:
+        prompt_tokens = self._engine.submit(request, resume_from)
         self.submitted.append(request.request_id)
         return prompt_tokens
 

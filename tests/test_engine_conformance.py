@@ -12,7 +12,7 @@ tests use behaves as the model does.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import pytest
@@ -59,7 +59,7 @@ Trace = list[tuple[list[tuple[str, ...]], bool]]
 
 
 class Stepped(Protocol):
-    def submit(self, request: GenerationRequest) -> int: ...
+    def submit(self, request: GenerationRequest, resume_from: Sequence[int] = ()) -> int: ...
     def cancel(self, request_id: str) -> None: ...
     def pause(self, request_id: str) -> None: ...
     def resume(self, request_id: str) -> None: ...

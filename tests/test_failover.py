@@ -1,0 +1,283 @@
+"""Failover (issue 11): a stream whose owner replica is killed continues on another, with
+the tokens of an uninterrupted run and the same event ids.
+
+Real processes: a ``redis-server`` and ``streamscope serve`` replicas on the tiny model
+sharing it (``tools/cluster.py``'s ``Replica``), the owner lease short
+(``STREAMSCOPE_OWNER_LEASE_S``) so that the tests wait fractions of a second for it to
+lapse. A client reads a resumable stream on replica A, A gets SIGKILL, and the client
+resumes with ``Last-Event-ID`` on another replica, as an EventSource does: again after
+a body that ends without a final event (a reader that found the owner gone while its
+lease had not lapsed yet), until the final event. Missing ``redis-server`` FAILS the
+test with the command that installs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+import trio
+
+from streams import ServerSentEvent
+from streams.redis_log import RedisEventLog, events_key, owner_key, spec_key
+from tests.http_clients import parse_sse
+from tests.test_replicas import redis_process, redis_url  # noqa: F401 (fixtures)
+from tools.cluster import Replica, free_port
+
+OWNER_LEASE_S = 0.5
+SETTINGS = {"model": "tiny-gpt2", "device": "cpu", "cache_blocks": 256,
+            "owner_lease_s": OWNER_LEASE_S, "resume_grace_s": 30}
+TOKENS = 400  # with ignore_eos: about a second of decoding, still running at the kill
+WAIT_S = 60.0
+GREEDY: dict[str, Any] = {}
+SEEDED = {"temperature": 0.9, "top_p": 0.95, "seed": 1234}
+UNSEEDED = {"temperature": 0.9, "top_p": 0.95}
+
+
+@asynccontextmanager
+async def replicas(names: str, url: str, log_dir: Path) -> AsyncIterator[list[Replica]]:
+    """``streamscope serve`` processes sharing the Redis at ``url``, all ready."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+           "STREAMSCOPE_RESUME_STORE": url,
+           **{f"STREAMSCOPE_{k.upper()}": str(v) for k, v in SETTINGS.items()}}
+    started = [Replica(name, free_port(), dict(env), log_dir / f"replica-{name}.log")
+               for name in names]
+    try:
+        async with trio.open_nursery() as nursery:
+            for replica in started:
+                nursery.start_soon(replica.start)
+        yield started
+    finally:
+        for replica in started:
+            replica.kill()
+        with trio.CancelScope(shield=True):
+            for replica in started:
+                if replica.proc is not None:
+                    await replica.proc.wait()
+
+
+def body(sampling: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {"prompt": "A replica dies and", "max_new_tokens": TOKENS, "ignore_eos": True,
+            **sampling, **fields}
+
+
+def token_ids(events: list[ServerSentEvent]) -> list[int]:
+    return [json.loads(e.data)["id"] for e in events if e.event == "token"]
+
+
+def positions(events: list[ServerSentEvent]) -> list[int]:
+    return [int((e.id or "").rpartition(":")[2]) for e in events]
+
+
+async def uninterrupted(replica: Replica, sampling: dict[str, Any]) -> list[int]:
+    async with httpx.AsyncClient(base_url=replica.url, timeout=WAIT_S,
+                                 trust_env=False) as client:
+        events = parse_sse((await client.post("/v1/stream", json=body(sampling))).content)
+    assert events[-1].event == "done"
+    return token_ids(events)
+
+
+async def read_on(replica: Replica, sampling: dict[str, Any], k: int,
+                  opened: Callable[[str, list[ServerSentEvent]], None]) -> None:
+    """A resumable stream on ``replica``, read until it breaks (the replica is killed);
+    ``opened(request_id, events)`` once k events came (the list grows after)."""
+    events: list[ServerSentEvent] = []
+    from streams import SSEParser
+
+    parser = SSEParser()
+    async with httpx.AsyncClient(base_url=replica.url, timeout=WAIT_S,
+                                 trust_env=False) as client:
+        try:
+            async with client.stream("POST", "/v1/stream",
+                                     json=body(sampling, resumable=True)) as response:
+                request_id = response.headers["X-Request-ID"]
+                async for chunk in response.aiter_bytes():
+                    was = len(events)
+                    events += parser.feed(chunk)
+                    if was < k <= len(events):
+                        opened(request_id, events)  # (the list grows on)
+        except httpx.HTTPError:
+            pass  # the replica died
+
+
+async def resume_until_done(replica: Replica, request_id: str, last: int,
+                            ) -> tuple[list[ServerSentEvent], int]:
+    """Resume on ``replica`` after event ``last`` as an EventSource would (again after a
+    body without a final event) until the final event; (the events, the GETs made).
+    A body that ends ``taken_over`` ends it too (another reader has the stream)."""
+    events: list[ServerSentEvent] = []
+    gets = 0
+    async with httpx.AsyncClient(base_url=replica.url, timeout=WAIT_S,
+                                 trust_env=False) as client:
+        while True:
+            gets += 1
+            response = await client.get(f"/v1/stream/{request_id}",
+                                        headers={"Last-Event-ID": f"{request_id}:{last}"})
+            assert response.status_code == 200, (response.status_code, response.content)
+            got = [e for e in parse_sse(response.content) if e.event != "error" or e.id]
+            events += got
+            if got:
+                last = positions(got)[-1]
+            if (got and got[-1].event in ("done", "error")) or b"taken_over" in response.content:
+                return events, gets
+            await trio.sleep(0.1)  # an EventSource's retry, shortened
+
+
+async def stats(replica: Replica) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=replica.url, trust_env=False) as client:
+        result: dict[str, Any] = (await client.get("/stats")).json()
+        return result
+
+
+async def wait_whole(replica: Replica) -> dict[str, Any]:
+    """/stats once the replica's engine holds nothing: every block free."""
+    with trio.fail_after(WAIT_S):
+        while True:
+            s = await stats(replica)
+            if s["running"] == 0 and s["waiting"] == 0 and s["blocks_free"] == s["blocks_total"]:
+                return s
+            await trio.sleep(0.05)
+
+
+async def open_and_kill(owner: Replica, samplings: list[dict[str, Any]], k: int,
+                        ) -> list[tuple[str, list[ServerSentEvent]]]:
+    """Streams on ``owner``, one per sampling, each read for k events; then SIGKILL.
+    Their ids and what their clients had got when the connection broke, in the order
+    of ``samplings``."""
+    streams: dict[int, tuple[str, list[ServerSentEvent]]] = {}
+    all_open = trio.Event()
+
+    def on_open(i: int) -> Callable[[str, list[ServerSentEvent]], None]:
+        def opened(request_id: str, events: list[ServerSentEvent]) -> None:
+            streams[i] = (request_id, events)
+            if len(streams) == len(samplings):
+                all_open.set()
+        return opened
+
+    with trio.fail_after(WAIT_S):
+        async with trio.open_nursery() as nursery:
+            for i, sampling in enumerate(samplings):
+                nursery.start_soon(read_on, owner, sampling, k, on_open(i))
+            await all_open.wait()
+            owner.kill()
+    return [streams[i] for i in range(len(samplings))]
+
+
+# -- the owner lease and the takeover, on the log alone ---------------------------------
+
+async def test_the_owner_lease_is_renewed_while_the_owner_runs_and_taken_over_once_after(
+    redis_url: str,  # noqa: F811
+) -> None:
+    def log() -> RedisEventLog:
+        return RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=1.0, follow_wait_s=0.1,
+                                      owner_lease_s=0.3)
+
+    owner, others = log(), [log() for _ in range(8)]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(owner.run)
+        owner.publish("s1", b"spec")
+        owner.append("s1", 1, b"start")
+        owner.append("s1", 2, b"token")
+        await owner.flush()
+        await trio.sleep(0.6)  # two leases of Redis's clock: renewed meanwhile
+        assert await owner.owner_alive("s1")
+        assert not await others[0].take_over("s1")
+        nursery.cancel_scope.cancel()  # the owner dies: nobody renews
+    with trio.fail_after(WAIT_S):
+        while await others[0].owner_alive("s1"):  # noqa: ASYNC110 (Redis's clock)
+            await trio.sleep(0.02)
+    won: list[bool] = []
+
+    async def race(other: RedisEventLog) -> None:
+        won.append(await other.take_over("s1"))
+
+    async with trio.open_nursery() as nursery:
+        for other in others:
+            nursery.start_soon(race, other)
+    assert sorted(won) == [False] * 7 + [True]
+    winner = others[won.index(True)]
+    assert await winner.read_for_rebuild("s1") == (b"spec", [(1, b"start", False),
+                                                             (2, b"token", False)])
+    winner.adopt("s1", [(1, b"start", False), (2, b"token", False)])
+    winner.append("s1", 3, b"done", last=True)  # the next number, in the same log
+    await winner.flush()
+    assert await winner.tail("s1") == (3, True)
+    with trio.fail_after(WAIT_S):  # not renewed after the last event: it lapses
+        while await winner.owner_alive("s1"):  # noqa: ASYNC110 (Redis's clock)
+            await trio.sleep(0.02)
+    assert not await others[0].take_over("s1")  # ended: nothing to take over
+
+
+async def test_a_stream_whose_owner_is_killed_continues_on_another_replica_identically(
+    redis_url: str, tmp_path: Path,  # noqa: F811
+) -> None:
+    store = redis.Redis.from_url(redis_url)
+    async with replicas("ab", redis_url, tmp_path) as (a, b):
+        samplings = [GREEDY, SEEDED, UNSEEDED]
+        cut = await open_and_kill(a, samplings, k=10)
+        assert await a.proc.wait() != 0  # type: ignore[union-attr]
+        # The seed A chose for the unseeded stream, from its spec in Redis.
+        specs = [json.loads(store.get(spec_key(rid)) or b"{}") for rid, _ in cut]
+        for rid, _ in cut:  # killed mid-stream: the log has no final event yet
+            last = store.xrevrange(events_key(rid), count=1)
+            assert last and last[0][1][b"e"] == b"0", rid
+
+        results = []
+        for (request_id, received), spec, sampling in zip(cut, specs, samplings, strict=True):
+            seeded = sampling if sampling is not UNSEEDED else {
+                **sampling, "seed": spec["sampling"]["seed"]}
+            expected = await uninterrupted(b, seeded)
+            k = positions(received)[-1]
+            rest, gets = await resume_until_done(b, request_id, k)
+            results.append((request_id, received, rest, expected, gets))
+        whole = await wait_whole(b)
+    store.close()
+
+    assert specs[2]["sampling"]["seed"] is not None  # chosen by A, published
+    for request_id, received, rest, expected, _ in results:
+        events = received + rest
+        assert positions(events) == list(range(1, TOKENS + 3)), request_id
+        assert token_ids(events) == expected, request_id
+        assert events[-1].event == "done"
+        assert json.loads(events[-1].data)["usage"]["completion_tokens"] == TOKENS
+    assert whole["resume_failovers"] == 3
+    assert whole["admitted"] == whole["releases"] == 3 + 3  # 3 uninterrupted, 3 continued
+
+
+async def test_two_replicas_resuming_a_dead_owners_stream_at_once_continue_it_once(
+    redis_url: str, tmp_path: Path,  # noqa: F811
+) -> None:
+    """Both resume once the owner lease lapsed: one wins the takeover and generates; the
+    other follows the log as a remote reader (then one of the two readers is taken over
+    by the other, the newest). The log has every event once; one continuation."""
+    store = redis.Redis.from_url(redis_url)
+    async with replicas("abc", redis_url, tmp_path) as (a, b, c):
+        ((request_id, received),) = await open_and_kill(a, [SEEDED], k=10)
+        expected = await uninterrupted(b, SEEDED)
+        with trio.fail_after(WAIT_S):
+            while store.exists(owner_key(request_id)):  # noqa: ASYNC110 (Redis's clock)
+                await trio.sleep(0.02)
+        k = positions(received)[-1]
+        async with trio.open_nursery() as nursery:
+            for replica in (b, c):
+                nursery.start_soon(resume_until_done, replica, request_id, k)
+        with trio.fail_after(WAIT_S):  # the winner's stream ends without any reader
+            while not (entries := store.xrange(events_key(request_id))) or \
+                    entries[-1][1][b"e"] != b"1":  # noqa: ASYNC110 (Redis's state)
+                await trio.sleep(0.05)
+        whole_b, whole_c = await wait_whole(b), await wait_whole(c)
+    store.close()
+
+    ids = [int(entry_id.split(b"-")[1]) for entry_id, _ in entries]
+    assert ids == list(range(1, TOKENS + 3))
+    logged = parse_sse(b"".join(fields[b"d"] for _, fields in entries))
+    assert token_ids(logged) == expected
+    assert logged[:len(received)] == received
+    assert sorted([whole_b["resume_failovers"], whole_c["resume_failovers"]]) == [0, 1]
+    assert whole_b["admitted"] + whole_c["admitted"] == 1 + 1  # B's uninterrupted + one
