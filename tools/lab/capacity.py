@@ -57,6 +57,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--blocks", type=int, help="cache blocks, default 512 (quick 16)")
     parser.add_argument("--small-blocks", type=int, help="default 64 (quick 6)")
     parser.add_argument("--solo", type=int, help="requests run alone first, default 8 (quick 4)")
+    parser.add_argument("--conditions", default="on_demand,reserve,small",
+                        help="which conditions to run, comma-separated (a long run in parts)")
 
 
 @experiment(
@@ -77,6 +79,8 @@ async def capacity(lab: Lab) -> Report:
     bodies = [_body(QUESTIONS[i % len(QUESTIONS)], max_tokens, chat) for i in range(clients)]
     conditions = {"on_demand": (blocks, "on_demand"), "reserve": (blocks, "reserve"),
                   "small": (small_blocks, "on_demand")}
+    chosen = str(getattr(lab.args, "conditions", None) or ",".join(conditions)).split(",")
+    conditions = {k: v for k, v in conditions.items() if k in chosen}
     summary: dict[str, Any] = {"clients": clients, "max_tokens": max_tokens,
                                "blocks": blocks, "small_blocks": small_blocks}
     raw: dict[str, Any] = {}
