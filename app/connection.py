@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import Any, Protocol, cast
 
 import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, ASGISendEvent
@@ -76,10 +76,8 @@ from quart.wrappers import Request, Response
 from quart_trio.asgi import TrioASGIHTTPConnection
 
 from .errors import ErrorType
+from .quart_app import StreamscopeApp
 from .sse_body import EventStreamBody
-
-if TYPE_CHECKING:
-    from .factory import StreamscopeApp
 
 # The farewell is one small write to a socket that was fine a moment ago; if it cannot
 # go out in this long the reader is not reading, and shutdown must not wait for it. The

@@ -6,9 +6,6 @@ settings from the environment, and tests call it with their own settings and eng
 
 from __future__ import annotations
 
-from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
-from quart_trio import QuartTrio
-
 from .auth import register_auth
 from .connection import StreamingConnection
 from .drain import watch_for_stop
@@ -18,28 +15,12 @@ from .lifespan import MakeEngine, Runtime, load_engine_from_settings, stop_deadl
 from .metrics import Metrics, make_metrics_blueprint
 from .openai_routes import make_openai_blueprint
 from .page import make_page_blueprint
+from .quart_app import StreamscopeApp
 from .resumable import make_resumable_blueprint
 from .routes import make_blueprint
 from .settings import Settings
-from .worker_guard import refuse, running_under_trio
 
-
-class StreamscopeApp(QuartTrio):
-    """A QuartTrio app whose HTTP connections follow ``connection.py``'s rules."""
-
-    asgi_http_class = StreamingConnection
-    runtime: Runtime
-    metrics: Metrics
-
-    async def __call__(
-        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
-    ) -> None:
-        """Serve one ASGI call, or refuse it loudly under a non-Trio worker
-        (``worker_guard.py``). Cancellation: as Quart's."""
-        if not running_under_trio():
-            await refuse(scope, receive, send)
-            return
-        await super().__call__(scope, receive, send)
+__all__ = ["StreamscopeApp", "create_app"]
 
 
 def create_app(
@@ -63,6 +44,7 @@ def create_app(
     """
     settings = Settings.from_env() if settings is None else settings
     app = StreamscopeApp("app")
+    app.asgi_http_class = StreamingConnection  # its HTTP connections follow connection.py
     app.config.update(
         MAX_CONTENT_LENGTH=settings.max_body_bytes,  # checked on Content-Length and as read
         BACKGROUND_TASK_SHUTDOWN_TIMEOUT=stop_deadline_s(settings),

@@ -6,6 +6,7 @@ crosses a boundary shows up there even when it hides in a function body run at i
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -65,3 +66,71 @@ def test_app_imports_only_the_engine_package_root(after_app: set[str]) -> None:
 
 def test_nothing_imports_tests_or_tools(after_app: set[str]) -> None:
     assert top_level(after_app, ("tests", "tools")) == set()
+
+
+# -- the tools' dependencies, and import cycles, read from the source ---------------------
+
+TOOLS_ONLY = ("matplotlib", "tqdm", "numpy")  # the `tools` extra (pyproject.toml)
+SERVICE = ("app", "engine", "streams")
+
+
+def source_imports(path: Path) -> set[str]:
+    """Every module a file imports at module level (``if TYPE_CHECKING`` blocks included),
+    each ``from m import n`` also as ``m.n``; relative imports made absolute."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    package = parts[:-1]  # an __init__'s package is its folder too
+    found: set[str] = set()
+
+    def visit(statements: list[ast.stmt]) -> None:
+        for node in statements:
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                name = ".".join([*base, *([node.module] if node.module else [])])
+                found.add(name)
+                found.update(f"{name}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.If | ast.Try):
+                visit(node.body)
+                visit(node.orelse)
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+
+    visit(ast.parse(path.read_text()).body)
+    return found
+
+
+def module_of(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_the_service_never_imports_the_tools_dependencies() -> None:
+    offenders = {
+        module_of(path): sorted(top_level(source_imports(path), TOOLS_ONLY))
+        for package in SERVICE
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if top_level(source_imports(path), TOOLS_ONLY)
+    }
+
+    assert offenders == {}
+
+
+@pytest.mark.parametrize("package", [*SERVICE, "tools"])
+def test_no_module_imports_one_that_imports_it_back(package: str) -> None:
+    files = {module_of(path): path for path in (ROOT / package).rglob("*.py")}
+    graph = {name: {m for m in source_imports(path) if m in files and m != name}
+             for name, path in files.items()}
+    cycles: list[list[str]] = []
+
+    def walk(path: list[str]) -> None:
+        for following in sorted(graph[path[-1]]):
+            if following == path[0]:
+                cycles.append([*path, following])
+            elif following not in path and following > path[0]:  # each cycle once
+                walk([*path, following])
+
+    for name in sorted(graph):
+        walk([name])
+
+    assert cycles == []

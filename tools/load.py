@@ -31,7 +31,8 @@ through httpx's text line decoder, which also splits lines at U+2028 and the oth
 separators of ``str.splitlines()``, so it would misread a peer that sends those
 unescaped. (``python -m tools.lab sse`` checks that both parsers agree on our server.)
 
-Protocols: ours and the OpenAI-compatible streaming completions (``tools/wire.py``).
+Protocols: ours and the OpenAI-compatible streaming completions (``tools/wire.py``). The
+request and record types are in ``tools/records.py``.
 
 Retries (off by default; ``Retries``, ``--retries``, ``--resumable``). A request refused
 before its first byte in a way that says "try again" is sent again, up to
@@ -60,7 +61,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,7 @@ from tqdm import tqdm
 
 from streams import SSEParser
 from tools.prompts import PROMPTS_FILE
+from tools.records import StreamRecord, StreamRequest
 from tools.wire import PROTOCOLS, WireProtocol
 
 STOPPED = "stopped by the caller"
@@ -90,111 +92,12 @@ READ_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
-class StreamRequest:
-    """One stream to open. ``at_s``: send it this long after the start, not at once."""
-
-    prompt: str
-    max_new_tokens: int
-    ignore_eos: bool = False
-    at_s: float | None = None
-    tag: str = ""  # a label for the experiment's own use ("long", "joiner", ...)
-    resumable: bool = False  # ask for a resumable stream (streamscope only)
-
-
-@dataclass(frozen=True, slots=True)
 class Retries:
     """What a client tries again (see the module docstring); the default: nothing."""
 
     refusals: int = 0  # sends again of a request refused before its first byte, per stream
     resumes: int = 0  # resumes of a resumable stream cut before its terminal event
     max_wait_s: float = RETRY_WAIT_CAP_S  # the cap on a Retry-After wait
-
-
-@dataclass(slots=True)
-class StreamRecord:
-    """What one stream did. Times are ``time.perf_counter()`` seconds."""
-
-    index: int
-    client: int
-    request: StreamRequest
-    sent_at: float | None = None
-    status: int | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-    request_id: str | None = None  # from the start event (streamscope)
-    prompt_tokens: int | None = None
-    token_ids: list[int] = field(default_factory=list)  # streamscope only
-    texts: list[str] = field(default_factory=list)
-    token_times: list[float] = field(default_factory=list)
-    finished_at: float | None = None  # the terminal event arrived (or the body ended)
-    finish_reason: str | None = None
-    usage: dict[str, Any] | None = None
-    bytes: int = 0
-    error: str | None = None
-    raw: bytearray | None = None  # the body as received, when asked for
-    retries: int = 0  # refusals sent again
-    resumes: int = 0  # cuts resumed
-    retried: list[str] = field(default_factory=list)  # what each retry and resume was for
-    resume_url: str | None = None  # X-Resume-URL of a resumable stream
-    last_event_id: str | None = None  # the id of the last event received
-
-    @property
-    def tokens(self) -> int:
-        return len(self.token_times)
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.finish_reason is not None
-
-    @property
-    def ttft_s(self) -> float | None:
-        if self.sent_at is None or not self.token_times:
-            return None
-        return self.token_times[0] - self.sent_at
-
-    @property
-    def duration_s(self) -> float | None:
-        if self.sent_at is None or self.finished_at is None:
-            return None
-        return self.finished_at - self.sent_at
-
-    def gaps_s(self) -> list[float]:
-        return [b - a for a, b in zip(self.token_times, self.token_times[1:], strict=False)]
-
-    def add_token(self, token_id: int | None, text: str, now: float) -> None:
-        if token_id is not None:
-            self.token_ids.append(token_id)
-        self.texts.append(text)
-        self.token_times.append(now)
-
-    def to_json(self, origin: float) -> dict[str, Any]:
-        """Plain data; times in ms from ``origin`` (the run's start)."""
-
-        def ms(t: float | None) -> float | None:
-            return None if t is None else round((t - origin) * 1000, 2)
-
-        ttft = self.ttft_s
-        return {
-            "index": self.index,
-            "client": self.client,
-            "tag": self.request.tag,
-            "prompt": self.request.prompt[:40],
-            "status": self.status,
-            "request_id": self.request_id,
-            "prompt_tokens": self.prompt_tokens,
-            "tokens": self.tokens,
-            "finish_reason": self.finish_reason,
-            "error": self.error,
-            "retries": self.retries,
-            "resumes": self.resumes,
-            "retried": self.retried,
-            "usage": self.usage,
-            "bytes": self.bytes,
-            "sent_ms": ms(self.sent_at),
-            "ttft_ms": None if ttft is None else round(ttft * 1000, 2),
-            "finished_ms": ms(self.finished_at),
-            "token_ids": self.token_ids,
-            "token_ms": [ms(t) for t in self.token_times],
-        }
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -17,12 +17,10 @@ keeps it so the two counts can be compared.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from streams import ServerSentEvent
-
-if TYPE_CHECKING:  # tools.load imports this module
-    from tools.load import StreamRecord, StreamRequest
+from tools.records import StreamRecord, StreamRequest
 
 
 class WireProtocol(Protocol):

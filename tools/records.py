@@ -1,0 +1,111 @@
+"""What the load generator asks for and what it records of one stream.
+
+``StreamRequest`` is one stream to open; ``StreamRecord`` what it did (tokens, times,
+bytes, retries). ``tools/wire.py`` fills a record from a protocol's events and
+``tools/load.py`` runs the streams; both import these types from here, so neither
+imports the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRequest:
+    """One stream to open. ``at_s``: send it this long after the start, not at once."""
+
+    prompt: str
+    max_new_tokens: int
+    ignore_eos: bool = False
+    at_s: float | None = None
+    tag: str = ""  # a label for the experiment's own use ("long", "joiner", ...)
+    resumable: bool = False  # ask for a resumable stream (streamscope only)
+
+
+@dataclass(slots=True)
+class StreamRecord:
+    """What one stream did. Times are ``time.perf_counter()`` seconds."""
+
+    index: int
+    client: int
+    request: StreamRequest
+    sent_at: float | None = None
+    status: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    request_id: str | None = None  # from the start event (streamscope)
+    prompt_tokens: int | None = None
+    token_ids: list[int] = field(default_factory=list)  # streamscope only
+    texts: list[str] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
+    finished_at: float | None = None  # the terminal event arrived (or the body ended)
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    bytes: int = 0
+    error: str | None = None
+    raw: bytearray | None = None  # the body as received, when asked for
+    retries: int = 0  # refusals sent again
+    resumes: int = 0  # cuts resumed
+    retried: list[str] = field(default_factory=list)  # what each retry and resume was for
+    resume_url: str | None = None  # X-Resume-URL of a resumable stream
+    last_event_id: str | None = None  # the id of the last event received
+
+    @property
+    def tokens(self) -> int:
+        return len(self.token_times)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.finish_reason is not None
+
+    @property
+    def ttft_s(self) -> float | None:
+        if self.sent_at is None or not self.token_times:
+            return None
+        return self.token_times[0] - self.sent_at
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.sent_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.sent_at
+
+    def gaps_s(self) -> list[float]:
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:], strict=False)]
+
+    def add_token(self, token_id: int | None, text: str, now: float) -> None:
+        if token_id is not None:
+            self.token_ids.append(token_id)
+        self.texts.append(text)
+        self.token_times.append(now)
+
+    def to_json(self, origin: float) -> dict[str, Any]:
+        """Plain data; times in ms from ``origin`` (the run's start)."""
+
+        def ms(t: float | None) -> float | None:
+            return None if t is None else round((t - origin) * 1000, 2)
+
+        ttft = self.ttft_s
+        return {
+            "index": self.index,
+            "client": self.client,
+            "tag": self.request.tag,
+            "prompt": self.request.prompt[:40],
+            "status": self.status,
+            "request_id": self.request_id,
+            "prompt_tokens": self.prompt_tokens,
+            "tokens": self.tokens,
+            "finish_reason": self.finish_reason,
+            "error": self.error,
+            "retries": self.retries,
+            "resumes": self.resumes,
+            "retried": self.retried,
+            "usage": self.usage,
+            "bytes": self.bytes,
+            "sent_ms": ms(self.sent_at),
+            "ttft_ms": None if ttft is None else round(ttft * 1000, 2),
+            "finished_ms": ms(self.finished_at),
+            "token_ids": self.token_ids,
+            "token_ms": [ms(t) for t in self.token_times],
+        }
