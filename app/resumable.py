@@ -51,6 +51,7 @@ from streams import (
     BadPosition,
     Draining,
     NothingToResume,
+    OwnerGone,
     PolicyName,
     Reader,
     ReaderBusy,
@@ -153,15 +154,19 @@ class ResumableOwner:
 class ResumableEventBody(ResponseBody):
     """The SSE body of one reader of a resumable stream: the log after its position,
     then live events; keep-alive comments in between; ``TAKEN_OVER_EVENT`` last if a
-    newer reader took the stream over. ``__aexit__`` lets the reader go.
+    newer reader took the stream over. ``__aexit__`` lets the reader go. A remote reader
+    whose owner died (``OwnerGone``) is replaced in place by ``registry.attach`` at its
+    position, which takes the stream over (failover): the client reads on, unaware.
     """
 
     def __init__(
-        self, reader: Reader | RemoteReader, *, keepalive_s: float, send_retry: bool
+        self, reader: Reader | RemoteReader, *, keepalive_s: float, send_retry: bool,
+        registry: ResumeRegistry | None = None,
     ) -> None:
         self.reader = reader
         self.keepalive_s = keepalive_s
         self._retry = send_retry
+        self._registry = registry
         self._over = False
 
     async def __aenter__(self) -> ResumableEventBody:
@@ -190,16 +195,36 @@ class ResumableEventBody(ResponseBody):
         if self._retry:
             self._retry = False
             return RETRY_LINE
+        gone: OwnerGone | None = None
         with trio.move_on_after(self.keepalive_s):
             try:
                 event = await self.reader.receive()
             except TakenOver:
                 self._over = True
                 return TAKEN_OVER_EVENT
+            except OwnerGone as exc:
+                gone = exc
             except (trio.EndOfChannel, trio.ClosedResourceError):
                 raise StopAsyncIteration from None
-            return event.data
+            else:
+                return event.data
+        if gone is not None:  # out of the keep-alive's scope: its timer cancels nothing
+            await self._take_over(gone.position)
         return KEEPALIVE_COMMENT
+
+    async def _take_over(self, position: int) -> None:
+        """Attach again after ``position`` (failover, or another remote reader if another
+        replica took over first); the body ends (the client resumes) if that fails.
+
+        Cancellation: as ``ResumeRegistry.attach``; the old reader is closed already.
+        """
+        self.reader.close()
+        if self._registry is None:
+            raise StopAsyncIteration
+        try:
+            self.reader = await self._registry.attach(self.reader.request_id, position)
+        except Exception:  # any refusal: the client comes back (Cancelled passes)
+            raise StopAsyncIteration from None
 
 
 async def open_resumable(
@@ -306,7 +331,8 @@ def make_resumable_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
             raise ApiError(ErrorType.SHUTDOWN, "this replica is stopping: resume the stream "
                            "on another", retry_after_s=SHUTDOWN_RETRY_AFTER_S) from None
         own_stream(request.scope, reader)
-        body = ResumableEventBody(reader, keepalive_s=settings.keepalive_s, send_retry=True)
+        body = ResumableEventBody(reader, keepalive_s=settings.keepalive_s, send_retry=True,
+                                  registry=registry)
         return sse_response(body, request_id, headers={"X-Resume-URL": resume_url(request_id)})
 
     @bp.delete("/v1/requests/<request_id>")

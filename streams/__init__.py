@@ -26,6 +26,7 @@ from .resumption import Draining as Draining
 from .resumption import Holding as Holding
 from .resumption import LoggedEvent as LoggedEvent
 from .resumption import NothingToResume as NothingToResume
+from .resumption import OwnerGone as OwnerGone
 from .resumption import Reader as Reader
 from .resumption import ReaderBusy as ReaderBusy
 from .resumption import Rebuild as Rebuild
@@ -62,6 +63,7 @@ __all__ = [
     "MemoryEventLog",
     "NotAccepting",
     "NothingToResume",
+    "OwnerGone",
     "PolicyName",
     "Reader",
     "ReaderBusy",

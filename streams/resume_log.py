@@ -68,6 +68,7 @@ class SharedEventLog(EventLog, Protocol):
     """
 
     lease_s: float  # a remote reader's lease lives this long unless renewed
+    owner_lease_s: float  # the owner's lease on a stream it generates (failover)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Write what ``append``/``expire`` queued, in order, until cancelled."""

@@ -84,7 +84,10 @@ calls the app's ``rebuild``, which opens the stream again continuing after those
 and hands it to this registry in the same call: from then on this replica owns it,
 appending to the same log with the next numbers, so readers anywhere go on with the same
 event ids. A remote reader whose read comes back empty while the owner lease is gone
-ends (the client comes back, and that resume takes over).
+raises ``OwnerGone`` with its position; the app attaches again there, in the same
+response, which takes the stream over. A resume positioned past the store's last event
+(the dead owner sent its reader events its writer never stored) waits for the owner
+lease to lapse instead of failing, and the takeover makes those events again.
 
 A replica that drains (``drain()``, at SIGTERM) is going away, and its remote readers
 only follow a log that another replica writes: each ends at once, at its next event,
@@ -124,6 +127,10 @@ LEASE_CHECK_S = 0.25
 # How long a reader on another replica waits for the shared log to reach the position
 # it claims (the owner's writer task lags its live readers by a batch).
 POSITION_WAIT_S = 2.0
+# How long one read of the store waits for it to reach a position, between looks at the
+# owner lease (a takeover may be due): a tenth of a second, a few round trips a second
+# for the few seconds at most that a reader waits there.
+POSITION_STEP_S = 0.1
 
 
 class Observer(Protocol):
@@ -160,6 +167,15 @@ class ReaderBusy(ResumeError):
 
 class TakenOver(trio.ClosedResourceError):
     """A newer reader took the stream over: this reader gets no more events."""
+
+
+class OwnerGone(trio.ClosedResourceError):
+    """The replica generating the stream a ``RemoteReader`` follows died (its owner
+    lease lapsed): an ``attach`` after ``position`` takes the stream over (failover)."""
+
+    def __init__(self, message: str, position: int) -> None:
+        super().__init__(message)
+        self.position = position
 
 
 class BadPosition(ResumeError):
@@ -405,6 +421,7 @@ class RemoteReader:
         Raises:
             trio.EndOfChannel: this reader has the stream's last event.
             TakenOver: another reader took the lease over (found at a renewal).
+            OwnerGone: the owner died; ``attach`` again to take the stream over.
             trio.ClosedResourceError: closed, the log is gone (expired or deleted: the
                 owner ended the stream without a last event), or the store did not
                 answer.
@@ -429,9 +446,9 @@ class RemoteReader:
                 events = await log.read_remote(self._request_id, self._pos,
                                                wait_s=log.lease_s / 5)
                 if not events and not await log.owner_alive(self._request_id):
-                    # Its owner died: the client comes back, and that resume takes the
-                    # stream over (failover), here or on another replica.
-                    raise trio.ClosedResourceError("the stream's owner is gone")
+                    # Its owner died: an attach (the body's, or the client's when it
+                    # comes back) takes the stream over, here or on another replica.
+                    raise OwnerGone("the stream's owner is gone", self._pos)
             except StoreUnavailable as exc:  # the client comes back, maybe elsewhere
                 raise trio.ClosedResourceError(str(exc)) from exc
             if events is None:
@@ -657,9 +674,14 @@ class ResumeRegistry:
         self, log: SharedEventLog, request_id: str, after: int
     ) -> Reader | RemoteReader:
         """A reader of a stream another replica owns (see ``attach``), or, if that
-        replica died and this one takes the stream over, its ``Reader`` here. A position past
-        the store's last event is waited for (``POSITION_WAIT_S``): the owner writes an
-        event to its reader before its writer task puts it in the store."""
+        replica died and this one takes the stream over, its ``Reader`` here.
+
+        A position past the store's last event is waited for (``POSITION_WAIT_S``): the
+        owner writes an event to its reader before its writer task puts it in the
+        store. With failover, also until the owner lease lapses (``owner_lease_s``
+        more): a dead owner's last events may never have reached the store, and the
+        takeover makes them again.
+        """
         if self._draining:
             await trio.lowlevel.checkpoint()
             raise Draining(request_id)
@@ -667,15 +689,23 @@ class ResumeRegistry:
         if tail is None:
             raise NothingToResume(request_id)
         last_n, ended = tail
-        if not ended and self.rebuild is not None and await log.take_over(request_id):
-            return await self._fail_over(log, self.rebuild, request_id, after)
-        with trio.move_on_after(POSITION_WAIT_S):
-            while after > last_n and not ended:
-                events = await log.read_remote(request_id, last_n, wait_s=POSITION_WAIT_S)
+        rebuild, won = self.rebuild, False
+        wait_s = POSITION_WAIT_S + (log.owner_lease_s if rebuild is not None else 0.0)
+        with trio.move_on_after(wait_s):
+            while True:
+                if not ended and rebuild is not None:
+                    won = await log.take_over(request_id)  # one round trip, atomic
+                    if won:
+                        break
+                if after <= last_n or ended:
+                    break
+                events = await log.read_remote(request_id, last_n, wait_s=POSITION_STEP_S)
                 if events is None:
                     raise NothingToResume(request_id)
                 if events:
                     last_n, _, ended = events[-1]
+        if won and rebuild is not None:  # out of the wait's scope: its timer cancels nothing
+            return await self._fail_over(log, rebuild, request_id, after)
         if after > last_n:
             raise BadPosition(f"event {after} of a stream that has made {last_n}")
         if ended and after == last_n:

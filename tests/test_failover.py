@@ -24,7 +24,7 @@ import httpx
 import redis
 import trio
 
-from streams import ServerSentEvent
+from streams import ServerSentEvent, SSEParser
 from streams.redis_log import RedisEventLog, events_key, owner_key, spec_key
 from tests.http_clients import parse_sse
 from tests.test_replicas import redis_process, redis_url  # noqa: F401 (fixtures)
@@ -38,6 +38,7 @@ WAIT_S = 60.0
 GREEDY: dict[str, Any] = {}
 SEEDED = {"temperature": 0.9, "top_p": 0.95, "seed": 1234}
 UNSEEDED = {"temperature": 0.9, "top_p": 0.95}
+FOLLOWED = {"temperature": 0.8, "top_k": 40, "seed": 99}
 
 
 @asynccontextmanager
@@ -88,8 +89,6 @@ async def read_on(replica: Replica, sampling: dict[str, Any], k: int,
     """A resumable stream on ``replica``, read until it breaks (the replica is killed);
     ``opened(request_id, events)`` once k events came (the list grows after)."""
     events: list[ServerSentEvent] = []
-    from streams import SSEParser
-
     parser = SSEParser()
     async with httpx.AsyncClient(base_url=replica.url, timeout=WAIT_S,
                                  trust_env=False) as client:
@@ -214,11 +213,34 @@ async def test_the_owner_lease_is_renewed_while_the_owner_runs_and_taken_over_on
     assert not await others[0].take_over("s1")  # ended: nothing to take over
 
 
+async def read_through(replica: Replica, request_id: str, k: int, got_k: trio.Event,
+                       out: list[ServerSentEvent]) -> None:
+    """One GET of the stream on ``replica`` from its start, read to its end."""
+    parser = SSEParser()
+    async with httpx.AsyncClient(base_url=replica.url, timeout=WAIT_S,
+                                 trust_env=False) as client, \
+            client.stream("GET", f"/v1/stream/{request_id}") as response:
+        assert response.status_code == 200
+        async for chunk in response.aiter_bytes():
+            out += parser.feed(chunk)
+            if len(out) >= k:
+                got_k.set()
+
+
 async def test_a_stream_whose_owner_is_killed_continues_on_another_replica_identically(
     redis_url: str, tmp_path: Path,  # noqa: F811
 ) -> None:
+    """Three streams read on A (greedy, seeded, unseeded), A gets SIGKILL, their clients
+    resume on B; a fourth, made on A and read on B all along (a remote reader), reads
+    on in the same response: B takes it over when A's lease lapses."""
     store = redis.Redis.from_url(redis_url)
-    async with replicas("ab", redis_url, tmp_path) as (a, b):
+    followed: list[ServerSentEvent] = []
+    async with replicas("ab", redis_url, tmp_path) as (a, b), trio.open_nursery() as nursery:
+        async with httpx.AsyncClient(base_url=a.url, trust_env=False) as client:
+            follow_id = (await client.post("/v1/requests", json=body(FOLLOWED))).json()["id"]
+        following = trio.Event()
+        nursery.start_soon(read_through, b, follow_id, 10, following, followed)
+        await following.wait()
         samplings = [GREEDY, SEEDED, UNSEEDED]
         cut = await open_and_kill(a, samplings, k=10)
         assert await a.proc.wait() != 0  # type: ignore[union-attr]
@@ -236,6 +258,10 @@ async def test_a_stream_whose_owner_is_killed_continues_on_another_replica_ident
             k = positions(received)[-1]
             rest, gets = await resume_until_done(b, request_id, k)
             results.append((request_id, received, rest, expected, gets))
+        expected_followed = await uninterrupted(b, FOLLOWED)
+        with trio.fail_after(WAIT_S):
+            while not followed or followed[-1].event != "done":  # noqa: ASYNC110
+                await trio.sleep(0.05)  # (the reading task's list)
         whole = await wait_whole(b)
     store.close()
 
@@ -246,8 +272,10 @@ async def test_a_stream_whose_owner_is_killed_continues_on_another_replica_ident
         assert token_ids(events) == expected, request_id
         assert events[-1].event == "done"
         assert json.loads(events[-1].data)["usage"]["completion_tokens"] == TOKENS
-    assert whole["resume_failovers"] == 3
-    assert whole["admitted"] == whole["releases"] == 3 + 3  # 3 uninterrupted, 3 continued
+    assert positions(followed) == list(range(1, TOKENS + 3))  # in one response
+    assert token_ids(followed) == expected_followed
+    assert whole["resume_failovers"] == 4
+    assert whole["admitted"] == whole["releases"] == 4 + 4  # 4 uninterrupted, 4 continued
 
 
 async def test_two_replicas_resuming_a_dead_owners_stream_at_once_continue_it_once(
