@@ -2,19 +2,16 @@
 
 quart-trio (``quart_trio/asgi.py``, ``TrioASGIHTTPConnection``) runs each request as two
 sibling tasks in one nursery: a receive loop and the handler (which also sends the
-response body). ``StreamingConnection`` keeps that shape and adds four things:
+response body). ``StreamingConnection`` keeps that shape and adds three things:
 
 1. Named cancel reasons: the receive loop cancels the nursery with
    ``"client disconnected"`` when ``http.disconnect`` arrives; the handler with
    ``"response sent"`` when it is done.
-2. ``DETECT_DISCONNECT=false`` (a measurement only): the receive loop notes the
-   disconnect and does not cancel, so the stream never learns its client left; hypercorn
-   drops the bytes written after that without an error.
-3. A farewell: a stream cut off by a cancel that is NOT its client's disconnect is the
+2. A farewell: a stream cut off by a cancel that is NOT its client's disconnect is the
    server stopping (hypercorn cancels every connection when its ``graceful_timeout``
    runs out). In a shielded, bounded scope the body's last ``error`` event, type
    ``shutdown``, is written before Cancelled goes on.
-4. A backstop for ownership: every stream a view opened is recorded in the ASGI scope
+3. A backstop for ownership: every stream a view opened is recorded in the ASGI scope
    (``own_stream``) and closed when the connection ends, however it ends, including a
    cancel that lands after the view returned but before Quart entered the body (the
    body's ``__aexit__`` would never run then). ``close()`` is idempotent, so the usual
@@ -23,44 +20,15 @@ response body). ``StreamingConnection`` keeps that shape and adds four things:
 
 It also counts a client that left before its response was complete (``metrics.py``).
 
-The disconnect path, step by step
----------------------------------
-This is the one place that tells it; the other modules point here. A stream opened by a
-view belongs to the request's connection from the moment it exists
-(``serving.open_owned_stream``: ``Runtime.open_stream`` hands it to its owner before any
-checkpoint). Quart sends a streaming body as (``quart/asgi.py``, ``_send_response``)::
-
-    async with response.response as body:      # EventStreamBody.__aenter__
-        async for chunk in body:                 # EventStreamBody.__anext__, once per event
-            await send(chunk)                    # hypercorn writes it to the socket now
-                                                 # EventStreamBody.__aexit__: stream.close()
-
-1. The client goes: a FIN (clean close) or an RST (abortive close). hypercorn's reader
-   sees EOF or a reset (or its next write fails) and puts ``http.disconnect`` into the
-   request's ASGI queue.
-2. ``handle_messages``, the receive loop and a sibling of the handler in the request's
-   nursery, gets it and cancels that nursery's scope with the reason
-   ``"client disconnected"``.
-3. ``trio.Cancelled`` is raised in the handler task at its current await: usually
-   ``stream.receive()`` inside ``EventStreamBody.__anext__``, or a ``send``.
-4. It unwinds through Quart's ``async with response.response``, so
-   ``EventStreamBody.__aexit__`` calls ``stream.close()``: synchronous, idempotent, never
-   a checkpoint, so it runs inside the already-cancelled scope. (``/v1/generate`` closes
-   it with ``with stream:``; a cancel between the view's return and Quart entering the
-   body is caught by ``__call__``'s backstop.)
-5. ``close()`` unregisters the stream, posts ``engine.cancel(id)`` (only a wish, in the
-   engine's inbox) and wakes the hub. Cancelled goes on up; nobody swallows it.
-6. The hub's step loop wakes (or finishes the step in flight, which may add at most one
-   more token) and runs the next step, which applies the cancel at its start.
-7. The engine finishes the sequence CANCELLED and releases its cache blocks, once
-   (``BlockAllocator.release`` raises on a second release); its FinishEvent reaches the
-   hub, which finds no stream and counts it in ``events_dropped``.
-
-A request still waiting for a batch slot takes the same path; at step 7 it leaves the
-waiting queue without ever being admitted, so it never held a block. A resumable
-stream's connection owns only its reader's lease: at step 4 the lease's ``close()``
-hands the stream to the resumption registry instead (``streams/resumption.py``), and
-steps 5-7 happen only if no reader comes back within the grace period.
+The disconnect path
+-------------------
+``docs/cancellation.md`` walks it from the socket to the freed block, each step with its
+module, function and tests. This module's part: ``handle_messages`` cancels the
+request's nursery when ``http.disconnect`` arrives; the handler gets Cancelled at its
+await (usually ``TokenStream.receive``, inside the body); the body's ``__aexit__``, or
+``__call__``'s backstop, calls the stream's ``close()``: synchronous, idempotent, never a
+checkpoint, so it runs inside the cancelled scope. A stream opened by a view belongs to
+the request's connection from the moment it exists (``serving.open_owned_stream``).
 """
 
 from __future__ import annotations
@@ -108,7 +76,7 @@ def _owned(scope: Mapping[str, Any]) -> list[Closable]:
 
 
 class StreamingConnection(TrioASGIHTTPConnection):
-    """quart-trio's HTTP connection plus the four rules of the module docstring."""
+    """quart-trio's HTTP connection plus the three rules of the module docstring."""
 
     app: StreamscopeApp
     client_gone = False  # http.disconnect arrived before the response's last byte went out
@@ -134,13 +102,18 @@ class StreamingConnection(TrioASGIHTTPConnection):
         Cancellation: ends the loop (the handler finished, or the server stops).
         """
         await ASGIHTTPConnection.handle_messages(self, request, receive)
-        # hypercorn sends http.disconnect at the end of every response too (from inside
-        # the last send): only one that comes before it is a client that left.
+        self.note_disconnect()
+        nursery.cancel_scope.cancel(reason=CLIENT_DISCONNECTED)
+
+    def note_disconnect(self) -> None:
+        """Count a client that left before its response's last byte went out.
+
+        hypercorn sends http.disconnect at the end of every response too (from inside
+        the last send): only one that comes before it is a client that left.
+        """
         if not self.response_complete:
             self.client_gone = True
             self.app.metrics.disconnected()
-        if self.app.runtime.settings.detect_disconnect:
-            nursery.cancel_scope.cancel(reason=CLIENT_DISCONNECTED)
 
     async def handle_request(  # type: ignore[override]
         self, nursery: trio.Nursery, request: Request, send: ASGISendCallable
@@ -170,7 +143,7 @@ class StreamingConnection(TrioASGIHTTPConnection):
         return send_noting_completion
 
     async def _send_response(self, send: ASGISendCallable, response: Any) -> None:
-        """Quart's send, plus the farewell of rule 3 when the server cuts a stream.
+        """Quart's send, plus the farewell of rule 2 when the server cuts a stream.
 
         Cancellation: re-raised after the farewell (shielded, at most
         ``FAREWELL_TIMEOUT_S``, with the caveat at that constant); the body has closed its

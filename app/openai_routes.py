@@ -6,7 +6,7 @@ routes keep our envelope. A request is read and validated (``openai_schemas.py``
 ``model`` checked, chat messages rendered by the model's own chat template (in a worker
 thread, by the engine: ``Runtime.render_chat``), and then it runs exactly like
 ``/v1/stream`` or ``/v1/generate``: the same ``serving.open_owned_stream``, owner, timer
-and disconnect path (``connection.py`` walks through it); only the body's bytes differ.
+and disconnect path (``docs/cancellation.md`` walks through it); only the body's bytes differ.
 """
 
 from __future__ import annotations

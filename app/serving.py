@@ -5,7 +5,7 @@
 * ``open_owned_stream``: open a stream with its owner registered in the same call
   (``Runtime.open_stream`` takes the owner as a required argument and hands it the
   stream before any checkpoint), so no route can forget to own what it opened. The
-  owner is the request's connection (``connection.py`` tells the disconnect path);
+  owner is the request's connection (``docs/cancellation.md`` tells the disconnect path);
   a resumable stream's owner is the resumption registry (``resumable.py``).
 * ``sse_response``: every ``text/event-stream`` answer, with its headers and no
   response timeout.

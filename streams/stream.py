@@ -31,7 +31,8 @@ Every way a stream ends (``StreamEnd``, recorded once, at the first of these):
 
 All four reach the same ``close()``: the reader takes the terminal item, the next
 ``receive()`` raises ``trio.EndOfChannel`` and its ``finally`` closes; or
-``trio.Cancelled`` unwinds through that same ``finally``.
+``trio.Cancelled`` unwinds through that same ``finally``. (``docs/cancellation.md``
+follows one disconnect from the socket through this ``close()`` to the freed block.)
 
 Invariants:
 - ``close()`` is synchronous, idempotent and never a checkpoint, so it runs in a

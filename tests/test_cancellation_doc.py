@@ -41,7 +41,7 @@ MIN_NAMES = 60  # the doc names far more; fewer means the syntax changed under t
 def names(text: str) -> list[tuple[str, bool]]:
     """Every backticked span outside fenced blocks, with whether its line asks for a
     mock-clock test."""
-    found = []
+    found: list[tuple[str, bool]] = []
     for line in FENCE.sub("", text).splitlines():
         mock_clock = bool(MOCK_CLOCK_LINE.match(line))
         found.extend((span, mock_clock) for span in SPAN.findall(line))
@@ -85,8 +85,10 @@ def problem(span: str, mock_clock: bool) -> str | None:
     if MODULE.match(span) and "." in span:
         try:
             importlib.import_module(span)
-        except ImportError:
-            return f"{span}: not a module; write a name as module:attribute"
+        except ImportError as exc:
+            if exc.name is not None and span.startswith(exc.name):
+                return f"{span}: not a module; write a name as module:attribute"
+            return f"{span}: module {span} does not import ({exc})"
     return None
 
 

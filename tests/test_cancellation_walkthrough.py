@@ -27,7 +27,8 @@ import trio.testing
 
 import streams
 import streams.hub
-from app.factory import StreamscopeApp, create_app
+from app.factory import create_app
+from app.quart_app import StreamscopeApp
 from app.sse_body import EventStreamBody
 from engine import EngineEvent, FinishReason, TokenEvent
 from streams import Hub, SSEParser, StreamError, StreamItem, TokenStream
