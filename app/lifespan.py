@@ -523,4 +523,5 @@ def _resume_fields(registry: streams.ResumeRegistry | None) -> dict[str, Any]:
         "resume_overflows": stats.overflows if stats else 0,
         "resume_cancels": stats.cancels if stats else 0,
         "resume_failovers": stats.failovers if stats else 0,
+        "resume_disowned": stats.disowned if stats else 0,
     }

@@ -141,6 +141,8 @@ class RedisEventLog:
         self.refresh_s = min(ttl_s, lease_s, owner_lease_s) / 3
         self.owner_token = secrets.token_hex(8)  # this replica, as an owner
         self._owned: set[str] = set()  # streams it generates: their owner lease is renewed
+        # Told (sync) of a stream whose owner lease another replica took (see run).
+        self.on_lost: Callable[[str], None] | None = None
         self._client = client
         self._local = MemoryEventLog()
         self._last: dict[str, bool] = {}  # stream id -> its last event is logged
@@ -230,10 +232,44 @@ class RedisEventLog:
             with trio.move_on_at(next_refresh):
                 await self._wake.wait()
             self._wake = trio.Event()
-            if trio.current_time() >= next_refresh:
+            renew = trio.current_time() >= next_refresh
+            if renew:
                 self._queue_refresh()
                 next_refresh = trio.current_time() + self.refresh_s
             await self.flush()
+            if renew:
+                await self._renew_owned()
+
+    async def _renew_owned(self) -> None:
+        """Renew the owner lease of every stream this replica generates (compare-and-
+        renew); one whose lease another replica took (this one stalled past it) is let
+        go: ``on_lost`` is told, and nothing of it is touched in the store again.
+
+        Runs after a flush, which wrote every queued ``publish``: no lease is renewed
+        before it was set. Without an answer from the store, nothing changes.
+        Cancellation: as ``_read``'s; nothing changes.
+        """
+        owned = list(self._owned)
+        if not owned or self._stopped:
+            return
+        try:
+            held = await self._read(self._renew_owners, owned, self._ms(self.owner_lease_s))
+        except StoreUnavailable:
+            return
+        for stream_id, still in zip(owned, held, strict=True):
+            if not still and stream_id in self._owned:
+                self._owned.discard(stream_id)
+                log.warning("resume log: another replica took stream %s over", stream_id)
+                if self.on_lost is not None:
+                    self.on_lost(stream_id)
+
+    def _renew_owners(self, owned: list[str], lease_ms: int) -> list[bool]:
+        """In a reader thread: one pipeline of compare-and-renews."""
+        pipe = self._client.pipeline(transaction=False)
+        for stream_id in owned:
+            self._renew(keys=[owner_key(stream_id)], args=[self.owner_token, lease_ms],
+                        client=pipe)
+        return [bool(result) for result in pipe.execute()]
 
     async def flush(self) -> None:
         """Write everything queued now, in order (a failed batch is tried again).
@@ -293,18 +329,14 @@ class RedisEventLog:
         keys = [k for s in self._last for k in (events_key(s), spec_key(s))]
         ttl_ms = self._ms(self.ttl_s)
         leases, lease_ms = list(self._local_leases.items()), self._ms(self.lease_s)
-        owned, owner_ms = list(self._owned), self._ms(self.owner_lease_s)
 
         def op(pipe: Any) -> None:
             for key in keys:
                 pipe.pexpire(key, ttl_ms)
             for stream_id, token in leases:
                 self._renew(keys=[reader_key(stream_id)], args=[token, lease_ms], client=pipe)
-            for stream_id in owned:
-                self._renew(keys=[owner_key(stream_id)], args=[self.owner_token, owner_ms],
-                            client=pipe)
 
-        if keys or leases or owned:
+        if keys or leases:
             self._queue(op)
 
     # -- SharedEventLog: any replica's readers, async --------------------------------
@@ -396,6 +428,12 @@ class RedisEventLog:
         for n, data, _ in events:
             self._local.append(stream_id, n, data)
         self._last[stream_id] = False
+
+    def disown(self, stream_id: str) -> int:
+        self._last.pop(stream_id, None)
+        self._local_leases.pop(stream_id, None)
+        self._owned.discard(stream_id)
+        return self._local.expire(stream_id)  # the store's keys are the new owner's
 
     def release_owner(self, stream_id: str) -> None:
         self._owned.discard(stream_id)

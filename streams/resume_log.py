@@ -20,6 +20,7 @@ of the streams no reader holds (``resume_max_bytes``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import trio
@@ -146,6 +147,13 @@ class SharedEventLog(EventLog, Protocol):
 
     def release_owner(self, stream_id: str) -> None:
         """Let this replica's owner lease go (queued; a rebuild that failed)."""
+        ...
+
+    on_lost: Callable[[str], None] | None  # told of a stream another replica took over
+
+    def disown(self, stream_id: str) -> int:
+        """Forget a stream another replica took over, locally only (its keys in the store
+        are the new owner's); the bytes freed. Sync, no checkpoint."""
         ...
 
 

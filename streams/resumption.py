@@ -216,6 +216,7 @@ class ResumeStatistics:
     overflows: int  # streams ended for the byte cap (resume_log_full)
     cancels: int  # streams ended by cancel() (DELETE)
     failovers: int = 0  # streams of a dead owner taken over and continued here
+    disowned: int = 0  # streams of this replica another one took over (it had stalled)
 
 
 class ResumableStream:
@@ -499,8 +500,10 @@ class ResumeRegistry:
         self._nursery: trio.Nursery | None = None
         self._log_bytes = self._detached_bytes = 0
         self._resumes = self._expiries = self._overflows = self._cancels = 0
-        self._failovers = 0
+        self._failovers = self._disowned = 0
         self.rebuild = rebuild
+        if self._shared is not None:
+            self._shared.on_lost = self._lost
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the holders of detached streams. Never returns unless cancelled.
@@ -810,6 +813,7 @@ class ResumeRegistry:
             overflows=self._overflows,
             cancels=self._cancels,
             failovers=self._failovers,
+            disowned=self._disowned,
         )
 
     # -- the hand-over (see the module docstring) ----------------------------------
@@ -872,9 +876,22 @@ class ResumeRegistry:
                 self._forget(entry)
             done.set()
 
-    def _forget(self, entry: ResumableStream) -> None:
-        """Close the stream (a cancel for the engine unless it finished), expire the log,
-        drop the entry. Sync, idempotent, never a checkpoint."""
+    def _lost(self, request_id: str) -> None:
+        """The shared log found that another replica took this replica's stream over
+        (this one stalled past its owner lease): stop generating it, and forget it
+        here without touching the store (its log is the new owner's now). Its reader
+        here ends without a final event; its client resumes (and follows the new owner).
+        Sync, never a checkpoint."""
+        entry = self._entries.get(request_id)
+        if entry is None or entry.is_ended:
+            return
+        self._disowned += 1
+        self._forget(entry, disowned=True)
+
+    def _forget(self, entry: ResumableStream, *, disowned: bool = False) -> None:
+        """Close the stream (a cancel for the engine unless it finished), expire the log
+        (``disowned``: only this replica's copy), drop the entry. Sync, idempotent,
+        never a checkpoint."""
         if entry.holding is Holding.GONE:
             return
         if entry.holding is Holding.DETACHED:
@@ -883,7 +900,10 @@ class ResumeRegistry:
         if entry._holder_scope is not None:
             entry._holder_scope.cancel(reason="the resumable stream ended")
         self._entries.pop(entry.request_id, None)
-        self._log_bytes -= self._log.expire(entry.request_id)
+        if disowned and self._shared is not None:
+            self._log_bytes -= self._shared.disown(entry.request_id)
+        else:
+            self._log_bytes -= self._log.expire(entry.request_id)
         entry.stream.close()
         if entry._observer is not None:
             entry._observer.close()

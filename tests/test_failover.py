@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -145,10 +146,10 @@ async def wait_whole(replica: Replica) -> dict[str, Any]:
 
 
 async def open_and_kill(owner: Replica, samplings: list[dict[str, Any]], k: int,
-                        ) -> list[tuple[str, list[ServerSentEvent]]]:
+                        stop: bool = False) -> list[tuple[str, list[ServerSentEvent]]]:
     """Streams on ``owner``, one per sampling, each read for k events; then SIGKILL.
     Their ids and what their clients had got when the connection broke, in the order
-    of ``samplings``."""
+    of ``samplings``. ``stop``: SIGSTOP instead (the process stalls; the clients go)."""
     streams: dict[int, tuple[str, list[ServerSentEvent]]] = {}
     all_open = trio.Event()
 
@@ -164,7 +165,12 @@ async def open_and_kill(owner: Replica, samplings: list[dict[str, Any]], k: int,
             for i, sampling in enumerate(samplings):
                 nursery.start_soon(read_on, owner, sampling, k, on_open(i))
             await all_open.wait()
-            owner.kill()
+            if stop:
+                assert owner.proc is not None
+                owner.proc.send_signal(signal.SIGSTOP)
+            else:
+                owner.kill()
+            nursery.cancel_scope.cancel()
     return [streams[i] for i in range(len(samplings))]
 
 
@@ -211,6 +217,42 @@ async def test_the_owner_lease_is_renewed_while_the_owner_runs_and_taken_over_on
         while await winner.owner_alive("s1"):  # noqa: ASYNC110 (Redis's clock)
             await trio.sleep(0.02)
     assert not await others[0].take_over("s1")  # ended: nothing to take over
+
+
+async def test_an_owner_that_lost_its_lease_to_a_takeover_is_told_and_leaves_the_log(
+    redis_url: str,  # noqa: F811
+) -> None:
+    """A stalled owner (here: its lease deleted, as if it lapsed) finds at its next
+    renewal that another replica took the stream; ``disown`` keeps the store's keys."""
+    owner = RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=1.0, follow_wait_s=0.1,
+                                   owner_lease_s=0.3)
+    other = RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=1.0, follow_wait_s=0.1,
+                                   owner_lease_s=0.3)
+    store = redis.Redis.from_url(redis_url)
+    lost = trio.Event()
+    told: list[str] = []
+
+    def on_lost(stream_id: str) -> None:
+        told.append(stream_id)
+        lost.set()
+
+    owner.on_lost = on_lost
+    async with trio.open_nursery() as nursery:
+        await nursery.start(owner.run)
+        owner.publish("s4", b"spec")
+        owner.append("s4", 1, b"start")
+        await owner.flush()
+        store.delete(owner_key("s4"))  # the lease lapsed while the owner stalled
+        assert await other.take_over("s4")
+        with trio.fail_after(WAIT_S):
+            await lost.wait()
+        assert owner.disown("s4") == len(b"start")
+        await owner.flush()
+        nursery.cancel_scope.cancel()
+    assert told == ["s4"]
+    assert store.get(owner_key("s4")) == other.owner_token.encode()
+    assert store.exists(events_key("s4")) and store.exists(spec_key("s4"))
+    store.close()
 
 
 async def read_through(replica: Replica, request_id: str, k: int, got_k: trio.Event,
@@ -278,15 +320,17 @@ async def test_a_stream_whose_owner_is_killed_continues_on_another_replica_ident
     assert whole["admitted"] == whole["releases"] == 4 + 4  # 4 uninterrupted, 4 continued
 
 
-async def test_two_replicas_resuming_a_dead_owners_stream_at_once_continue_it_once(
+async def test_two_replicas_resuming_a_stalled_owners_stream_at_once_continue_it_once(
     redis_url: str, tmp_path: Path,  # noqa: F811
 ) -> None:
-    """Both resume once the owner lease lapsed: one wins the takeover and generates; the
-    other follows the log as a remote reader (then one of the two readers is taken over
-    by the other, the newest). The log has every event once; one continuation."""
+    """The owner stalls (SIGSTOP) past its lease; two replicas resume at once: one wins
+    the takeover and generates, the other follows the log as a remote reader (then one
+    of the two readers is taken over by the other, the newest). The log has every event
+    once; one continuation. The owner, woken (SIGCONT), finds its lease taken at its
+    next renewal and stops generating, leaving the log to the new owner."""
     store = redis.Redis.from_url(redis_url)
     async with replicas("abc", redis_url, tmp_path) as (a, b, c):
-        ((request_id, received),) = await open_and_kill(a, [SEEDED], k=10)
+        ((request_id, received),) = await open_and_kill(a, [SEEDED], k=10, stop=True)
         expected = await uninterrupted(b, SEEDED)
         with trio.fail_after(WAIT_S):
             while store.exists(owner_key(request_id)):  # noqa: ASYNC110 (Redis's clock)
@@ -300,6 +344,14 @@ async def test_two_replicas_resuming_a_dead_owners_stream_at_once_continue_it_on
                     entries[-1][1][b"e"] != b"1":  # noqa: ASYNC110 (Redis's state)
                 await trio.sleep(0.05)
         whole_b, whole_c = await wait_whole(b), await wait_whole(c)
+        assert a.proc is not None
+        a.proc.send_signal(signal.SIGCONT)
+        whole_a = await wait_whole(a)
+        with trio.fail_after(WAIT_S):
+            while (await stats(a))["resumable_streams"]:  # noqa: ASYNC110 (A's state)
+                await trio.sleep(0.05)
+        whole_a = await stats(a)
+        after_a = store.xrange(events_key(request_id))
     store.close()
 
     ids = [int(entry_id.split(b"-")[1]) for entry_id, _ in entries]
@@ -309,3 +361,5 @@ async def test_two_replicas_resuming_a_dead_owners_stream_at_once_continue_it_on
     assert logged[:len(received)] == received
     assert sorted([whole_b["resume_failovers"], whole_c["resume_failovers"]]) == [0, 1]
     assert whole_b["admitted"] + whole_c["admitted"] == 1 + 1  # B's uninterrupted + one
+    assert whole_a["resume_disowned"] == 1
+    assert after_a == entries  # A changed nothing in the new owner's log
