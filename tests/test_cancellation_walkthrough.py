@@ -15,6 +15,7 @@ The exercises' solutions show each failure mode and the existing guard that catc
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -30,7 +31,7 @@ import streams.hub
 from app.factory import create_app
 from app.quart_app import StreamscopeApp
 from app.sse_body import EventStreamBody
-from engine import EngineEvent, FinishReason, TokenEvent
+from engine import EngineEvent, FinishReason, GenerationRequest, SamplingParams, TokenEvent
 from streams import Hub, SSEParser, StreamError, StreamItem, TokenStream
 from streams.stream import StreamEnd, StreamState
 from tests.fakes import STEP_S, ScriptedEngine, assert_settled, fixed_cost_step, open_hub, request
@@ -175,6 +176,43 @@ async def quart_sends(body: EventStreamBody, sent: list[bytes]) -> None:
         async for chunk in chunks:
             sent.append(chunk)
             await trio.lowlevel.checkpoint()  # the send
+
+
+# -- variant: a request that never ran, let go at its deadline ----------------------
+
+DEADLINE_S = 0.02  # of real time: the deadline is a time.monotonic() value, not Trio's
+
+
+async def test_a_request_still_waiting_at_its_deadline_is_let_go_without_a_block(
+    autojump_clock: trio.testing.MockClock, make_tiny_engine: Callable[..., Engine],
+) -> None:
+    """Nobody cancels it: at a step boundary after its deadline the scheduler finishes
+    it (DEADLINE) from the waiting queue; its stream ends with ``deadline_missed``."""
+    engine = make_tiny_engine(max_batch=1, num_blocks=64, block_size=16)
+    greedy_to_the_end = SamplingParams(ignore_eos=True)
+    # The blocker holds the only batch slot for 500 steps, far longer in real time than
+    # the deadline (the late one is let go after about 20 of them on a 2-core CPU); the
+    # assertion that it still runs then says so if a machine is ever that fast.
+    blocker = GenerationRequest("blocker", "one two three", max_new_tokens=500,
+                                sampling=greedy_to_the_end)
+    async with trio.open_nursery() as nursery:
+        hub = Hub(engine, run_step=fixed_cost_step())
+        await nursery.start(hub.run)
+        running = hub.open_stream(blocker)
+        late = GenerationRequest("late", "four five six", max_new_tokens=8,
+                                 ttft_deadline=time.monotonic() + DEADLINE_S)
+        with running, hub.open_stream(late) as waiting:
+            items = [item async for item in waiting]
+            assert running.state is StreamState.STREAMING  # the blocker runs on
+        await hub.shutdown()
+    assert items == [StreamError("deadline_missed", items[0].message)]  # type: ignore[union-attr]
+    finish = hub.finished("late")
+    assert finish is not None and finish.reason is FinishReason.DEADLINE
+    assert finish.completion_tokens == 0
+    assert hub.statistics().deadline_misses == 1
+    # Never admitted: the only release is the blocker's (cancelled when its stream closed).
+    assert engine.allocator.num_releases == 1
+    assert engine.allocator.num_free == engine.allocator.num_blocks
 
 
 # -- exercise 1: a close() that awaits -----------------------------------------------
