@@ -38,7 +38,7 @@ import logging
 import resource
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -286,9 +286,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    make_app: Callable[[Settings], StreamscopeApp] = create_app,
+) -> int:
     """The ``streamscope`` console script. Exit status: 0 after a drain, 2 when it
-    cannot start as asked."""
+    cannot start as asked. ``make_app`` builds the app served (the lab's server passes
+    its own, ``tools/lab/_serve.py``)."""
     args = parse_args(argv)
     _configure_logging()
     try:
@@ -298,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"streamscope serve: {exc}", file=sys.stderr)
         return 2
     raise_open_files_limit()
-    app = create_app(settings)
+    app = make_app(settings)
     trio.run(partial(_announce, app, config))
     return 0
 

@@ -2,19 +2,16 @@
 
 quart-trio (``quart_trio/asgi.py``, ``TrioASGIHTTPConnection``) runs each request as two
 sibling tasks in one nursery: a receive loop and the handler (which also sends the
-response body). ``StreamingConnection`` keeps that shape and adds four things:
+response body). ``StreamingConnection`` keeps that shape and adds three things:
 
 1. Named cancel reasons: the receive loop cancels the nursery with
    ``"client disconnected"`` when ``http.disconnect`` arrives; the handler with
    ``"response sent"`` when it is done.
-2. ``DETECT_DISCONNECT=false`` (a measurement only): the receive loop notes the
-   disconnect and does not cancel, so the stream never learns its client left; hypercorn
-   drops the bytes written after that without an error.
-3. A farewell: a stream cut off by a cancel that is NOT its client's disconnect is the
+2. A farewell: a stream cut off by a cancel that is NOT its client's disconnect is the
    server stopping (hypercorn cancels every connection when its ``graceful_timeout``
    runs out). In a shielded, bounded scope the body's last ``error`` event, type
    ``shutdown``, is written before Cancelled goes on.
-4. A backstop for ownership: every stream a view opened is recorded in the ASGI scope
+3. A backstop for ownership: every stream a view opened is recorded in the ASGI scope
    (``own_stream``) and closed when the connection ends, however it ends, including a
    cancel that lands after the view returned but before Quart entered the body (the
    body's ``__aexit__`` would never run then). ``close()`` is idempotent, so the usual
@@ -79,7 +76,7 @@ def _owned(scope: Mapping[str, Any]) -> list[Closable]:
 
 
 class StreamingConnection(TrioASGIHTTPConnection):
-    """quart-trio's HTTP connection plus the four rules of the module docstring."""
+    """quart-trio's HTTP connection plus the three rules of the module docstring."""
 
     app: StreamscopeApp
     client_gone = False  # http.disconnect arrived before the response's last byte went out
@@ -105,13 +102,18 @@ class StreamingConnection(TrioASGIHTTPConnection):
         Cancellation: ends the loop (the handler finished, or the server stops).
         """
         await ASGIHTTPConnection.handle_messages(self, request, receive)
-        # hypercorn sends http.disconnect at the end of every response too (from inside
-        # the last send): only one that comes before it is a client that left.
+        self.note_disconnect()
+        nursery.cancel_scope.cancel(reason=CLIENT_DISCONNECTED)
+
+    def note_disconnect(self) -> None:
+        """Count a client that left before its response's last byte went out.
+
+        hypercorn sends http.disconnect at the end of every response too (from inside
+        the last send): only one that comes before it is a client that left.
+        """
         if not self.response_complete:
             self.client_gone = True
             self.app.metrics.disconnected()
-        if self.app.runtime.settings.detect_disconnect:
-            nursery.cancel_scope.cancel(reason=CLIENT_DISCONNECTED)
 
     async def handle_request(  # type: ignore[override]
         self, nursery: trio.Nursery, request: Request, send: ASGISendCallable
@@ -141,7 +143,7 @@ class StreamingConnection(TrioASGIHTTPConnection):
         return send_noting_completion
 
     async def _send_response(self, send: ASGISendCallable, response: Any) -> None:
-        """Quart's send, plus the farewell of rule 3 when the server cuts a stream.
+        """Quart's send, plus the farewell of rule 2 when the server cuts a stream.
 
         Cancellation: re-raised after the farewell (shielded, at most
         ``FAREWELL_TIMEOUT_S``, with the caveat at that constant); the body has closed its

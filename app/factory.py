@@ -10,7 +10,6 @@ from .auth import register_auth
 from .connection import StreamingConnection
 from .drain import watch_for_stop
 from .errors import register_error_handlers
-from .lab import register_lab
 from .lifespan import MakeEngine, Runtime, load_engine_from_settings, stop_deadline_s
 from .metrics import Metrics, make_metrics_blueprint
 from .openai_routes import make_openai_blueprint
@@ -59,7 +58,6 @@ def create_app(
     app.register_blueprint(make_resumable_blueprint(runtime, metrics))
     app.register_blueprint(make_page_blueprint())  # GET /: the browser page
     app.register_blueprint(make_metrics_blueprint(metrics))
-    register_lab(app, settings)  # laboratory probes, only with STREAMSCOPE_LAB_ROUTES
 
     @app.before_serving
     async def start_runtime() -> None:

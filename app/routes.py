@@ -4,11 +4,9 @@
 ``GET /v1/requests/<id>`` says how the engine let a request go, for as long as the hub
 remembers it (the most recent ``streams.hub.RECENT_FINISHES`` finishes): the finish
 reason (``eos``, ``length``, ``stop``, ``cancelled`` for a client that left, ``error``),
-the prompt and completion token counts, and ``finished_at``, the server's wall-clock
-time (``time.time()``) at which the sequence's cache blocks were released. It answers
-"what happened to request X" (the id is the stream's ``X-Request-ID``), and the lab uses
-it to time the release of a client that left. 404 ``not_found`` while the request is
-still running, or if the id is unknown or forgotten.
+the prompt and completion token counts, and the error message if any. It answers "what
+happened to request X" (the id is the stream's ``X-Request-ID``). 404 ``not_found`` while
+the request is still running, or if the id is unknown or forgotten.
 
 Each route reads and validates its request, and refuses whatever it can (an envelope
 from ``errors.py``) BEFORE a stream opens; after the first byte of a stream a failure is
@@ -72,8 +70,7 @@ def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
         stream = await open_owned_stream(runtime, generation, body.policy, timer)
         return sse_response(
             EventStreamBody(
-                stream, keepalive_s=settings.keepalive_s, pad_bytes=settings.lab_pad_bytes,
-                timer=timer,
+                stream, keepalive_s=settings.keepalive_s, timer=timer,
             ),
             stream.request_id,
         )
@@ -121,7 +118,6 @@ def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
             "finish_reason": finish.reason.value,
             "prompt_tokens": finish.prompt_tokens,
             "completion_tokens": finish.completion_tokens,
-            "finished_at": finish.finished_at,
             "error": finish.error,
         })
 

@@ -129,14 +129,6 @@ class Settings:
     shutdown_grace_s: float = field(default=5.0, metadata=_doc(
         "the drain deadline: after SIGTERM, how long open streams may finish before they "
         "get error shutdown; hypercorn's --graceful-timeout must be at least this + 1"))
-    detect_disconnect: bool = field(default=True, metadata=_doc(
-        "false only to measure: a stream never learns that its client left"))
-    lab_pad_bytes: int = field(default=0, metadata=_doc(
-        "a laboratory device, 0 (off) in service: each token event of /v1/stream is "
-        "followed by an SSE comment line of this many bytes (at least 2), built as it is "
-        "written, so that a slow reader meets real backpressure (the slowclient experiment)"))
-    lab_routes: bool = field(default=False, metadata=_doc(
-        "laboratory probes under /v1/lab/ (the buffers experiment's flood); off in service"))
 
     def __post_init__(self) -> None:
         problems = [p for p in _range_problems(self) if p]
@@ -215,27 +207,6 @@ def _positive_int(raw: str) -> int:
     if value < 1:
         raise ValueError("expected a whole number >= 1")
     return value
-
-
-# Padding above this would make one token event larger than a whole ordinary answer
-# many times over; the slowclient experiment uses 64 KiB.
-MAX_LAB_PAD_BYTES = 1 << 20
-
-
-def _pad_bytes(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError("expected a whole number") from None
-    if not _is_pad_bytes(value):
-        raise ValueError(f"expected 0 (off) or a whole number from 2 to {MAX_LAB_PAD_BYTES}")
-    return value
-
-
-def _is_pad_bytes(value: object) -> bool:
-    # A comment line is at least ":" and a line feed.
-    return (isinstance(value, int) and not isinstance(value, bool)
-            and (value == 0 or 2 <= value <= MAX_LAB_PAD_BYTES))
 
 
 def _positive_seconds(raw: str) -> float:
@@ -369,9 +340,6 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "ttft_deadline_ms": _positive_ms,
     "resume_store": _resume_store,
     "owner_lease_s": _positive_seconds,
-    "detect_disconnect": _boolean,
-    "lab_routes": _boolean,
-    "lab_pad_bytes": _pad_bytes,
     "cache_blocks": _cache_blocks,
     "cache_memory": _memory,
     "kv_admission": _kv_admission,
@@ -405,9 +373,6 @@ def _range_problems(s: Settings) -> list[str]:
     if s.kv_admission not in KV_ADMISSIONS:
         problems.append(f"{_env_name('kv_admission')} must be one of "
                         f"{', '.join(KV_ADMISSIONS)}, not {s.kv_admission!r}")
-    if not _is_pad_bytes(s.lab_pad_bytes):
-        problems.append(f"{_env_name('lab_pad_bytes')} must be 0 or from 2 to "
-                        f"{MAX_LAB_PAD_BYTES}, not {s.lab_pad_bytes!r}")
     if not isinstance(s.policy, PolicyName):
         problems.append(f"{_env_name('policy')} must be a PolicyName, not {s.policy!r}")
     if PolicyName.NAIVE in s.request_policies:

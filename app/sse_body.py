@@ -22,11 +22,6 @@ disconnect path). It is an object, not an async generator, on purpose: a generat
 runs only when the generator is finalised (later, and already cancelled), and Trio
 forbids a ``yield`` inside a cancel scope, which the keep-alive needs.
 
-Laboratory padding (``STREAMSCOPE_LAB_PAD_BYTES``, 0 in service): each token event is
-followed by an SSE comment of that many bytes (``lab_padding``), so that a slow reader
-meets real backpressure in the slowclient experiment. The padding is joined to the event
-as it is written: the stream's queue holds engine events, never padded bytes.
-
 Keep-alive: ``__anext__`` waits for the next item under ``trio.move_on_after(keepalive_s)``;
 ``TokenStream.receive`` is cancel-safe (an item leaves the queue only when returned), so a
 timeout loses nothing and yields a comment instead.
@@ -53,17 +48,6 @@ if TYPE_CHECKING:
     from .metrics import RequestTimer
 
 KEEPALIVE_COMMENT = encode_comment("keep-alive")
-
-
-def lab_padding(size: int) -> bytes:
-    """Exactly ``size`` bytes (0, or at least 2) that SSE parsers ignore: one comment line
-    ``:ppp...``, with no blank line after it, for the reason given in ``encode_comment``.
-    """
-    if size == 0:
-        return b""
-    if size < 2:
-        raise ValueError(f"a comment line takes at least 2 bytes, not {size}")
-    return b":" + b"p" * (size - 2) + b"\n"
 
 
 class ItemSource(Protocol):
@@ -123,8 +107,6 @@ class EventStreamBody(ResponseBody):
     Args:
         stream: the open stream; this body owns it from now on and closes it.
         keepalive_s: send a comment after this long without an event.
-        pad_bytes: a laboratory device: follow each token event with a comment of this
-            many bytes (see the module docstring); 0 for none.
         timer: told of each item taken and of a farewell (``metrics.py``); the
             connection closes it.
     """
@@ -134,13 +116,11 @@ class EventStreamBody(ResponseBody):
         stream: ItemSource,
         *,
         keepalive_s: float,
-        pad_bytes: int = 0,
         timer: RequestTimer | None = None,
     ) -> None:
         self.stream = stream
         self.timer = timer
         self.keepalive_s = keepalive_s
-        self._padding = lab_padding(pad_bytes)
         self.is_entered = False  # quart entered the body: the status line has gone out
         self.is_finished = False  # the terminal event (done or error) was produced
         self._next_id = 1
@@ -205,10 +185,8 @@ class EventStreamBody(ResponseBody):
 
     def _encode(self, item: StreamItem) -> bytes:
         name, data = item_event(item)
-        if name == "token":
-            event = self._event(name, data)
-            return event + self._padding if self._padding else event
-        self.is_finished = True
+        if name != "token":
+            self.is_finished = True
         return self._event(name, data)
 
     def _error(self, error_type: str, message: str) -> bytes:

@@ -328,7 +328,6 @@ class Scheduler:
             seq.num_prompt_tokens,
             len(seq.generated_ids),
             error,
-            finished_at=time.time(),
         )
 
     # -- helpers ---------------------------------------------------------------------

@@ -84,9 +84,6 @@ class FinishEvent:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None  # a message when reason is ERROR
-    # Wall-clock time (time.time()) at which the engine let the sequence go and its
-    # blocks were released; for measurements, so not part of equality.
-    finished_at: float = field(default=0.0, compare=False)
 
 
 EngineEvent = TokenEvent | FinishEvent

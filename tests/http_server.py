@@ -305,7 +305,8 @@ async def open_servers(loaded_model: Any) -> AsyncIterator[StartServer]:
     """Yield ``start(**options, **settings)``, which serves a new app and returns it.
 
     Options: ``make_engine`` (default: a RecordingEngine on ``loaded_model``, the tiny
-    model's shared ``LoadedModel``), ``load_gate`` (a threading.Event the load waits
+    model's shared ``LoadedModel``), ``create`` (default ``create_app``; the lab's tests
+    pass ``tools.lab._app.create_lab_app``), ``load_gate`` (a threading.Event the load waits
     for), ``graceful_timeout_s`` (hypercorn's), ``wait_ready`` (default True).
     """
     from engine.engine import Engine  # tests may use engine internals; app may not
@@ -323,6 +324,7 @@ async def open_servers(loaded_model: Any) -> AsyncIterator[StartServer]:
         async def start(
             *,
             make_engine: Callable[[Settings], ServingEngine] | None = None,
+            create: Callable[..., StreamscopeApp] = create_app,
             load_gate: threading.Event | None = None,
             graceful_timeout_s: float = GRACEFUL_TIMEOUT_S,
             wait_ready: bool = True,
@@ -335,7 +337,7 @@ async def open_servers(loaded_model: Any) -> AsyncIterator[StartServer]:
                     load_gate.wait()
                 return (make_engine or default_engine)(s)
 
-            app = create_app(settings, make_engine=build)
+            app = create(settings, make_engine=build)
             config = Config()
             config.bind = ["127.0.0.1:0"]
             config.graceful_timeout = graceful_timeout_s

@@ -1,7 +1,8 @@
 """The drain on SIGTERM, end to end: a real ``hypercorn -k trio app:app`` process, real signals.
 
 Each test starts the command-line server on the tiny model and holds two streams open
-with readers that do not read: padded token events (``STREAMSCOPE_LAB_PAD_BYTES``) fill
+with readers that do not read: padded token events (the lab's server,
+``STREAMSCOPE_LAB_PAD_BYTES``) fill
 the socket buffers, so both streams pause in the engine (``paused_streams`` 2) with many
 tokens to go, however fast the model is. Then a signal. The short stream's reader reads
 at once: it must finish with ``done``. The long one's reader waits until the server logs
@@ -53,12 +54,14 @@ SERVER_ENV = {
     "STREAMSCOPE_DEVICE": "cpu",
     "STREAMSCOPE_CACHE_BLOCKS": "64",
     "STREAMSCOPE_SHUTDOWN_GRACE_S": str(GRACE_S),
-    "STREAMSCOPE_LAB_PAD_BYTES": str(64 * 1024),  # each token event: 64 KiB more
     "STREAMSCOPE_QUEUE_LIMIT": "4",  # a blocked writer pauses its stream soon
     "STREAMSCOPE_STALL_TIMEOUT_S": "60",  # never drop a reader here
     "OMP_NUM_THREADS": "1",
     "PYTHONUNBUFFERED": "1",
 }
+# The lab's server (tools/lab/_app.py: the service plus its devices): each token event is
+# followed by 64 KiB of padding, so that a reader that does not read blocks the writer soon.
+LAB_ENV = {"STREAMSCOPE_LAB_PAD_BYTES": str(64 * 1024)}
 _RUNNING_ON = re.compile(r"\[(\d+)\] \[INFO\] Running on http://127\.0\.0\.1:(\d+)")
 
 
@@ -103,13 +106,15 @@ class Server:
 
 @asynccontextmanager
 async def cli_server(tmp_path: Path) -> AsyncIterator[Server]:
-    """``python -m hypercorn -k trio app:app`` on a free port, ready; killed at the end."""
+    """``python -m hypercorn -k trio tools.lab._asgi:app`` (the app with the lab's padding)
+    on a free port, ready; killed at the end."""
     log_path = tmp_path / "server.log"
-    command = [sys.executable, "-m", "hypercorn", "-k", "trio", "app:app", "--bind",
+    command = [sys.executable, "-m", "hypercorn", "-k", "trio", "tools.lab._asgi:app", "--bind",
                "127.0.0.1:0", "--graceful-timeout", str(GRACEFUL_TIMEOUT_S)]
     with log_path.open("wb") as log_file:
         proc = await trio.lowlevel.open_process(
-            command, cwd=REPO_ROOT, env={**os.environ, **SERVER_ENV}, stdin=subprocess.DEVNULL,
+            command, cwd=REPO_ROOT, env={**os.environ, **SERVER_ENV, **LAB_ENV},
+            stdin=subprocess.DEVNULL,
             stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         match = None

@@ -13,7 +13,6 @@ from typing import Any
 import httpx
 import trio
 
-from engine import FinishReason
 from streams import ServerSentEvent
 from tests.http_clients import long_body, parse_sse, parse_sse_with_httpx_sse, stream_body
 from tests.http_server import RunningServer, StartServer
@@ -195,21 +194,6 @@ async def test_engine_failure_in_generate_is_a_500_engine_error(server: RunningS
 
     assert response.status_code == 500
     assert response.json() == {"error": {"type": "engine_error", "message": "scripted failure"}}
-
-
-async def test_without_disconnect_detection_a_left_stream_runs_to_its_end(
-    start_server: StartServer,
-) -> None:
-    server = await start_server(detect_disconnect=False)
-    client = server.raw_client()
-    await client.post("/v1/stream", stream_body(max_new_tokens=60, ignore_eos=True))
-    await client.read_tokens(2)
-
-    client.close_abort()
-    finish = await server.wait_finished(client.request_id())
-
-    assert (finish.reason, finish.completion_tokens) == (FinishReason.LENGTH, 60)
-    assert client.request_id() not in server.recorder.cancel_marks
 
 
 async def test_quarts_response_timeout_does_not_cut_a_stream(start_server: StartServer) -> None:

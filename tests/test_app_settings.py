@@ -22,7 +22,7 @@ def test_variables_are_parsed_into_their_types() -> None:
         "STREAMSCOPE_POLICY": "drop",
         "STREAMSCOPE_MAX_BATCH": "4",
         "STREAMSCOPE_KEEPALIVE_S": "0.5",
-        "STREAMSCOPE_DETECT_DISCONNECT": "false",
+        "STREAMSCOPE_RESUME_GRACE_S": "2",
         "STREAMSCOPE_BLOCK_SIZE": "",  # empty counts as unset
         "PATH": "/bin",  # not ours: ignored
     })
@@ -30,8 +30,8 @@ def test_variables_are_parsed_into_their_types() -> None:
     assert (settings.model, settings.device, settings.policy) == (
         "tiny-llama", "cpu", PolicyName.DROP
     )
-    assert (settings.max_batch, settings.keepalive_s, settings.detect_disconnect) == (
-        4, 0.5, False
+    assert (settings.max_batch, settings.keepalive_s, settings.resume_grace_s) == (
+        4, 0.5, 2.0
     )
     assert settings.block_size == 16
 

@@ -32,6 +32,7 @@ from app.settings import Settings
 from tests.http_clients import stream_body
 from tests.test_app_drain import (
     GRACE_S,
+    LAB_ENV,
     POLL_S,
     REPO_ROOT,
     SERVER_ENV,
@@ -53,12 +54,15 @@ BURST_CLIENTS = 1000
 @asynccontextmanager
 async def serve_process(tmp_path: Path, *args: str) -> AsyncIterator[Server]:
     """``streamscope serve --bind 127.0.0.1:0 ARGS`` on the tiny model, ready; killed at
-    the end if still running."""
+    the end if still running. The same command's ``main`` serving the lab's app
+    (``tools/lab/_serve.py``), whose padded token events let a reader that does not read
+    block the writer soon."""
     log_path = tmp_path / "serve.log"
-    command = [STREAMSCOPE, "serve", "--bind", "127.0.0.1:0", *args]
+    command = [sys.executable, "-m", "tools.lab._serve", "serve", "--bind", "127.0.0.1:0", *args]
     with log_path.open("wb") as log_file:
         proc = await trio.lowlevel.open_process(
-            command, cwd=REPO_ROOT, env={**os.environ, **SERVER_ENV}, stdin=subprocess.DEVNULL,
+            command, cwd=REPO_ROOT, env={**os.environ, **SERVER_ENV, **LAB_ENV},
+            stdin=subprocess.DEVNULL,
             stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         match = None

@@ -5,8 +5,9 @@
     with serve({"model": "tiny-gpt2"}) as url: ...               # from plain code
     async with open_server({"model": "tiny-gpt2"}) as url: ...   # from Trio code
 
-Both start ``python -m hypercorn -k trio app:app --bind 127.0.0.1:0`` in the repository
-root with ``STREAMSCOPE_<NAME>`` set for every ``{name: value}`` in ``settings`` (None
+Both start ``python -m hypercorn -k trio app:app --bind 127.0.0.1:0`` (or another ASGI
+``app``, such as the lab's ``tools.lab._asgi:app``) in the repository root with
+``STREAMSCOPE_<NAME>`` set for every ``{name: value}`` in ``settings`` (None
 leaves a setting to the environment) and any other variables in ``env`` (such as
 ``OMP_NUM_THREADS``, which sets torch's thread count). They read the port hypercorn
 chose from its log line "Running on http://127.0.0.1:PORT", poll ``GET /ready`` until it
@@ -48,6 +49,7 @@ POLL_S = 0.25
 # The server's own shutdown: hypercorn's graceful timeout, then the hub's grace (5 s by
 # default) and a few steps. Past this it is wedged, and SIGKILL is the answer.
 STOP_GRACE_S = 30.0
+SERVICE_APP = "app:app"
 _RUNNING_ON = re.compile(rb"Running on (http://127\.0\.0\.1:\d+)")
 
 
@@ -59,7 +61,10 @@ class _Process:
     """One server process and its log file; all methods are synchronous and quick."""
 
     def __init__(
-        self, settings: Mapping[str, object] | None, extra_env: Mapping[str, str] | None
+        self,
+        settings: Mapping[str, object] | None,
+        extra_env: Mapping[str, str] | None,
+        app: str = SERVICE_APP,
     ) -> None:
         env = {**os.environ, **(extra_env or {})}
         for name, value in (settings or {}).items():
@@ -75,7 +80,7 @@ class _Process:
             "hypercorn",
             "-k",
             "trio",
-            "app:app",
+            app,
             "--bind",
             "127.0.0.1:0",
         ]
@@ -150,13 +155,14 @@ def serve(
     *,
     env: Mapping[str, str] | None = None,
     ready_timeout_s: float = READY_TIMEOUT_S,
+    app: str = SERVICE_APP,
 ) -> Iterator[str]:
     """Start a server, wait until ready, yield its base URL, stop it (see the module doc).
 
     Raises:
         ServerError: the process died or was not ready within ``ready_timeout_s``.
     """
-    process = _Process(settings, env)
+    process = _Process(settings, env, app)
     try:
         with httpx.Client(timeout=5.0, trust_env=False) as client:
             while True:
@@ -183,6 +189,7 @@ async def open_server(
     *,
     env: Mapping[str, str] | None = None,
     ready_timeout_s: float = READY_TIMEOUT_S,
+    app: str = SERVICE_APP,
 ) -> AsyncIterator[str]:
     """``serve`` for Trio code: the same server, polled without blocking the event loop.
 
@@ -191,7 +198,7 @@ async def open_server(
 
     Cancellation: see the module docstring.
     """
-    process = _Process(settings, env)
+    process = _Process(settings, env, app)
     try:
         async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
             while True:

@@ -236,15 +236,16 @@ class RawStream:
 
 
 async def finish_record(client: Any, request_id: str, timeout_s: float = 60.0) -> dict[str, Any]:
-    """``GET /v1/requests/<id>`` with the httpx ``client``, waiting (polling) until the
-    engine has let the request go.
+    """``GET /v1/lab/requests/<id>`` (the lab's server: the finish record with its wall-clock
+    ``finished_at``) with the httpx ``client``, waiting (polling) until the engine has let
+    the request go.
 
     Raises:
         trio.TooSlowError: not finished after ``timeout_s``.
     """
     with trio.fail_after(timeout_s):
         while True:
-            response = await client.get(f"/v1/requests/{request_id}")
+            response = await client.get(f"/v1/lab/requests/{request_id}")
             if response.status_code == 200:
                 record: dict[str, Any] = response.json()
                 return record

@@ -6,16 +6,16 @@ buffer; only a write that blocks tells the server that the reader is behind. Thi
 measures where that starts, as the chapter did: a client connects and reads nothing at
 all while the server writes events as fast as the connection accepts them.
 
-Procedure. The server runs with ``STREAMSCOPE_LAB_ROUTES=true`` (the lab starts it so;
-with ``--url`` the server must have it). For each event size (133 B, the chapter's token
-event; 1 KiB; 16 KiB; 64 KiB) and each repetition: a raw socket sends ``POST
-/v1/lab/flood {"id", "event_bytes"}`` and never calls ``recv``; the lab asks ``GET
-/v1/lab/flood/<id>`` on another connection until the flood reports its write blocked
-(handed to hypercorn and not accepted for 0.2 s) and its count has not moved for
-``SETTLE_S`` more; that count is the figure. Then the socket is reset (RST) and the lab
+Procedure. The server is the lab's (``_app.py``), which has the flood probe; with
+``--url`` it must be one (``hypercorn -k trio tools.lab._asgi:app``). For each event
+size (133 B, the chapter's token event; 1 KiB; 16 KiB; 64 KiB) and each repetition: a
+raw socket sends ``POST /v1/lab/flood {"id", "event_bytes"}`` and never calls ``recv``;
+the lab asks ``GET /v1/lab/flood/<id>`` on another connection until the flood reports
+its write blocked (handed to hypercorn and not accepted for 0.2 s) and its count has not
+moved for ``SETTLE_S`` more; that count is the figure. Then the socket is reset (RST) and the lab
 waits for the flood to end ``cancelled``: the disconnect must reach a blocked writer.
 
-``bytes_accepted`` counts SSE bytes as the application wrote them (see ``app/lab.py``);
+``bytes_accepted`` counts SSE bytes as the application wrote them (see ``_flood.py``);
 hypercorn adds the response headers and, per write, a chunk header and two CRLFs
 (``wire_bytes`` adds the chunk framing). For scale, one ordinary stream of 64 tokens
 (greedy, ``ignore_eos``) gives this server's bytes per token, and a 256-token answer
@@ -56,7 +56,6 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 @experiment(
     "buffers",
     "bytes a client that reads nothing absorbs before the server's write blocks",
-    server={"lab_routes": True},
     arguments=arguments,
 )
 async def buffers(lab: Lab) -> Report:
@@ -110,8 +109,8 @@ async def _require_lab_routes(lab: Lab) -> None:
         )
     if response.status_code != 200:
         raise LabError(
-            f"POST /v1/lab/flood answered {response.status_code}: the server needs "
-            "STREAMSCOPE_LAB_ROUTES=true (the lab starts its own server so without --url)"
+            f"POST /v1/lab/flood answered {response.status_code}: the server must be the "
+            "lab's, hypercorn -k trio tools.lab._asgi:app (the lab starts one without --url)"
         )
 
 

@@ -24,12 +24,14 @@ registration::
 
 Conventions
 -----------
-* The server. Unless ``--url`` is given, the lab starts ours on a loopback port
-  (``tools/server.py``) with ``--model``, ``--device``, ``--threads`` and the
-  experiment's ``server`` settings (``{"cache_blocks": 1024}`` becomes
-  ``STREAMSCOPE_CACHE_BLOCKS=1024``), and stops it afterwards. For a condition that needs
-  another configuration (a server setting, not a per-request field such as ``policy``),
-  ``async with lab.server(detect_disconnect=False) as url:`` starts one more with the
+* The server. Unless ``--url`` is given, the lab starts the lab's server (``_app.py``:
+  ours plus the laboratory devices) on a loopback port (``tools/server.py``) with
+  ``--model``, ``--device``, ``--threads`` and the experiment's ``server`` settings
+  (``{"cache_blocks": 1024}`` becomes ``STREAMSCOPE_CACHE_BLOCKS=1024``, and the lab's
+  own ``{"lab_pad_bytes": 65536}`` ``STREAMSCOPE_LAB_PAD_BYTES=65536``), and stops it
+  afterwards. For a condition that needs another configuration (a server setting, not a
+  per-request field such as ``policy``), ``async with
+  lab.server(lab_detect_disconnect=False) as url:`` starts one more with the
   same model; with ``--url`` that raises ``LabError`` (the lab cannot reconfigure a
   server it does not own).
 * ``--quick``: a seconds-long form for the test suite: tiny-gpt2 on the CPU with one
@@ -69,6 +71,7 @@ from tools.server import open_server
 
 # What --quick means when --model/--device/--threads are not given.
 QUICK_SERVER = {"model": "tiny-gpt2", "device": "cpu", "threads": 1}
+LAB_APP = "tools.lab._asgi:app"  # the service plus the laboratory devices (_app.py)
 IDLE_TIMEOUT_S = 120.0  # a server that is not idle by then is stuck
 IDLE_POLL_S = 0.05
 
@@ -207,10 +210,12 @@ class Lab:
 
 def open_lab_server(settings: Mapping[str, object]) -> AbstractAsyncContextManager[str]:
     """``open_server`` with the lab's settings: ``threads`` (torch's intra-op threads)
-    goes to the process as ``OMP_NUM_THREADS``, the rest as ``STREAMSCOPE_*``."""
+    goes to the process as ``OMP_NUM_THREADS``, the rest as ``STREAMSCOPE_*``; the server
+    is the lab's (``LAB_APP``)."""
     threads = settings.get("threads")
     env = {} if threads is None else {"OMP_NUM_THREADS": str(threads)}
-    return open_server({k: v for k, v in settings.items() if k != "threads"}, env=env)
+    return open_server({k: v for k, v in settings.items() if k != "threads"}, env=env,
+                       app=LAB_APP)
 
 
 # -- figures -----------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ asks the engine to cancel, and the engine applies that at its next step boundary
 releases the blocks once. So the release should come within about one decode step of
 the close, with at most one token made that nobody reads, and a request still waiting
 for a batch slot should never be admitted. With disconnect detection switched off
-(``STREAMSCOPE_DETECT_DISCONNECT=false``, a second server) nothing tells the stream,
+(``STREAMSCOPE_LAB_DETECT_DISCONNECT=false``, a second server) nothing tells the stream,
 and the sequence runs to its ``max_new_tokens``.
 
 Procedure. The lab's server has a batch limit of 2 (``STREAMSCOPE_MAX_BATCH=2``). A probe
@@ -24,8 +24,9 @@ leaves at one of three moments:
 It leaves by ``fin`` (``shutdown(SHUT_WR)``, then reading to the server's EOF) or ``rst``
 (``SO_LINGER`` (1, 0) and close). The close time is the client's ``time.time()`` just
 before the FIN or RST goes out; the release is ``finished_at`` from ``GET
-/v1/requests/<id>``, the server's ``time.time()`` when the engine released the
-sequence's blocks (same machine, same clock). ``tokens_after_close`` is the request's
+/v1/lab/requests/<id>`` (the lab's server, ``_app.py``), the server's ``time.time()`` when
+the engine's step handed out the finish, right after it released the sequence's blocks
+(same machine, same clock). ``tokens_after_close`` is the request's
 ``completion_tokens`` minus the tokens its client read: an upper bound on the tokens
 made after the close (a token may have been on its way). Six repetitions of each moment
 and way of leaving, interleaved; the server is idle before each probe. Then the same on
@@ -105,7 +106,7 @@ async def disconnect(lab: Lab) -> Report:
     stats = await lab.stats()
     undetected: list[dict[str, Any]] = []
     if not lab.args.no_undetected:
-        async with lab.server(detect_disconnect=False) as url:
+        async with lab.server(lab_detect_disconnect=False) as url:
             await _warm_up(url)
             undetected = await _probes(lab, url, plan, repetitions)
 

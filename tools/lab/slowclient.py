@@ -28,7 +28,7 @@ tokens/s per stream at a batch of eight (260 ms steps; ``overlap``), 256 KiB/s p
 which a 64 KiB reader keeps up with. 16 KiB per 0.25 s (about one token a second) makes
 it about four times slower than the engine; ``--read-bytes`` changes it. The quick form
 (tiny model, fast steps) keeps 64 KiB. Every client reads until its terminal event. Then
-``GET /v1/requests/<id>`` gives when each sequence left the engine (``finished_at``,
+``GET /v1/lab/requests/<id>`` gives when each sequence left the engine (``finished_at``,
 the server's wall clock, minus the client's wall time at sending). The server is idle
 before each condition.
 

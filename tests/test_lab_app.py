@@ -1,9 +1,12 @@
-"""The finish-record route, the laboratory padding and the flood probe, over real HTTP.
+"""The lab's server (``tools/lab/_app.py``) over real HTTP, and the service without it.
 
-``GET /v1/requests/<id>`` for a finished, a cancelled, a running and an unknown request;
-``STREAMSCOPE_LAB_PAD_BYTES`` padding that parsers skip; ``STREAMSCOPE_LAB_ROUTES``'s
-flood, which must report a blocked write to a client that reads nothing and end when
-that client goes. Every test ends with the fixture's checks (cache whole, no stream).
+``GET /v1/requests/<id>`` (the service's) and ``GET /v1/lab/requests/<id>`` (the lab's,
+with the wall-clock ``finished_at``) for a finished, a cancelled, a running and an
+unknown request; ``STREAMSCOPE_LAB_PAD_BYTES`` padding that parsers skip; the flood,
+which must report a blocked write to a client that reads nothing and end when that
+client goes; ``STREAMSCOPE_LAB_DETECT_DISCONNECT=false``. The service has none of them
+and refuses the lab's variables. Every test ends with the fixture's checks (cache whole,
+no stream).
 """
 
 from __future__ import annotations
@@ -12,17 +15,24 @@ import json
 import socket
 import struct
 import time
+from functools import partial
 from typing import Any
 
 import httpx
 import pytest
 import trio
 
-from app.lab import BLOCKED_AFTER_S
 from app.settings import Settings, SettingsError
-from app.sse_body import lab_padding
+from engine import FinishReason
 from tests.http_clients import long_body, parse_sse, parse_sse_with_httpx_sse, stream_body
 from tests.http_server import RunningServer, StartServer
+from tools.lab._app import create_lab_app
+from tools.lab._flood import BLOCKED_AFTER_S
+from tools.lab._settings import LabSettings, LabSettingsError, lab_padding, take_lab_settings
+
+
+async def start_lab(start_server: StartServer, **lab: Any) -> RunningServer:
+    return await start_server(create=partial(create_lab_app, lab=LabSettings(**lab)))
 
 
 async def read_stream(server: RunningServer, body: dict[str, Any]) -> bytes:
@@ -38,29 +48,31 @@ async def get(server: RunningServer, path: str) -> httpx.Response:
         return await client.get(path)
 
 
-# -- GET /v1/requests/<id> ------------------------------------------------------------------
+# -- GET /v1/requests/<id>, and the lab's with finished_at ---------------------------------
 
 
-async def test_finish_record_of_a_stream_that_ran_to_its_end(server: RunningServer) -> None:
+async def test_finish_record_of_a_stream_that_ran_to_its_end(start_server: StartServer) -> None:
+    server = await start_lab(start_server)
     before = time.time()
     raw = await read_stream(server, stream_body(max_new_tokens=5, ignore_eos=True))
     start = json.loads(parse_sse(raw)[0].data)
 
-    response = await get(server, f"/v1/requests/{start['id']}")
+    service = await get(server, f"/v1/requests/{start['id']}")
+    lab = await get(server, f"/v1/lab/requests/{start['id']}")
 
-    record = response.json()
-    assert response.status_code == 200
-    assert {k: record[k] for k in ("id", "finish_reason", "prompt_tokens", "completion_tokens")} \
-        == {"id": start["id"], "finish_reason": "length",
-            "prompt_tokens": start["prompt_tokens"], "completion_tokens": 5}
-    assert before <= record["finished_at"] <= time.time()
-    assert record["error"] is None
+    record = service.json()
+    assert service.status_code == lab.status_code == 200
+    assert record == {"id": start["id"], "finish_reason": "length", "error": None,
+                      "prompt_tokens": start["prompt_tokens"], "completion_tokens": 5}
+    assert lab.json() == {**record, "finished_at": lab.json()["finished_at"]}
+    assert before <= lab.json()["finished_at"] <= time.time()
 
 
 @pytest.mark.parametrize("how", ["fin", "rst"])
 async def test_finish_record_of_a_client_that_left_says_cancelled(
-    server: RunningServer, how: str
+    start_server: StartServer, how: str
 ) -> None:
+    server = await start_lab(start_server)
     client = server.raw_client()
     await client.post("/v1/stream", long_body())
     await client.read_tokens(2)
@@ -71,23 +83,27 @@ async def test_finish_record_of_a_client_that_left_says_cancelled(
         client.close_abort()
     finish = await server.wait_finished(client.request_id())
 
-    record = (await get(server, f"/v1/requests/{client.request_id()}")).json()
+    record = (await get(server, f"/v1/lab/requests/{client.request_id()}")).json()
 
     assert record["finish_reason"] == "cancelled"
     assert record["completion_tokens"] == finish.completion_tokens >= 2
-    assert record["finished_at"] == finish.finished_at >= closed_at
+    assert closed_at <= record["finished_at"] <= time.time()
 
 
-async def test_unknown_and_running_requests_are_404_not_found(server: RunningServer) -> None:
+async def test_unknown_and_running_requests_are_404_not_found(
+    start_server: StartServer,
+) -> None:
+    server = await start_lab(start_server)
     client = server.raw_client()
     await client.post("/v1/stream", long_body())
     await client.read_tokens(1)
 
-    running = await get(server, f"/v1/requests/{client.request_id()}")
-    unknown = await get(server, "/v1/requests/no-such-request")
+    answers = [await get(server, f"{prefix}/requests/{request_id}")
+               for prefix in ("/v1", "/v1/lab")
+               for request_id in (client.request_id(), "no-such-request")]
     client.close_abort()
 
-    for response in (running, unknown):
+    for response in answers:
         assert response.status_code == 404
         assert response.json()["error"]["type"] == "not_found"
 
@@ -115,7 +131,7 @@ def test_lab_padding_of_one_byte_is_refused() -> None:
 async def test_each_token_event_is_followed_by_a_padding_comment(
     start_server: StartServer,
 ) -> None:
-    server = await start_server(lab_pad_bytes=300)
+    server = await start_lab(start_server, pad_bytes=300)
     body = stream_body(max_new_tokens=4, ignore_eos=True)
 
     raw = await read_stream(server, body)
@@ -132,17 +148,46 @@ async def test_each_token_event_is_followed_by_a_padding_comment(
     assert all(piece.rsplit(b"event: ", 1)[-1].startswith(b"token") for piece in pieces[:-1])
 
 
-def test_lab_settings_parse_and_refuse_bad_values() -> None:
-    settings = Settings.from_env({"STREAMSCOPE_LAB_PAD_BYTES": "65536",
-                                  "STREAMSCOPE_LAB_ROUTES": "true"})
-    assert (settings.lab_pad_bytes, settings.lab_routes) == (65536, True)
-    assert (Settings().lab_pad_bytes, Settings().lab_routes) == (0, False)
+def test_lab_settings_parse_refuse_bad_values_and_leave_the_environment() -> None:
+    environ = {"STREAMSCOPE_LAB_PAD_BYTES": "65536", "STREAMSCOPE_LAB_DETECT_DISCONNECT": "off",
+               "STREAMSCOPE_MAX_BATCH": "4"}
+
+    assert take_lab_settings(environ) == LabSettings(pad_bytes=65536, detect_disconnect=False)
+    assert environ == {"STREAMSCOPE_MAX_BATCH": "4"}  # what the service then reads
+    assert LabSettings.from_env({}) == LabSettings(pad_bytes=0, detect_disconnect=True)
     for bad in ("-1", "1", "2000000", "lots"):
-        with pytest.raises(SettingsError, match="STREAMSCOPE_LAB_PAD_BYTES"):
-            Settings.from_env({"STREAMSCOPE_LAB_PAD_BYTES": bad})
+        with pytest.raises(LabSettingsError, match="STREAMSCOPE_LAB_PAD_BYTES"):
+            LabSettings.from_env({"STREAMSCOPE_LAB_PAD_BYTES": bad})
+    with pytest.raises(LabSettingsError, match="known: STREAMSCOPE_LAB_DETECT_DISCONNECT"):
+        LabSettings.from_env({"STREAMSCOPE_LAB_ROUTES": "true"})
 
 
-# -- the flood (STREAMSCOPE_LAB_ROUTES) -----------------------------------------------------
+@pytest.mark.parametrize("name", ["STREAMSCOPE_LAB_PAD_BYTES", "STREAMSCOPE_DETECT_DISCONNECT",
+                                  "STREAMSCOPE_LAB_ROUTES", "STREAMSCOPE_LAB_DETECT_DISCONNECT"])
+def test_the_service_refuses_the_lab_variables(name: str) -> None:
+    with pytest.raises(SettingsError, match=f"{name} is not a setting"):
+        Settings.from_env({name: "1"})
+
+
+# -- STREAMSCOPE_LAB_DETECT_DISCONNECT ------------------------------------------------------
+
+
+async def test_without_disconnect_detection_a_left_stream_runs_to_its_end(
+    start_server: StartServer,
+) -> None:
+    server = await start_lab(start_server, detect_disconnect=False)
+    client = server.raw_client()
+    await client.post("/v1/stream", stream_body(max_new_tokens=60, ignore_eos=True))
+    await client.read_tokens(2)
+
+    client.close_abort()
+    finish = await server.wait_finished(client.request_id())
+
+    assert (finish.reason, finish.completion_tokens) == (FinishReason.LENGTH, 60)
+    assert client.request_id() not in server.recorder.cancel_marks
+
+
+# -- the flood ------------------------------------------------------------------------------
 
 
 class SilentClient:
@@ -187,7 +232,7 @@ async def wait_flood(server: RunningServer, flood_id: str, key: str, value: obje
 async def test_flood_reports_a_blocked_write_for_a_client_that_reads_nothing(
     start_server: StartServer,
 ) -> None:
-    server = await start_server(lab_routes=True)
+    server = await start_lab(start_server)
     client = SilentClient(server)
     await client.post("/v1/lab/flood", {"id": "f1", "event_bytes": 1024})
 
@@ -210,7 +255,7 @@ async def test_flood_reports_a_blocked_write_for_a_client_that_reads_nothing(
 async def test_flood_to_a_client_that_leaves_while_reading_is_released(
     start_server: StartServer,
 ) -> None:
-    server = await start_server(lab_routes=True)
+    server = await start_lab(start_server)
     async with server.client() as client, client.stream(
         "POST", "/v1/lab/flood", json={"id": "f2", "event_bytes": 133}
     ) as response:
@@ -224,7 +269,7 @@ async def test_flood_to_a_client_that_leaves_while_reading_is_released(
 
 
 async def test_flood_ends_at_its_byte_bound(start_server: StartServer) -> None:
-    server = await start_server(lab_routes=True)
+    server = await start_lab(start_server)
     async with server.client() as client:
         response = await client.post(
             "/v1/lab/flood", json={"id": "f3", "event_bytes": 100, "max_bytes": 1050}
@@ -237,7 +282,7 @@ async def test_flood_ends_at_its_byte_bound(start_server: StartServer) -> None:
 
 
 async def test_flood_refuses_a_bad_request(start_server: StartServer) -> None:
-    server = await start_server(lab_routes=True)
+    server = await start_lab(start_server)
     async with server.client() as client:
         too_small = await client.post("/v1/lab/flood", json={"event_bytes": 4})
         bad_id = await client.post("/v1/lab/flood", json={"id": "a/b", "event_bytes": 100})
@@ -247,8 +292,11 @@ async def test_flood_refuses_a_bad_request(start_server: StartServer) -> None:
     assert unknown.json()["error"]["type"] == "not_found"
 
 
-async def test_lab_routes_are_absent_unless_enabled(server: RunningServer) -> None:
+async def test_the_service_has_no_lab_routes_and_no_padding(server: RunningServer) -> None:
     async with server.client() as client:
-        response = await client.post("/v1/lab/flood", json={"event_bytes": 100})
+        flood = await client.post("/v1/lab/flood", json={"event_bytes": 100})
+    raw = await read_stream(server, stream_body(max_new_tokens=3, ignore_eos=True))
+    lab_record = await get(server, f"/v1/lab/requests/{json.loads(parse_sse(raw)[0].data)['id']}")
 
-    assert response.status_code == 404
+    assert flood.status_code == lab_record.status_code == 404
+    assert b"\n:" not in raw

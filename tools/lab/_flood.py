@@ -1,8 +1,8 @@
-"""Laboratory probes: measurements that need the server's side of a connection.
+"""The flood probe: a measurement that needs the server's side of a connection.
 
-Registered only with ``STREAMSCOPE_LAB_ROUTES=true`` (``register_lab``); never in service.
-Knows Quart and Trio, and nothing of the engine or the hub: a probe writes bytes, it does
-not generate tokens.
+Served only by the lab's app (``tools/lab/_app.py``), never by the service. Knows Quart
+and Trio, and nothing of the engine or the hub: a probe writes bytes, it does not
+generate tokens.
 
 The flood (the buffers experiment, "Where backpressure begins" in the reference chapter)::
 
@@ -31,7 +31,7 @@ Bounds: a flood ends after ``max_bytes`` accepted or ``max_seconds``, checked be
 write. A write that is blocked is not interrupted by either (hypercorn's socket write is
 shielded and has no timeout, as for every stream): it ends when its client reads or
 goes. When the client goes, hypercorn's blocked write fails (an RST) or the reader sees
-EOF, ``http.disconnect`` cancels the request's scope (``connection.py``), and the cancel
+EOF, ``http.disconnect`` cancels the request's scope (``app/connection.py``), and the cancel
 reaches the flood at its next checkpoint: ``__aexit__`` then ends it (``end``:
 ``cancelled``) and moves it from the open floods to the recent ones, which GET still
 answers (the last ``RECENT_FLOODS``). A flood is registered when Quart enters its body
@@ -53,12 +53,11 @@ from types import TracebackType
 
 import trio
 from pydantic import BaseModel, ConfigDict, Field
-from quart import Blueprint, Quart, Response
+from quart import Blueprint, Response
 from quart.wrappers.response import ResponseBody
 
-from .errors import ApiError, ErrorType
-from .serving import read_body, sse_response
-from .settings import Settings
+from app.errors import ApiError, ErrorType
+from app.serving import read_body, sse_response
 
 # A write handed out this long ago and not accepted is blocked: a loopback write that is
 # merely slow (a busy 2-core machine) returns in milliseconds.
@@ -224,9 +223,9 @@ class FloodBody(ResponseBody):
         raise StopAsyncIteration
 
 
-def make_lab_blueprint() -> Blueprint:
-    """The laboratory routes, with their own registry of floods."""
-    bp = Blueprint("streamscope_lab", __name__)
+def make_flood_blueprint() -> Blueprint:
+    """The flood's routes, with their own registry of floods."""
+    bp = Blueprint("streamscope_lab_flood", __name__)
     floods = FloodRegistry()
 
     @bp.post("/v1/lab/flood")
@@ -253,9 +252,3 @@ def make_lab_blueprint() -> Blueprint:
                         content_type="application/json")
 
     return bp
-
-
-def register_lab(app: Quart, settings: Settings) -> None:
-    """Register the laboratory routes if ``settings.lab_routes``; else nothing."""
-    if settings.lab_routes:
-        app.register_blueprint(make_lab_blueprint())

@@ -1,0 +1,181 @@
+"""The lab's server: the service's app plus the laboratory devices, which the product lacks.
+
+``python -m tools.lab`` serves ``tools.lab._asgi:app`` (``common.open_lab_server``), built
+by ``create_lab_app``: ``app.factory.create_app()`` as a user runs it, then
+
+* the flood probe (``_flood.py``): ``POST /v1/lab/flood``, ``GET /v1/lab/flood/<id>``
+  (the buffers experiment);
+* ``GET /v1/lab/requests/<id>``: the service's ``GET /v1/requests/<id>`` record plus
+  ``finished_at``, the wall-clock time (``time.time()``) at which the engine's step handed
+  the request's finish out (the disconnect and slowclient experiments time a release by
+  it, against a client's own ``time.time()`` on the same machine). A cancel's finish is
+  handed out (``on_prefill``) as soon as the step's start has applied it and released its
+  blocks, before any forward pass; a finish the decode pass makes is stamped when the
+  step returns. The engine stays as it is: ``FinishClock`` wraps its ``step`` in place;
+* ``STREAMSCOPE_LAB_PAD_BYTES`` (0, off, by default): each token event of ``/v1/stream``
+  is followed by an SSE comment of that many bytes (at least 2), built as it is written,
+  so that a slow reader meets real backpressure (the slowclient experiment);
+* ``STREAMSCOPE_LAB_DETECT_DISCONNECT=false``: a stream never learns that its client
+  left: the connection notes ``http.disconnect`` and does not cancel the request's scope
+  (hypercorn drops the bytes written after that without an error). The disconnect
+  experiment's control.
+
+The lab's settings are its own ``STREAMSCOPE_LAB_*`` variables. The service refuses them
+(they are not its settings), so ``_asgi.py`` takes them out of the environment before the
+service reads it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+import trio
+from hypercorn.typing import ASGIReceiveCallable
+from quart import Blueprint, Response, request
+from quart.asgi import ASGIHTTPConnection
+from quart.wrappers import Request
+
+from app.connection import StreamingConnection
+from app.errors import ApiError, ErrorType
+from app.factory import StreamscopeApp, create_app
+from app.lifespan import MakeEngine, Runtime, ServingEngine, load_engine_from_settings
+from app.serving import json_response
+from app.settings import Settings
+from app.sse_body import EventStreamBody
+from engine import EngineEvent, FinishEvent, TokenEvent
+from streams import StreamItem
+from tools.lab._flood import make_flood_blueprint
+from tools.lab._settings import LabSettings, lab_padding
+
+RECENT_FINISH_TIMES = 4096  # finish times kept for GET /v1/lab/requests/<id>
+
+
+class PaddedEventStreamBody(EventStreamBody):
+    """``/v1/stream``'s body with each token event followed by the lab's padding. It takes
+    the place of the view's body before Quart enters it (same stream, same timer)."""
+
+    def __init__(self, body: EventStreamBody, pad_bytes: int) -> None:
+        super().__init__(body.stream, keepalive_s=body.keepalive_s, timer=body.timer)
+        self._padding = lab_padding(pad_bytes)
+
+    def _encode(self, item: StreamItem) -> bytes:
+        event = super()._encode(item)
+        return event + self._padding if isinstance(item, TokenEvent) else event
+
+
+class UnheedingConnection(StreamingConnection):
+    """A connection that notes its client's disconnect and does not cancel the request."""
+
+    async def handle_messages(  # type: ignore[override]
+        self, nursery: trio.Nursery, request: Request, receive: ASGIReceiveCallable
+    ) -> None:
+        """Feed the request body to Quart; on ``http.disconnect`` only count it.
+
+        Cancellation: ends the loop (the handler finished, or the server stops).
+        """
+        await ASGIHTTPConnection.handle_messages(self, request, receive)
+        self.note_disconnect()
+
+
+class FinishClock:
+    """The wall-clock time at which the engine's step handed each finish out.
+
+    ``attach`` wraps an engine's ``step`` in place (the engine keeps its type); the stamps
+    are taken in the stepping thread, read in the Trio thread, under a lock.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._times: OrderedDict[str, float] = OrderedDict()
+
+    def attach(self, engine: ServingEngine) -> ServingEngine:
+        step = engine.step
+
+        def stamped_step(
+            on_prefill: Callable[[list[EngineEvent]], None] | None = None,
+        ) -> list[EngineEvent]:
+            def stamp_then_hand_over(events: list[EngineEvent]) -> None:
+                self.stamp(events)
+                assert on_prefill is not None
+                on_prefill(events)
+
+            events = step(on_prefill=None if on_prefill is None else stamp_then_hand_over)
+            self.stamp(events)
+            return events
+
+        engine.step = stamped_step  # type: ignore[method-assign]
+        return engine
+
+    def stamp(self, events: list[EngineEvent]) -> None:
+        now = time.time()
+        with self._lock:
+            for event in events:
+                if isinstance(event, FinishEvent):
+                    self._times[event.request_id] = now
+            while len(self._times) > RECENT_FINISH_TIMES:
+                self._times.popitem(last=False)
+
+    def finished_at(self, request_id: str) -> float | None:
+        with self._lock:
+            return self._times.get(request_id)
+
+
+def make_lab_blueprint(runtime: Runtime, clock: FinishClock) -> Blueprint:
+    """``GET /v1/lab/requests/<id>`` (see the module docstring)."""
+    bp = Blueprint("streamscope_lab", __name__)
+
+    @bp.get("/v1/lab/requests/<request_id>")
+    async def finished_request(request_id: str) -> Response:
+        """The finish record with ``finished_at``, or 404. Cancellation: no checkpoint."""
+        finish, at = runtime.finished(request_id), clock.finished_at(request_id)
+        if finish is None or at is None:
+            raise ApiError(ErrorType.NOT_FOUND, f"no finished request {request_id[:64]!r}")
+        return json_response({
+            "id": finish.request_id,
+            "finish_reason": finish.reason.value,
+            "prompt_tokens": finish.prompt_tokens,
+            "completion_tokens": finish.completion_tokens,
+            "finished_at": at,
+            "error": finish.error,
+        })
+
+    return bp
+
+
+def create_lab_app(
+    settings: Settings | None = None,
+    lab: LabSettings | None = None,
+    *,
+    make_engine: MakeEngine | None = None,
+    drain_on_sigterm: bool = False,
+) -> StreamscopeApp:
+    """``create_app`` with the laboratory devices (see the module docstring).
+
+    Args:
+        settings, make_engine, drain_on_sigterm: as ``create_app``'s.
+        lab: the devices; default ``LabSettings()``: the flood and the finish clock only.
+    """
+    lab = LabSettings() if lab is None else lab
+    clock = FinishClock()
+    build = make_engine or load_engine_from_settings
+    app = create_app(settings, make_engine=lambda s: clock.attach(build(s)),
+                     drain_on_sigterm=drain_on_sigterm)
+    app.register_blueprint(make_flood_blueprint())
+    app.register_blueprint(make_lab_blueprint(app.runtime, clock))
+    if not lab.detect_disconnect:
+        app.asgi_http_class = UnheedingConnection
+
+    if lab.pad_bytes:
+
+        @app.after_request
+        async def pad_token_events(response: Response) -> Response:
+            """Pad a plain ``/v1/stream`` body. Cancellation: no checkpoint."""
+            body = response.response
+            if request.path == "/v1/stream" and type(body) is EventStreamBody:
+                response.response = PaddedEventStreamBody(body, lab.pad_bytes)
+            return response
+
+    return app
