@@ -13,8 +13,11 @@ Failover keys: ``streamscope:{<id>}:spec`` (what a rebuild needs, from the app; 
 live ``ttl_s``, refreshed with the events) and ``streamscope:{<id>}:owner`` (the owning
 replica's token, PX ``owner_lease_s``), both queued by ``publish`` before the first
 event, so a stream in the store always has both. The writer task renews the owner lease
-(compare-and-renew) every ``refresh_s``, a third of the shortest of the three times, so
-a lease survives two missed renewals; it stops at the stream's last event. ``take_over``
+(compare-and-renew, after a flush, so never before its SET) every ``refresh_s``, a third
+of the shortest of the three times, so a lease survives two missed renewals; it stops at
+the stream's last event. A renewal that fails (this replica stalled past its lease and
+another took the stream over) tells ``on_lost``, and the registry stops the stream here
+and ``disown``s it: local copy only, the store's keys are the new owner's. ``take_over``
 is one Lua script: the owner key is SET (PX) only if it is absent, the spec is there and
 the last event does not end the stream; of replicas racing for it, exactly one gets 1.
 
