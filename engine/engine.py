@@ -5,7 +5,9 @@ thread-safe methods, ``submit``, ``cancel``, ``pause`` and ``resume``, which
 only record a wish in the scheduler's inbox. Everything that changes a sequence
 or the cache happens inside ``step()``, which one caller runs repeatedly:
 
-1. apply the inbox: submits join the waiting queue, cancels finish a waiting
+1. apply the inbox: submits join the waiting queue (one resumed from tokens made
+   elsewhere replays them silently and its generator is advanced past their draws),
+   cancels finish a waiting
    sequence (never admitted) or a running one (blocks released), pauses and
    resumes flip a flag; a request past its ``ttft_deadline`` whose prefill has
    not begun finishes with DEADLINE; with ``on_prefill``, the finishes go out at once;
