@@ -28,7 +28,6 @@ let an exception through, and ``api_error_for`` turns any exception into one.
 
 from __future__ import annotations
 
-import enum
 import json
 import logging
 import math
@@ -40,6 +39,7 @@ from werkzeug.exceptions import HTTPException, InternalServerError, MethodNotAll
 
 import engine
 import streams
+from streams import ErrorType  # one enum for the envelope and the stream's error event
 
 log = logging.getLogger("streamscope.app")
 
@@ -47,33 +47,6 @@ log = logging.getLogger("streamscope.app")
 # short enough that an adversarial body cannot make the answer large.
 MAX_PROBLEMS_SHOWN = 5
 _INTERNAL_MESSAGE = "the server failed to answer this request"
-
-
-class ErrorType(enum.StrEnum):
-    """What went wrong, as the envelope's ``type``; ``STATUS`` gives each its code."""
-
-    UNAUTHORIZED = "unauthorized"  # STREAMSCOPE_API_KEY is set; no or a wrong bearer token
-    INVALID_JSON = "invalid_json"  # the body is not a JSON document
-    INVALID_REQUEST = "invalid_request"  # a field is missing, unknown, mistyped or out of range
-    PROMPT_TOO_LONG = "prompt_too_long"  # prompt + max_new_tokens exceed the token budget
-    BODY_TOO_LARGE = "body_too_large"  # over MAX_BODY_BYTES, by Content-Length or as read
-    NOT_FOUND = "not_found"  # no such route
-    MODEL_NOT_FOUND = "model_not_found"  # an OpenAI route's `model` names no model served here
-    METHOD_NOT_ALLOWED = "method_not_allowed"  # the route exists; the method does not
-    REQUEST_TIMEOUT = "request_timeout"  # the body did not arrive in time
-    BAD_REQUEST = "bad_request"  # any other malformed HTTP request
-    TOO_MANY_WAITING = "too_many_waiting"  # MAX_WAITING streams wait for a first token
-    DEADLINE_UNMEETABLE = "deadline_unmeetable"  # the first token is estimated past deadline_ms
-    DEADLINE_MISSED = "deadline_missed"  # waited past deadline_ms, never run (SSE error)
-    NOT_READY = "not_ready"  # the model is still loading
-    SHUTDOWN = "shutdown"  # the server is stopping (also the SSE error of a cut stream)
-    UNAVAILABLE = "unavailable"  # the engine failed; the server cannot serve
-    SLOW_CLIENT = "slow_client"  # the reader stayed behind too long (SSE error)
-    ENGINE_ERROR = "engine_error"  # the engine failed this request (SSE error)
-    STREAM_BUSY = "stream_busy"  # the resumable stream's old reader did not let go in time
-    TAKEN_OVER = "taken_over"  # a newer reader took this resumable stream over (SSE error)
-    RESUME_LOG_FULL = "resume_log_full"  # detached, its log passed the server's cap (SSE error)
-    INTERNAL_ERROR = "internal_error"  # a bug: logged with its traceback
 
 
 STATUS: dict[ErrorType, int] = {

@@ -131,7 +131,7 @@ async def collect(
             case FinishEvent():
                 return "".join(text), token_ids, item
             case StreamError():
-                raise ApiError(ErrorType(item.type), item.message)
+                raise ApiError(item.type, item.message)
     raise ApiError(ErrorType.INTERNAL_ERROR, "the stream ended without a result")
 
 

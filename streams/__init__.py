@@ -7,6 +7,7 @@ Quart, hypercorn or ``app``. Other packages import only from this package root.
 
 from __future__ import annotations
 
+from .error_type import ErrorType as ErrorType
 from .errors import DeadlineUnmeetable as DeadlineUnmeetable
 from .errors import HubError as HubError
 from .errors import NotAccepting as NotAccepting
@@ -39,7 +40,6 @@ from .sse import ServerSentEvent as ServerSentEvent
 from .sse import SSEParser as SSEParser
 from .sse import encode_comment as encode_comment
 from .sse import encode_event as encode_event
-from .stream import ErrorType as ErrorType
 from .stream import StreamEnd as StreamEnd
 from .stream import StreamError as StreamError
 from .stream import StreamItem as StreamItem

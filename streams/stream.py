@@ -58,6 +58,7 @@ import trio
 
 from engine import FinishEvent, FinishReason, TokenEvent
 
+from .error_type import ErrorType
 from .policy import CAUGHT_UP, Lag, Policy
 
 
@@ -79,21 +80,11 @@ class StreamEnd(enum.Enum):
     SHUTDOWN = "shutdown"  # StreamError shutdown after the grace period
 
 
-class ErrorType(enum.StrEnum):
-    """The ``type`` of a StreamError; the app sends it as the SSE error's type."""
-
-    SLOW_CLIENT = "slow_client"  # the policy dropped a reader that stayed behind
-    ENGINE_ERROR = "engine_error"  # a step failed, or the engine failed this sequence
-    SHUTDOWN = "shutdown"  # the server stopped before the stream finished
-    RESUME_LOG_FULL = "resume_log_full"  # detached, its log would pass the server's byte cap
-    DEADLINE_MISSED = "deadline_missed"  # its TTFT deadline passed before its prefill began
-
-
 @dataclass(frozen=True, slots=True)
 class StreamError:
     """A terminal item: the stream ends without a FinishEvent."""
 
-    type: str  # an ErrorType value
+    type: ErrorType  # slow_client, engine_error, shutdown, resume_log_full, deadline_missed
     message: str
 
 
