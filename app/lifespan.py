@@ -29,7 +29,11 @@ refused (503 ``shutdown`` with ``Retry-After``; ``/ready`` says 503 too), and
 ``Hub.drain`` lets the open streams finish until ``SHUTDOWN_GRACE_S`` from then, ends
 the rest with a last ``error`` event ``shutdown`` (each end asks the engine to cancel),
 and steps the engine until it holds none of our requests: the cache is whole.
-``wait_drained`` returns then, after one log line that says so.
+With a shared resume store, the resumable streams still running ``HANDOVER_LEAD_S``
+before that deadline are handed over instead (``_hand_over``): they stop here without a
+final event, their events in the store and their owner leases let go, and a resume on
+another replica continues them. ``wait_drained`` returns then, after one log line that
+says so.
 
 hypercorn's own stop comes after the drain (SIGTERM to the app's process) or at the
 same moment (its main process was signalled): it stops accepting, gives open
@@ -76,6 +80,11 @@ LOADING_RETRY_AFTER_S = 1.0
 # /ready asks the shared resume store (Redis) for an answer this long at most: a health
 # check (HAProxy's, every second) must not hang on a store that does not answer.
 STORE_CHECK_TIMEOUT_S = 0.5
+# With a shared resume store, a drain hands its resumable streams still running over to
+# another replica this long before its deadline (instead of ending them with shutdown):
+# before the hub's end at the deadline, with time to ask the store (half of it at most)
+# and put their last events in it. A shorter grace period hands them over at once.
+HANDOVER_LEAD_S = 0.5
 
 # Prompts encoded at once, each in a worker thread. The engine encodes with one tokenizer
 # copy under one lock, so a second thread would only wait there, uncancellably; queued
@@ -425,19 +434,61 @@ class Runtime:
             self._fail(f"the engine failed: {exc!r}", exc)
 
     async def _finish_drain(self, began: float) -> None:
-        """Wait for the hub to stop, say so in the log, and mark the drain over.
+        """Wait for the hub to stop (and for a hand-over of resumable streams to the
+        store, ``_hand_over``), say so in the log, and mark the drain over.
 
         Cancellation: (the app's nursery, at its shutdown deadline) the remaining
         streams are ended at once (``Hub.shutdown``); the drain is then not over.
         """
         assert self.hub is not None and self.engine is not None
-        await self.hub.shutdown()
+        hub_stopped = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._hand_over, began + self.settings.shutdown_grace_s,
+                               hub_stopped)
+            await self.hub.shutdown()
+            hub_stopped.set()
         stats = self.engine.statistics()
         log.warning("drained in %.2f s: the engine holds none of our requests; cache whole: "
                     "%s, %d of %d blocks free", trio.current_time() - began,
                     stats.blocks_free == stats.blocks_total, stats.blocks_free,
                     stats.blocks_total)
         self._drained.set()
+
+    async def _hand_over(self, deadline: float, hub_stopped: trio.Event) -> None:
+        """``HANDOVER_LEAD_S`` before the drain's ``deadline``, unless the hub stopped
+        first (every stream ended): leave the resumable streams still running to
+        another replica (``ResumeRegistry.hand_over``: with a shared store only; the
+        rest end with ``shutdown`` at the deadline as before), and wait (bounded) until
+        the store has their events. Not if the store does not answer then: they end
+        with ``shutdown``, which their clients can still read here.
+
+        Cancellation: (with the drain's) before the hand-over, nothing changes; after,
+        only the wait for the store stops (the streams are handed over).
+        """
+        registry = self.resumption
+        with trio.move_on_at(deadline - HANDOVER_LEAD_S):
+            await hub_stopped.wait()
+        if hub_stopped.is_set() or registry is None or self.settings.resume_store is None:
+            return
+        answers = False
+        with trio.move_on_after(HANDOVER_LEAD_S / 2):
+            answers = await registry.store_answers()
+        if not answers:
+            log.warning("draining: the resume store does not answer; resumable streams "
+                        "still running end with shutdown")
+            return
+        with trio.move_on_at(deadline + HANDOVER_LEAD_S) as waited:
+            try:
+                handed = await registry.hand_over()
+            except streams.StoreUnavailable as exc:
+                log.warning("draining: resumable streams handed over, but %s", exc)
+                return
+        if waited.cancelled_caught:
+            log.warning("draining: resumable streams handed over; the store did not "
+                        "take their last events in time")
+        elif handed:
+            log.warning("draining: %d resumable streams handed over to the other "
+                        "replicas (a resume takes each over)", handed)
 
     def _fail(self, message: str, exc: BaseException) -> None:
         log.error("%s", message, exc_info=(type(exc), exc, exc.__traceback__))
@@ -524,4 +575,5 @@ def _resume_fields(registry: streams.ResumeRegistry | None) -> dict[str, Any]:
         "resume_cancels": stats.cancels if stats else 0,
         "resume_failovers": stats.failovers if stats else 0,
         "resume_disowned": stats.disowned if stats else 0,
+        "resume_handed_over": stats.handed_over if stats else 0,
     }

@@ -8,7 +8,9 @@ The wire contract (a browser page builds on it; keep it exactly):
   ``resumable`` nothing changes.
 * ``POST /v1/requests``, the same body: the request is created with no reader (the grace
   period runs until one attaches) and answered 201 ``{"id", "stream_url"}`` with
-  ``Location``; refusals as for ``/v1/stream``. With an API key set, ``stream_url``
+  ``Location``; refusals as for ``/v1/stream``. With a shared store the 201 waits until
+  the stream is in it (any replica then finds it; 503 ``unavailable`` if it does not
+  answer). With an API key set, ``stream_url``
   carries the stream's read token (``?token=``, ``auth.stream_token``), which opens its
   ``GET`` without the key (EventSource sends no headers).
 * ``GET /v1/stream/<request_id>`` with ``Last-Event-ID: <request_id>:<n>`` (or
@@ -94,6 +96,9 @@ TAKEN_OVER_EVENT = encode_event(
 )
 # n in an event id has at most this many digits: far more events than max_new_tokens allows.
 MAX_POSITION_DIGITS = 9
+# With a shared store, how long ``POST /v1/requests`` waits for the new stream to be in
+# it before its 201 (a write takes milliseconds; a store away that long: 503).
+STORED_WAIT_S = 2.0
 
 
 def resume_url(request_id: str) -> str:
@@ -261,6 +266,29 @@ async def _with_spec(
     return generation, spec_of(generation, policy)
 
 
+async def _wait_stored(runtime: Runtime, request_id: str) -> None:
+    """With a shared store, return once the stream just opened is in it (spec, owner
+    lease, event 1), so that a resume on any replica finds it: a 201 promises that (a
+    replica that does not know the stream answers 204, and an EventSource stops). A
+    store that does not take it within ``STORED_WAIT_S``: the stream is cancelled and
+    the request refused with 503 ``unavailable`` (``Retry-After``), as a resume of
+    another replica's stream is then. Without a shared store, at once.
+
+    Raises: ApiError 503. Cancellation: the registry holds the stream (its grace period
+    runs), as when a client leaves right after its 201.
+    """
+    registry = runtime.resume_registry()
+    with trio.move_on_after(STORED_WAIT_S):
+        try:
+            await registry.stored()
+            return
+        except StoreUnavailable:
+            pass
+    registry.cancel(request_id)
+    raise ApiError(ErrorType.UNAVAILABLE, "the shared stream log does not answer; try again",
+                   retry_after_s=RETRY_MS / 1000)
+
+
 def parse_position(value: str | None, request_id: str) -> int:
     """The n of a ``Last-Event-ID`` (``<request_id>:<n>``); 0 for none.
 
@@ -298,6 +326,7 @@ def make_resumable_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
                                             body.policy)
         owner = ResumableOwner(runtime.resume_registry(), timer, attach=False, spec=spec)
         stream = await runtime.open_stream(generation, body.policy, owner=owner)
+        await _wait_stored(runtime, stream.request_id)
         url = resume_url(stream.request_id)
         if settings.api_key is not None:
             url += f"?{STREAM_TOKEN_PARAM}={stream_token(settings.api_key, stream.request_id)}"

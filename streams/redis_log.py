@@ -157,6 +157,8 @@ class RedisEventLog:
         self._setting: dict[str, str] = {}
         self._setting_in_flight: dict[str, str] = {}
         self._wake = trio.Event()
+        self._queued = self._written = 0  # commands queued, and written, since the start
+        self._batch_done = trio.Event()  # set (and replaced) after each batch written
         self._writer = trio.Lock()
         self._stopped = False  # a write was abandoned: nothing more may be written
         self._read_limiter = trio.CapacityLimiter(max_readers)
@@ -288,6 +290,7 @@ class RedisEventLog:
             while self._ops and not self._stopped:
                 batch, touched, setting = self._ops, self._touched, self._setting
                 self._ops, self._touched, self._setting = [], set(), {}
+                queued = self._queued
                 self._setting_in_flight = setting
                 ttl_ms = self._ms(self.ttl_s)
                 batch.extend(partial(_pexpire, key, ttl_ms) for key in touched)
@@ -295,9 +298,29 @@ class RedisEventLog:
                     await self._write_until_written(batch)
                 except trio.Cancelled:
                     self._stopped = True  # this batch may never land: none may follow
+                    self._batch_done.set()  # a waiting ``stored`` raises
                     raise
                 self._setting_in_flight = {}
                 self._batches += 1
+                self._written = queued
+                self._batch_done.set()
+                self._batch_done = trio.Event()
+
+    async def stored(self) -> None:
+        """Return once every command queued before the call is in Redis (written by
+        ``run``'s flushes; this call writes nothing itself).
+
+        Raises:
+            StoreUnavailable: the log stopped writing (a flush was cancelled).
+
+        Cancellation: nothing changes; the writer goes on.
+        """
+        mark = self._queued
+        while self._written < mark:
+            if self._stopped:
+                raise StoreUnavailable("the resume log stopped writing")
+            await self._batch_done.wait()
+        await trio.lowlevel.checkpoint()
 
     async def _write_until_written(self, batch: list[Op]) -> None:
         while True:
@@ -325,6 +348,7 @@ class RedisEventLog:
 
     def _queue(self, op: Op) -> None:
         self._ops.append(op)
+        self._queued += 1
         self._wake.set()
 
     def _queue_refresh(self) -> None:

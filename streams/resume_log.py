@@ -83,6 +83,11 @@ class SharedEventLog(EventLog, Protocol):
         """Return once the store answered (``StoreUnavailable`` if it does not)."""
         ...
 
+    async def stored(self) -> None:
+        """Return once everything queued before the call is in the store
+        (``StoreUnavailable`` if the log stopped writing). Writes nothing itself."""
+        ...
+
     async def read_remote(
         self, stream_id: str, after: int, *, wait_s: float
     ) -> list[tuple[int, bytes, bool]] | None:
@@ -146,7 +151,8 @@ class SharedEventLog(EventLog, Protocol):
         ...
 
     def release_owner(self, stream_id: str) -> None:
-        """Let this replica's owner lease go (queued; a rebuild that failed)."""
+        """Let this replica's owner lease go if it is still this replica's (queued,
+        after everything queued before; a rebuild that failed, a drain's hand-over)."""
         ...
 
     on_lost: Callable[[str], None] | None  # told of a stream another replica took over

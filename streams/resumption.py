@@ -94,7 +94,14 @@ only follow a log that another replica writes: each ends at once, at its next ev
 its body with no final event (the client resumes: the balancer now sends it to another
 replica, which follows the same log), and a resume of another replica's stream here is
 refused with ``Draining`` (503, ``Retry-After``). Its own streams go on as the hub's
-drain lets them; a reader may still resume one here, from the local log.
+drain lets them; a reader may still resume one here, from the local log. Shortly before
+the drain's deadline, those still running are handed over instead of ending with
+``shutdown`` (``hand_over``): each is closed here (the engine is asked to cancel it, as
+for a client gone), forgotten here only (its keys in the store stay), and once every
+event it logged is in the store its owner lease is let go (compare-and-delete, in the
+same ordered batches), so a resume on another replica takes it over at once and
+continues it with the same tokens, as after a death. Its reader here, if any, ends
+without a final event, like the remote readers the drain cut: the client resumes.
 """
 
 from __future__ import annotations
@@ -217,6 +224,7 @@ class ResumeStatistics:
     cancels: int  # streams ended by cancel() (DELETE)
     failovers: int = 0  # streams of a dead owner taken over and continued here
     disowned: int = 0  # streams of this replica another one took over (it had stalled)
+    handed_over: int = 0  # streams left to another replica at a drain (hand_over)
 
 
 class ResumableStream:
@@ -233,6 +241,7 @@ class ResumableStream:
         self.last_n = 0  # the number of the last event logged
         self.log_bytes = 0
         self.is_ended = False  # the last event is logged
+        self.published = False  # its failover spec is in the shared log: it can move
         self._registry = registry
         self._encode = encode
         self._observer = observer
@@ -500,7 +509,7 @@ class ResumeRegistry:
         self._nursery: trio.Nursery | None = None
         self._log_bytes = self._detached_bytes = 0
         self._resumes = self._expiries = self._overflows = self._cancels = 0
-        self._failovers = self._disowned = 0
+        self._failovers = self._disowned = self._handed_over = 0
         self.rebuild = rebuild
         if self._shared is not None:
             self._shared.on_lost = self._lost
@@ -533,6 +542,53 @@ class ResumeRegistry:
         self._draining = True
         for reader in list(self._remote_readers):
             reader.close()
+
+    async def hand_over(self) -> int:
+        """This replica drains and its deadline is near: leave each of its streams that
+        has not ended to another replica (see the module docstring); how many. Returns
+        once the store has every event they logged and their owner leases are let go.
+
+        Sync up to that wait: each stream is closed (the engine is asked to cancel it:
+        the one close path, blocks released once) and forgotten here only (the store's
+        keys stay, for the replica that takes it over); its reader here, if any, ends
+        without a final event. Without a shared log or without failover (``rebuild``),
+        or for a stream without a published spec, nothing is handed over: the hub's
+        drain ends them with ``shutdown`` as before.
+
+        Raises:
+            StoreUnavailable: the log stopped writing (the leases may stay until they
+                lapse; a resume elsewhere then takes the streams over).
+
+        Cancellation: only the wait for the store; the streams are handed over already.
+        """
+        log = self._shared
+        if log is None or self.rebuild is None:
+            await trio.lowlevel.checkpoint()
+            return 0
+        leaving = [e for e in self._entries.values()
+                   if e.published and not e.is_ended and e.holding is not Holding.GONE]
+        for entry in leaving:
+            log.release_local_reader(entry.request_id)
+            self._forget(entry, disowned=True)  # this replica's copy only
+            log.release_owner(entry.request_id)  # queued after every event it logged
+        self._handed_over += len(leaving)
+        await log.stored()
+        return len(leaving)
+
+    async def stored(self) -> None:
+        """With a shared log, return once everything logged so far is in the store (a
+        stream just adopted: its spec, owner lease and first event, so that any replica
+        finds it); without one, at once.
+
+        Raises:
+            StoreUnavailable: the log stopped writing.
+
+        Cancellation: nothing changes (the log's writer goes on).
+        """
+        if self._shared is None:
+            await trio.lowlevel.checkpoint()
+            return
+        await self._shared.stored()
 
     async def store_answers(self) -> bool:
         """Whether the shared log's store answers (True without one). Cancellation:
@@ -567,6 +623,7 @@ class ResumeRegistry:
         entry.holding = Holding.ATTACHED
         if self._shared is not None and spec is not None:
             self._shared.publish(entry.request_id, spec)
+            entry.published = True
         entry.log_opening(opening)
         token = secrets.token_hex(8) if self._shared is not None and attach else None
         reader = Reader(entry, 0, token)
@@ -746,6 +803,7 @@ class ResumeRegistry:
             log.adopt(request_id, events)
             self._entries[request_id] = entry
             entry.holding = Holding.ATTACHED
+            entry.published = True  # its spec is in the store: it may move on again
             entry.last_n = events[-1][0]
             entry.log_bytes = sum(len(data) for _, data, _ in events)
             self._log_bytes += entry.log_bytes
@@ -814,6 +872,7 @@ class ResumeRegistry:
             cancels=self._cancels,
             failovers=self._failovers,
             disowned=self._disowned,
+            handed_over=self._handed_over,
         )
 
     # -- the hand-over (see the module docstring) ----------------------------------

@@ -43,11 +43,13 @@ FOLLOWED = {"temperature": 0.8, "top_k": 40, "seed": 99}
 
 
 @asynccontextmanager
-async def replicas(names: str, url: str, log_dir: Path) -> AsyncIterator[list[Replica]]:
-    """``streamscope serve`` processes sharing the Redis at ``url``, all ready."""
+async def replicas(names: str, url: str, log_dir: Path,
+                   **settings: Any) -> AsyncIterator[list[Replica]]:
+    """``streamscope serve`` processes sharing the Redis at ``url``, all ready;
+    ``settings`` on top of ``SETTINGS``."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
            "STREAMSCOPE_RESUME_STORE": url,
-           **{f"STREAMSCOPE_{k.upper()}": str(v) for k, v in SETTINGS.items()}}
+           **{f"STREAMSCOPE_{k.upper()}": str(v) for k, v in {**SETTINGS, **settings}.items()}}
     started = [Replica(name, free_port(), dict(env), log_dir / f"replica-{name}.log")
                for name in names]
     try:
