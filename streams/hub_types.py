@@ -7,13 +7,14 @@ runs or waits.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from engine import EngineEvent, EngineStatistics, GenerationRequest
 
-from .policy import PolicyName
+from .policy import Policy, PolicyName
 
 OnPrefill = Callable[[list[EngineEvent]], None]
 RunStep = Callable[[Callable[[], list[EngineEvent]]], Awaitable[list[EngineEvent]]]
@@ -58,7 +59,7 @@ class HubState(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class HubSettings:
-    """The hub's policy and limits; ``Hub()`` raises ValueError for one out of range."""
+    """The hub's policy and limits; the constructor raises ValueError for one out of range."""
 
     policy: PolicyName = PolicyName.PAUSE_DROP
     queue_limit: int = 32  # items queued before a reader counts as behind
@@ -68,8 +69,20 @@ class HubSettings:
     shutdown_grace_s: float = 5.0  # how long drain() lets open streams finish
 
     def __post_init__(self) -> None:
-        if self.max_waiting < 1 or self.shutdown_grace_s < 0 or self.waiting_retry_after_s < 0:
-            raise ValueError(f"settings out of range: {self}")
+        """Every limit, checked here once (the app's settings check theirs by building one).
+
+        Raises:
+            ValueError: naming the first limit out of range.
+        """
+        Policy(self.policy, self.queue_limit, self.stall_timeout_s)  # the policy's limits
+        if isinstance(self.max_waiting, bool) or self.max_waiting < 1:
+            raise ValueError(f"max_waiting must be >= 1, not {self.max_waiting!r}")
+        if not 0 <= self.shutdown_grace_s < math.inf:
+            raise ValueError(f"shutdown_grace_s must be finite and >= 0, not "
+                             f"{self.shutdown_grace_s!r}")
+        if not 0 <= self.waiting_retry_after_s < math.inf:
+            raise ValueError(f"waiting_retry_after_s must be finite and >= 0, not "
+                             f"{self.waiting_retry_after_s!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,7 +84,7 @@ class Policy:
         if self.queue_limit < 1:
             raise ValueError(f"queue_limit must be >= 1, not {self.queue_limit}")
         if not (0 < self.stall_timeout_s < math.inf):
-            raise ValueError(f"stall_timeout_s must be > 0, not {self.stall_timeout_s}")
+            raise ValueError(f"stall_timeout_s must be finite and > 0, not {self.stall_timeout_s}")
 
     @property
     def low_water(self) -> int:

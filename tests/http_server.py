@@ -330,7 +330,7 @@ async def open_servers(loaded_model: Any) -> AsyncIterator[StartServer]:
             wait_ready: bool = True,
             **overrides: Any,
         ) -> RunningServer:
-            settings = replace(TEST_SETTINGS, **overrides)
+            settings = TEST_SETTINGS.replace(**overrides)
 
             def build(s: Settings) -> ServingEngine:
                 if load_gate is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -65,7 +64,7 @@ def test_default_max_new_tokens_over_the_limit_is_refused() -> None:
 def test_settings_table_lists_every_variable_with_its_default() -> None:
     table = {name: default for name, default, _ in settings_table()}
 
-    assert len(table) == len(fields(Settings))
+    assert len(table) == len(Settings.model_fields)
     assert table["STREAMSCOPE_POLICY"] == "pause-drop"
     assert table["STREAMSCOPE_DEVICE"] == "(auto)"
     assert table["STREAMSCOPE_MAX_BODY_BYTES"] == "65536"
@@ -81,3 +80,44 @@ def test_readme_settings_table_is_the_code_s() -> None:
     }
 
     assert rows == {name: (default, doc) for name, default, doc in settings_table()}
+
+
+def test_the_hub_s_limits_are_checked_by_the_hub_and_named_by_their_variable() -> None:
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env({"STREAMSCOPE_QUEUE_LIMIT": "0", "STREAMSCOPE_MAX_WAITING": "-2",
+                           "STREAMSCOPE_STALL_TIMEOUT_S": "inf"})
+
+    assert caught.value.problems == [
+        "STREAMSCOPE_MAX_WAITING='-2': max_waiting must be >= 1, not -2",
+        "STREAMSCOPE_QUEUE_LIMIT='0': queue_limit must be >= 1, not 0",
+        "STREAMSCOPE_STALL_TIMEOUT_S='inf': stall_timeout_s must be finite and > 0, not inf",
+    ]
+
+
+def test_settings_made_in_code_are_validated_and_read_no_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STREAMSCOPE_MAX_BATCH", "3")
+
+    assert Settings().max_batch == 32
+    assert Settings.from_env().max_batch == 3
+    assert Settings().replace(max_batch=5).max_batch == 5
+    with pytest.raises(SettingsError, match=r"STREAMSCOPE_BLOCK_SIZE=0: expected a whole number"):
+        Settings(block_size=0)
+    with pytest.raises(SettingsError, match="STREAMSCOPE_KEEPALIVE_S"):
+        Settings().replace(keepalive_s=float("nan"))
+
+
+def test_a_bad_resume_store_is_named_without_its_value() -> None:
+    with pytest.raises(SettingsError, match="STREAMSCOPE_RESUME_STORE: expected") as caught:
+        Settings.from_env({"STREAMSCOPE_RESUME_STORE": "http://user:password@host"})
+
+    assert "password" not in str(caught.value)
+
+
+def test_policies_are_read_in_any_case_and_comma_separated() -> None:
+    settings = Settings.from_env({"STREAMSCOPE_POLICY": "Pause",
+                                  "STREAMSCOPE_REQUEST_POLICIES": " drop , PAUSE ,"})
+
+    assert settings.policy is PolicyName.PAUSE
+    assert settings.request_policies == {PolicyName.DROP, PolicyName.PAUSE}
