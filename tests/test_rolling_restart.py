@@ -11,7 +11,11 @@ runtime API), SIGTERM (it drains and exits 0), started again, ready, back in the
 Meanwhile a resumable stream that one replica generates is read on the replica being
 restarted (a remote reader of the shared log):
 the drain ends that read at once, without a final event, and the client resumes it
-through HAProxy on the other replica, which completes it with the same tokens.
+through HAProxy on the other replica, which completes it with the same tokens. And a
+long resumable stream that the second replica generates and its client reads there
+spans that replica's restart: its drain (a short grace period) hands it over, the body
+ends without a final event, and the client's resume through HAProxy continues it on
+the first replica with the same tokens.
 
 Missing ``redis-server`` or ``haproxy`` FAILS the test with the command that installs it.
 The only waits are polls for a process, an HTTP answer or HAProxy's view of a replica.
@@ -26,19 +30,20 @@ from collections import defaultdict
 from pathlib import Path
 
 import httpx
-import redis
 import trio
 
 from streams import ServerSentEvent, SSEParser
-from streams.redis_log import events_key
 from tests.http_server import StartServer
 from tools.cluster import Cluster, ClusterError, binary, free_port, open_cluster
 from tools.load import Retries, StreamRequest, run_streams
 
-SETTINGS = {"model": "tiny-gpt2", "device": "cpu", "cache_blocks": 256}
+# A short drain: the long stream read on its owner is still running at the hand-over
+# (HANDOVER_LEAD_S, 0.5 s, before the deadline); the load's short streams end in it.
+SETTINGS = {"model": "tiny-gpt2", "device": "cpu", "cache_blocks": 256,
+            "shutdown_grace_s": 1.0}
 ENV = {"OMP_NUM_THREADS": "1"}
 TOKENS = 12  # a short stream: it ends well within a drain's grace period
-LONG_TOKENS = 400  # the remote reader's stream: still running when the drain begins
+LONG_TOKENS = 480  # the long streams: still running when the drain begins (512 at most)
 CLIENTS = 3
 PROMPTS = ["The rolling restart", "Two replicas behind", "A stream resumes on"]
 WAIT_S = 30.0
@@ -79,25 +84,13 @@ class RemoteRead:
         self.reading = trio.Event()
         self.cut_at: float | None = None
 
-    async def wait_logged(self) -> None:
-        """Until the owner's writer put the stream in Redis: a resume elsewhere before
-        that finds no stream (204; README, Several replicas)."""
-        store = redis.Redis.from_url(self.cluster.redis_url)
-        try:
-            with trio.fail_after(WAIT_S):
-                while not store.exists(events_key(self.request_id)):  # noqa: ASYNC110
-                    await trio.sleep(0.01)
-        finally:
-            store.close()
-
     async def run(self) -> None:
         body = {"prompt": PROMPTS[0], "max_new_tokens": LONG_TOKENS, "ignore_eos": True,
                 "temperature": 0.0}
         async with httpx.AsyncClient(timeout=WAIT_S, trust_env=False) as client:
             created = await client.post(self.owner.url + "/v1/requests", json=body)
             assert created.status_code == 201, created.text
-            self.request_id = created.json()["id"]
-            await self.wait_logged()
+            self.request_id = created.json()["id"]  # in Redis already: B finds it
             parser, raw = SSEParser(), b""
             async with client.stream("GET", f"{self.reader.url}/v1/stream/{self.request_id}"
                                      ) as response:
@@ -108,16 +101,55 @@ class RemoteRead:
                     if len(self.first) >= 3:
                         self.reading.set()
             self.cut_at = time.perf_counter()
-            last = self.first[-1].id
-            while not self.rest:
-                answer = await client.get(f"{self.cluster.url}/v1/stream/{self.request_id}",
-                                          headers={"Last-Event-ID": last})
-                if answer.status_code in (503, 409) and len(self.resume_refusals) < 20:
-                    self.resume_refusals.append(answer.status_code)
-                    await trio.sleep(min(float(answer.headers.get("Retry-After", 0.1)), 0.2))
-                    continue
-                assert answer.status_code == 200, (answer.status_code, answer.text)
-                self.rest = parse(answer.content)
+            self.rest = await resume_through(client, self.cluster.url, self.request_id,
+                                             self.first[-1].id, self.resume_refusals)
+
+
+async def resume_through(client: httpx.AsyncClient, url: str, request_id: str, last: str,
+                         refusals: list[int]) -> list[ServerSentEvent]:
+    """The stream after event ``last``, resumed at ``url`` (HAProxy) until a 200 (one
+    response, to its end); 503 and 409 tried again (at most 20), as a client would."""
+    while True:
+        answer = await client.get(f"{url}/v1/stream/{request_id}",
+                                  headers={"Last-Event-ID": last})
+        if answer.status_code in (503, 409) and len(refusals) < 20:
+            refusals.append(answer.status_code)
+            await trio.sleep(min(float(answer.headers.get("Retry-After", 0.1)), 0.2))
+            continue
+        assert answer.status_code == 200, (answer.status_code, answer.text)
+        return parse(answer.content)
+
+
+class OwnRead:
+    """A long resumable stream that replica ``owner`` generates, read there
+    (``POST /v1/stream``) until its body ends (the drain hands the stream over), then
+    resumed through HAProxy."""
+
+    def __init__(self, cluster: Cluster, owner: str) -> None:
+        self.cluster = cluster
+        self.owner = next(r for r in cluster.replicas if r.name == owner)
+        self.first: list[ServerSentEvent] = []  # read on `owner`, until it ended
+        self.rest: list[ServerSentEvent] = []  # read through HAProxy after the cut
+        self.resume_refusals: list[int] = []
+        self.reading = trio.Event()
+
+    async def run(self) -> None:
+        body = {"prompt": PROMPTS[0], "max_new_tokens": LONG_TOKENS, "ignore_eos": True,
+                "temperature": 0.0, "resumable": True}
+        async with httpx.AsyncClient(timeout=WAIT_S, trust_env=False) as client:
+            parser = SSEParser()
+            async with client.stream("POST", self.owner.url + "/v1/stream",
+                                     json=body) as response:
+                assert response.status_code == 200
+                request_id = response.headers["X-Request-ID"]
+                async for chunk in response.aiter_raw():
+                    self.first += parser.feed(chunk)
+                    if len(self.first) >= 3:
+                        self.reading.set()
+            if self.first[-1].event in ("done", "error"):
+                return  # it ended on its owner (the assertions say so)
+            self.rest = await resume_through(client, self.cluster.url, request_id,
+                                             self.first[-1].id, self.resume_refusals)
 
 
 async def test_a_rolling_restart_under_load_fails_no_request(tmp_path: Path) -> None:
@@ -139,6 +171,7 @@ async def rolling_restart_under_load(cluster: Cluster) -> None:
                               resumable=i % 2 == 0) for i in range(5000)]
     stop_sending = trio.Event()
     remote = RemoteRead(cluster, owner="b", reader="a")
+    own = OwnRead(cluster, owner="b")
     windows: list[tuple[float, float]] = []
     result = None
 
@@ -153,6 +186,9 @@ async def rolling_restart_under_load(cluster: Cluster) -> None:
             nursery.start_soon(remote.run)
             await remote.reading.wait()
             for replica in (a, b):  # A first: its remote reader is cut by the drain
+                if replica is b:  # B's own long stream, read on B, spans B's restart
+                    nursery.start_soon(own.run)
+                    await own.reading.wait()
                 began = time.perf_counter()
                 restart = await cluster.restart(replica)
                 windows.append((began, time.perf_counter()))
@@ -182,6 +218,14 @@ async def rolling_restart_under_load(cluster: Cluster) -> None:
     assert remote.first[-1].event == "token", remote.first[-1]
     assert remote.cut_at is not None and remote.cut_at - windows[0][0] < 3.0
     events = remote.first + remote.rest
+    assert positions(events) == list(range(1, len(whole) + 1))
+    assert [e.event for e in events] == [e.event for e in whole]
+    assert token_ids(events) == token_ids(whole)
+
+    # B's own long stream, read on B, was handed over by B's drain (its body ended
+    # without a final event) and continued on A through HAProxy with the same tokens.
+    assert own.first[-1].event == "token", own.first[-1]
+    events = own.first + own.rest
     assert positions(events) == list(range(1, len(whole) + 1))
     assert [e.event for e in events] == [e.event for e in whole]
     assert token_ids(events) == token_ids(whole)
