@@ -49,6 +49,7 @@ runs; the factory sets it above the grace period (see ``stop_deadline_s``).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import gc
 import logging
@@ -515,40 +516,37 @@ def _prompt_ids(eng: ServingEngine, prompt: str) -> tuple[int, ...]:
     return tuple(eng.tokenize(prompt))
 
 
+# /stats is the three statistics dataclasses flattened (``dataclasses.asdict``), each
+# field under its own name but these, renamed where a name alone would be unclear among
+# the others; a new statistics field shows up in /stats by itself.
+_HUB_KEYS = {"state": "hub_state", "waiting": "streams_waiting", "steps": "hub_steps"}
+_RESUME_KEYS = {"streams": "resumable_streams", "detached": "resumable_detached",
+                "log_bytes": "resume_log_bytes", "detached_bytes": "resume_detached_bytes",
+                "expiries": "resume_expiries", "overflows": "resume_overflows",
+                "cancels": "resume_cancels", "failovers": "resume_failovers",
+                "disowned": "resume_disowned", "handed_over": "resume_handed_over"}
+
+
+def _flat(stats: Any, kind: type, keys: Mapping[str, str], absent: object) -> dict[str, Any]:
+    """``stats`` (a dataclass of type ``kind``, or None) as /stats keys; enums as their
+    values; every field ``absent`` (but ``hub_state``: None) when there is none yet."""
+    if stats is None:
+        return {keys.get(f.name, f.name): absent for f in dataclasses.fields(kind)}
+    return {keys.get(name, name): getattr(value, "value", value)
+            for name, value in dataclasses.asdict(stats).items()}
+
+
 def _engine_fields(eng: ServingEngine | None) -> dict[str, Any]:
-    names = ("blocks_total", "blocks_free", "blocks_reserved", "running", "waiting", "paused",
-             "admitted", "releases", "steps", "last_step_ms", "median_decode_step_ms",
-             "blocks_filled", "preemptions", "recomputed_tokens")
     stats = eng.statistics() if eng is not None else None
-    return {name: getattr(stats, name) if stats is not None else None for name in names}
+    return _flat(stats, engine.EngineStatistics, {}, None)
 
 
 def _hub_fields(hub: streams.Hub | None) -> dict[str, Any]:
-    stats = hub.statistics() if hub is not None else None
-    if stats is None:
-        return {"hub_state": None, "streams_open": 0, "streams_waiting": 0,
-                "paused_streams": 0, "engine_requests": 0, "opened": 0, "closes": 0,
-                "refused_waiting": 0, "refused_deadline": 0, "deadline_misses": 0,
-                "hub_steps": 0, "step_errors": 0, "last_error": None,
-                "events_routed": 0, "events_dropped": 0, "slow_client_drops": 0}
-    return {
-        "hub_state": stats.state.value,
-        "streams_open": stats.streams_open,
-        "streams_waiting": stats.waiting,
-        "paused_streams": stats.paused_streams,
-        "engine_requests": stats.engine_requests,
-        "opened": stats.opened,
-        "closes": stats.closes,
-        "refused_waiting": stats.refused_waiting,
-        "refused_deadline": stats.refused_deadline,
-        "deadline_misses": stats.deadline_misses,
-        "hub_steps": stats.steps,
-        "step_errors": stats.step_errors,
-        "last_error": stats.last_error,
-        "events_routed": stats.events_routed,
-        "events_dropped": stats.events_dropped,
-        "slow_client_drops": stats.slow_client_drops,
-    }
+    fields = _flat(hub.statistics() if hub is not None else None, streams.HubStatistics,
+                   _HUB_KEYS, 0)
+    if hub is None:
+        fields.update(hub_state=None, last_error=None)
+    return fields
 
 
 def _resume_log(settings: Settings) -> streams.EventLog:
@@ -564,16 +562,4 @@ def _resume_log(settings: Settings) -> streams.EventLog:
 
 def _resume_fields(registry: streams.ResumeRegistry | None) -> dict[str, Any]:
     stats = registry.statistics() if registry is not None else None
-    return {
-        "resumable_streams": stats.streams if stats else 0,
-        "resumable_detached": stats.detached if stats else 0,
-        "resume_log_bytes": stats.log_bytes if stats else 0,
-        "resume_detached_bytes": stats.detached_bytes if stats else 0,
-        "resumes": stats.resumes if stats else 0,
-        "resume_expiries": stats.expiries if stats else 0,
-        "resume_overflows": stats.overflows if stats else 0,
-        "resume_cancels": stats.cancels if stats else 0,
-        "resume_failovers": stats.failovers if stats else 0,
-        "resume_disowned": stats.disowned if stats else 0,
-        "resume_handed_over": stats.handed_over if stats else 0,
-    }
+    return _flat(stats, streams.ResumeStatistics, _RESUME_KEYS, 0)

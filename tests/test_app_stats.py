@@ -1,0 +1,32 @@
+"""``GET /stats`` is the engine's, hub's and resume registry's statistics, every field.
+
+The keys come from the dataclasses (a few renamed where a bare name would be unclear), so a
+counter added to a statistics class shows up without a hand-kept list to forget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from engine import EngineStatistics
+from streams import HubStatistics, ResumeStatistics
+from tests.http_server import RunningServer
+
+RENAMED = {"state": "hub_state", "waiting": "streams_waiting", "steps": "hub_steps",
+           "streams": "resumable_streams", "detached": "resumable_detached"}
+
+
+async def test_stats_has_every_statistics_field_once_and_the_same_before_and_after(
+    server: RunningServer,
+) -> None:
+    async with server.client() as client:
+        stats = (await client.get("/stats")).json()
+
+    for kind in (EngineStatistics, HubStatistics, ResumeStatistics):
+        for field in dataclasses.fields(kind):
+            name = RENAMED.get(field.name, field.name)
+            assert any(key in stats for key in (name, f"resume_{name}")), (kind, name)
+    assert stats["hub_state"] == "running"  # an enum, as its value
+    assert (stats["steps"], stats["hub_steps"]) == (0, 0)  # engine's and hub's, apart
+    assert stats["blocks_free"] == stats["blocks_total"]
+    assert {"phase", "model", "device", "policy"} <= set(stats)
