@@ -40,6 +40,8 @@ def test_sidebyside_quick_writes_figures_and_targets(tmp_path: Path) -> None:
 
     data = json.loads(out.read_text())
     assert data["meta"]["threads"] == 1 and data["meta"]["levels"] == [1, 4]
+    assert data["meta"]["order"] == ["streamscope"]
+    assert len(data["systems"]["streamscope"]["loadavg_start_end"]) == 2
     ceiling = data["ceiling"]
     assert ceiling["batch"] == 4 and ceiling["step_ms"] > 0 and ceiling["packed_prefill_ms"] > 0
     assert ceiling["tokens_per_s"] == round(4 * 1000 / ceiling["step_ms"], 2)

@@ -189,17 +189,26 @@ async def run_side_by_side(args: argparse.Namespace) -> dict[str, Any]:
     async def one(name: str, start: Callable[[], AbstractAsyncContextManager[str]],
                   protocol: str) -> None:
         print(f"{name} ...", file=sys.stderr)
-        started = time.monotonic()
+        started, load_at_start = time.monotonic(), os.getloadavg()
         async with start() as url:
             figures = await drive(url, protocol, levels, **common)
         systems[name] = {"protocol": protocol, "levels": figures,
-                         "wall_s": round(time.monotonic() - started, 1)}
+                         "wall_s": round(time.monotonic() - started, 1),
+                         "loadavg_start_end": [round(load_at_start[0], 2),
+                                               round(os.getloadavg()[0], 2)]}
 
-    await one("streamscope", lambda: open_server({"model": args.model}, env=env), "openai")
-    if not args.no_peer:
+    async def run_ours() -> None:
+        await one("streamscope", lambda: open_server({"model": args.model}, env=env), "openai")
+
+    async def run_peer() -> None:
         from tools.peer import PEER_NAME, open_peer
 
         await one(PEER_NAME, lambda: open_peer(env=env), "transformers")
+
+    order = ([run_ours] if args.no_peer else [run_peer, run_ours] if args.peer_first
+             else [run_ours, run_peer])
+    for run in order:
+        await run()
     ours = systems["streamscope"]["levels"]
     peer = next((s["levels"] for name, s in systems.items() if name != "streamscope"), None)
     return {
@@ -209,6 +218,7 @@ async def run_side_by_side(args: argparse.Namespace) -> dict[str, Any]:
             "model": args.model, "threads": args.threads, "levels": levels,
             "requests": args.requests, "baseline_requests": args.baseline_requests,
             "max_new_tokens": args.max_new_tokens, "eos": "off on both",
+            "order": list(systems),
             "route": "POST /v1/completions, streaming, on both",
             "loadavg_before": [round(x, 2) for x in load_before],
             "loadavg_after": [round(x, 2) for x in os.getloadavg()],
@@ -249,6 +259,7 @@ def draw(data: Mapping[str, Any], path: Path) -> None:
                         label="1.3 x (packed prefill + step)")
     for ax, title in ((ttft_ax, "TTFT (ms)"), (gap_ax, "gap between tokens (ms)")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(data["meta"]["levels"], [str(n) for n in data["meta"]["levels"]])
         ax.set_yscale("log")
         ax.set_xlabel("concurrent streams N")
         ax.set_title(title)
@@ -274,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, every process")
     parser.add_argument("--no-peer", action="store_true", help="streamscope alone")
+    parser.add_argument("--peer-first", action="store_true",
+                        help="run the peer before ours (to see the order's effect)")
     parser.add_argument("--no-ceiling", action="store_true", help="skip stepbench/prefillbench")
     parser.add_argument("--json", type=Path, default=Path("results/sidebyside.json"))
     parser.add_argument("--plot", type=Path, default=None, help="a PNG of TTFT and gaps vs N")
