@@ -25,8 +25,9 @@ reads both. ``--threads`` sets ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` for e
 process started here (torch's intra-op threads), the same for both systems.
 
 The JSON holds, per system and level, the load summary plus the longest gap, each
-stream's token count and, where the server reports ``usage``, its own token count (the
-peer's; ``tokens_per_s_counted`` uses it, as a chunk may hold more or less than a token),
+stream's token count and times (``streams``) and, where the server reports ``usage``, its
+own token count (the peer's; ``tokens_per_s_counted`` uses it, as a chunk may hold more or
+less than a token),
 and the ratios ours / peer; and the targets of issue 10 section 2 at the largest level:
 tokens/s against the decode ceiling (>= 0.8) and against the peer (>= 2), TTFT p99
 against 1.3 x (one packed prefill of all prompts + one decode step).
@@ -131,6 +132,9 @@ async def drive(
             progress=progress)
         figures = level_figures(result)
         figures["wall_s"] = round(time.monotonic() - started, 1)
+        # each stream's own times (sent, token arrivals, from the level's start): where
+        # a long TTFT or gap came from
+        figures["streams"] = result.to_json()["streams"]
         out[str(n)] = figures
         print(f"  N={n}: {_line(figures)}", file=sys.stderr)
     return out
