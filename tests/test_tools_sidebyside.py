@@ -51,7 +51,8 @@ def test_sidebyside_quick_writes_figures_and_targets(tmp_path: Path) -> None:
     for figures in levels.values():
         assert figures["errors"] == 0 and figures["tokens_per_stream"] == [4]
         assert figures["tokens_per_s_counted"] == figures["tokens_per_s"]  # no usage sent
-        assert [len(s["token_ms"]) for s in figures["streams"]] == [4] * figures["streams_ok"]
+        records = figures["stream_records"]
+        assert [len(s["token_ms"]) for s in records] == [4] * figures["streams_ok"]
         assert figures["finish_reasons"] == ["length"]  # EOS off: every stream runs out
         assert 0 <= figures["gap_p50_ms"] <= figures["gap_p99_ms"] <= figures["gap_max_ms"]
     assert data["ratios_ours_over_peer"] is None

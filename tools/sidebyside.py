@@ -25,7 +25,7 @@ reads both. ``--threads`` sets ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` for e
 process started here (torch's intra-op threads), the same for both systems.
 
 The JSON holds, per system and level, the load summary plus the longest gap, each
-stream's token count and times (``streams``) and, where the server reports ``usage``, its
+stream's token count and times (``stream_records``) and, where the server reports ``usage``, its
 own token count (the peer's; ``tokens_per_s_counted`` uses it, as a chunk may hold more or
 less than a token),
 and the ratios ours / peer; and the targets of issue 10 section 2 at the largest level:
@@ -134,7 +134,7 @@ async def drive(
         figures["wall_s"] = round(time.monotonic() - started, 1)
         # each stream's own times (sent, token arrivals, from the level's start): where
         # a long TTFT or gap came from
-        figures["streams"] = result.to_json()["streams"]
+        figures["stream_records"] = result.to_json()["streams"]
         out[str(n)] = figures
         print(f"  N={n}: {_line(figures)}", file=sys.stderr)
     return out
