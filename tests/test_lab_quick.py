@@ -23,7 +23,7 @@ import pytest
 from streams import PolicyName
 from tools.server import REPO_ROOT
 
-EXPERIMENTS = ("buffers", "slowclient", "disconnect", "leak", "fuzz", "admission")
+EXPERIMENTS = ("buffers", "slowclient", "disconnect", "leak", "fuzz", "admission", "capacity")
 COMMAND_TIMEOUT_S = 240  # a safety net; together they take one to two minutes
 
 
@@ -175,3 +175,17 @@ def test_admission_quick_gates_by_deadline_and_accounts_for_every_request(
     assert gated["stats"]["deadline_misses"] == gated["missed_waiting"]
     assert document["conditions"]["admit_all"]["missed_waiting"] == 0  # no deadline given
     assert document["meta"]["idle_after"] is True
+
+
+def test_capacity_quick_preempts_in_a_small_cache_and_answers_as_alone(
+    results: dict[str, Path],
+) -> None:
+    summary = summary_of(results, "capacity")
+    for name in ("on_demand", "reserve", "small"):
+        assert summary[f"errors_{name}"] == 0
+        assert summary[f"blocks_leaked_{name}"] == 0
+        assert summary[f"completion_tokens_mean_{name}"] > 0
+    assert summary["preemptions_reserve"] == 0  # a reservation never runs out
+    assert summary["preemptions_small"] > 0 and summary["recomputed_tokens_small"] > 0
+    assert summary["solo_compared"] > 0
+    assert summary["identical_small"] == summary["solo_compared"]

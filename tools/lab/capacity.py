@@ -13,9 +13,11 @@ Procedure. Three servers with the same model, one after another, each receiving
   positions, the issue's setting; quick 16), ``STREAMSCOPE_KV_ADMISSION`` on_demand or
   reserve;
 * ``small``: on demand with a cache far too small for the batch (``--small-blocks``,
-  default 64; quick 6), so that running sequences are preempted and recomputed. Before
-  the burst, the first ``--solo`` (default 8) requests run alone, one at a time, on the
-  same server: the burst's answers to them must be identical (``identical_small``).
+  default 64; quick 6; ``max_tokens`` capped at ``--small-max-tokens``, default 256, quick
+  48, so that one request fits the cache), so that running sequences are preempted and
+  recomputed. Before the burst, the first ``--solo`` (default 8) requests run alone, one
+  at a time, on the same server: the burst's answers to them must be identical, whole
+  answers with the same text and token count (``identical_small``).
 
 ``/stats`` is sampled every 0.25 s. Summary per condition: ``running_max``, ``running_mean``
 (over samples while anything ran or waited), ``tokens_per_s`` (completion tokens of all
@@ -56,6 +58,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, help="default 1024 (quick 48)")
     parser.add_argument("--blocks", type=int, help="cache blocks, default 512 (quick 16)")
     parser.add_argument("--small-blocks", type=int, help="default 64 (quick 6)")
+    parser.add_argument("--small-max-tokens", type=int,
+                        help="max_tokens in the small cache, default 256 (quick 48): a request "
+                             "whose prompt plus max_tokens exceeds the whole cache is refused")
     parser.add_argument("--solo", type=int, help="requests run alone first, default 8 (quick 4)")
     parser.add_argument("--conditions", default="on_demand,reserve,small",
                         help="which conditions to run, comma-separated (a long run in parts)")
@@ -73,25 +78,29 @@ async def capacity(lab: Lab) -> Report:
     max_tokens = lab.option("max_tokens", 1024, 48)
     blocks = lab.option("blocks", 512, 16)
     small_blocks = lab.option("small_blocks", 64, 6)
+    small_max_tokens = min(max_tokens, lab.option("small_max_tokens", 256, 48))
     solo_count = lab.option("solo", 8, 4)
     # The tiny random models have no chat template: their prompts go to /v1/completions.
     chat = str(lab.server_settings.get("model") or "smollm2") not in ("tiny-gpt2", "tiny-llama")
     bodies = [_body(QUESTIONS[i % len(QUESTIONS)], max_tokens, chat) for i in range(clients)]
+    small_bodies = [{**body, "max_tokens": small_max_tokens} for body in bodies]
     conditions = {"on_demand": (blocks, "on_demand"), "reserve": (blocks, "reserve"),
                   "small": (small_blocks, "on_demand")}
     chosen = str(getattr(lab.args, "conditions", None) or ",".join(conditions)).split(",")
     conditions = {k: v for k, v in conditions.items() if k in chosen}
     summary: dict[str, Any] = {"clients": clients, "max_tokens": max_tokens,
-                               "blocks": blocks, "small_blocks": small_blocks}
+                               "blocks": blocks, "small_blocks": small_blocks,
+                               "small_max_tokens": small_max_tokens}
     raw: dict[str, Any] = {}
     for name, (num_blocks, scheme) in conditions.items():
         async with lab.server(cache_blocks=num_blocks, kv_admission=scheme) as url:
             solo = []
+            burst = small_bodies if name == "small" else bodies
             if name == "small":
-                for body in bodies[:solo_count]:
+                for body in burst[:solo_count]:
                     solo.append(await _chat(url, body, time.perf_counter()))
             before = await lab.stats(url)
-            run = await _burst(lab, url, bodies)
+            run = await _burst(lab, url, burst)
             after = await lab.wait_idle(url)
         records = run["records"]
         figures = _figures(records, run["samples"], run["makespan_s"])
@@ -101,12 +110,21 @@ async def capacity(lab: Lab) -> Report:
         for key, value in figures.items():
             summary[f"{key}_{name}"] = value
         if solo:
-            same = [s["text"] == r["text"] for s, r in zip(solo, records, strict=False)]
+            # Only answers that came whole count: two failures with empty texts are not "the same".
+            same = [_whole(s) and _whole(r) and s["text"] == r["text"]
+                    and s["completion_tokens"] == r["completion_tokens"]
+                    for s, r in zip(solo, records, strict=False)]
             summary["identical_small"] = sum(same)
             summary["solo_compared"] = len(same)
         raw[name] = {"records": records, "samples": run["samples"], "solo": solo,
                      "stats_after": after}
     return Report(summary, raw, plot=lambda fig: _draw(fig, raw))
+
+
+def _whole(record: dict[str, Any]) -> bool:
+    """Whether a streamed answer arrived whole: 200, a finish reason and its usage."""
+    return (record["status"] == 200 and record["finish_reason"] is not None
+            and bool(record["completion_tokens"]))
 
 
 def _body(question: str, max_tokens: int, chat: bool) -> dict[str, Any]:
