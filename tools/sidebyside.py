@@ -18,10 +18,11 @@ One command, one machine, one system after the other, the same client (``tools.l
    (``--baseline-requests`` at N = 1, back to back), prompts from ``tools/prompts.txt``,
    ``--max-new-tokens`` greedy tokens, end of sequence off.
 
-Both are driven over the same OpenAI route, ``POST /v1/completions`` (streaming, one
-chunk per token on both; ours gets ``"ignore_eos": true``, the peer its own
-``generation_config`` with ``"eos_token_id": -1``, see ``tools/wire.py``), so one parser
-reads both. ``--threads`` sets ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` for every
+Both are driven over the same OpenAI route, ``POST /v1/completions`` (streaming; ours
+sends a chunk per token, the peer sometimes two tokens' text in one; ours gets
+``"ignore_eos": true``, the peer its own ``generation_config`` with ``"eos_token_id":
+-1``, see ``tools/wire.py``), so one parser reads both. ``--threads`` sets
+``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` for every
 process started here (torch's intra-op threads), the same for both systems.
 
 The JSON holds, per system and level, the load summary plus the longest gap, each
