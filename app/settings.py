@@ -161,7 +161,9 @@ class Settings(BaseSettings):
         shown="(off)", repr=False)
     shutdown_grace_s: Seconds = _setting(5.0,
         "the drain deadline: after SIGTERM, how long open streams may finish before they "
-        "get error shutdown; hypercorn's --graceful-timeout must be at least this + 1")
+        "get error shutdown (with a Redis resume store, resumable ones are handed over to "
+        "another replica 0.5 s before); hypercorn's --graceful-timeout must be at least "
+        "this + 1")
 
     def __init__(self, **values: Any) -> None:
         """Validate ``values`` (the defaults for the rest); no environment is read.
