@@ -27,6 +27,7 @@ from engine import (
 )
 from engine.engine import Engine
 from engine.sequence import Chunk, SequenceState
+from tests.engine_steps import run_until_idle
 from tests.http_clients import parse_sse, stream_body
 from tests.http_server import StartServer
 from tests.scripted_runner import ScriptedRunner, scripted_engine
@@ -38,15 +39,6 @@ def _submit(engine: Engine, request_id: str, prompt: str = "abcd", max_new: int 
             sampling: SamplingParams | None = None) -> None:
     engine.submit(GenerationRequest(request_id, prompt, max_new,
                                     sampling=sampling or SamplingParams()))
-
-
-def _run_until_idle(engine: Engine, max_steps: int = 500) -> list[EngineEvent]:
-    events: list[EngineEvent] = []
-    for _ in range(max_steps):
-        if not engine.has_work():
-            return events
-        events += engine.step()
-    raise AssertionError(f"the engine still has work after {max_steps} steps")
 
 
 def _tokens(events: list[EngineEvent]) -> dict[str, list[int]]:
@@ -109,7 +101,7 @@ def test_the_reservation_scheme_holds_every_block_from_admission() -> None:
     engine.step()
     assert engine.statistics().blocks_reserved == 4
     assert engine.statistics().blocks_filled == 1
-    _run_until_idle(engine)
+    run_until_idle(engine)
 
 
 def test_on_demand_admits_more_than_worst_case_reservations_would() -> None:
@@ -122,7 +114,7 @@ def test_on_demand_admits_more_than_worst_case_reservations_would() -> None:
     assert engines["reserve"].statistics().running == 2
     assert engines["on_demand"].statistics().running == 8
     for engine in engines.values():
-        _run_until_idle(engine)
+        run_until_idle(engine)
 
 
 @pytest.mark.parametrize(("watermark", "admitted_beside_a"), [(0.05, False), (0.0, True)])
@@ -137,7 +129,7 @@ def test_admission_leaves_the_watermark_free_while_others_run(
     engine.step()
     stats = engine.statistics()
     assert (stats.running, stats.waiting) == ((2, 0) if admitted_beside_a else (1, 1))
-    events = _run_until_idle(engine)  # alone, "big" is admitted whatever the watermark
+    events = run_until_idle(engine)  # alone, "big" is admitted whatever the watermark
     assert _finishes(events)["big"].reason is FinishReason.LENGTH
     _assert_whole(engine)
 
@@ -166,7 +158,7 @@ def test_the_most_recently_admitted_sequence_is_preempted() -> None:
         "c", SequenceState.WAITING, None, 1)
     stats = engine.statistics()
     assert (stats.preemptions, stats.running, stats.waiting) == (1, 2, 1)
-    _run_until_idle(engine)
+    run_until_idle(engine)
     _assert_whole(engine)
 
 
@@ -179,7 +171,7 @@ def test_a_recompute_prefills_the_prompt_and_all_but_the_last_token_and_samples_
     while engine.statistics().preemptions == 0:
         events += engine.step()
     assert engine.scheduler.waiting[0].request_id == "b"
-    events += _run_until_idle(engine)
+    events += run_until_idle(engine)
     recompute = [(ids, samples) for rid, ids, samples in runner.chunk_ids[2:] if rid == "b"]
     generated = _tokens(events)["b"]
     assert recompute == [(list(b"mnop") + generated[: len(recompute[0][0]) - 4], False)]
@@ -196,7 +188,7 @@ def test_preempted_streams_equal_their_solo_runs(sampling: SamplingParams) -> No
         engine = scripted_engine(num_blocks=num_blocks, block_size=4, watermark=0.0)
         for i in ids:
             _submit(engine, f"r{i}", prompts[i], 14, sampling)
-        return _tokens(_run_until_idle(engine)), engine
+        return _tokens(run_until_idle(engine)), engine
 
     solo = {f"r{i}": run(64, [i])[0][f"r{i}"] for i in range(len(prompts))}
     got, engine = run(12, list(range(len(prompts))))
@@ -213,7 +205,7 @@ def test_a_preempted_sequence_cancelled_while_waiting_is_released_once() -> None
     events = engine.step()
     assert _finishes(events)["c"].reason is FinishReason.CANCELLED
     assert engine.scheduler.find("c") is None
-    events += _run_until_idle(engine)
+    events += run_until_idle(engine)
     assert set(_finishes(events)) == {"a", "b", "c"}
     _assert_whole(engine)
     assert engine.statistics().releases == 4  # a, b, c's first table; never a second
@@ -276,11 +268,11 @@ def test_streams_preempted_mid_stream_equal_their_solo_runs(
     for request in requests:
         alone = make_tiny_engine(model, max_batch=1, num_blocks=64, block_size=4)
         alone.submit(request)
-        solo[request.request_id] = _tokens(_run_until_idle(alone))[request.request_id]
+        solo[request.request_id] = _tokens(run_until_idle(alone))[request.request_id]
     engine = make_tiny_engine(model, max_batch=8, num_blocks=24, block_size=4)
     for request in requests:
         engine.submit(request)
-    got = _tokens(_run_until_idle(engine))
+    got = _tokens(run_until_idle(engine))
     stats = engine.statistics()
     assert stats.preemptions >= 3 and stats.recomputed_tokens > 0
     assert got == solo

@@ -25,6 +25,7 @@ from engine import (
 from engine.engine import Engine
 from engine.sequence import Sequence
 from engine.text import IncrementalDetokenizer
+from tests.engine_steps import run_until_idle
 
 MakeEngine = Callable[..., Engine]
 FIXED = SamplingParams(ignore_eos=True)  # lengths do not depend on the random model's eos
@@ -76,15 +77,6 @@ def _queued(engine: Engine, request_id: str) -> Sequence:
                 and s.request_id == request_id)
 
 
-def _run_until_idle(engine: Engine, max_steps: int = 500) -> list[EngineEvent]:
-    events: list[EngineEvent] = []
-    for _ in range(max_steps):
-        if not engine.has_work():
-            return events
-        events += engine.step()
-    raise AssertionError(f"the engine still has work after {max_steps} steps")
-
-
 def _tokens(events: list[EngineEvent], request_id: str) -> list[int]:
     return [e.token_id for e in events if isinstance(e, TokenEvent) and e.request_id == request_id]
 
@@ -115,7 +107,7 @@ def _run_eight(
         for _ in range(inject_after_steps):
             events += engine.step()
         inject(engine.scheduler.running[VICTIM])
-    return engine, events + _run_until_idle(engine)
+    return engine, events + run_until_idle(engine)
 
 
 @pytest.mark.parametrize(
@@ -203,7 +195,7 @@ def test_raising_on_prefill_loses_no_event(
         assert raise_at_call >= len(handed), "on_prefill raised but step() returned"
     for batch in handed:
         events += batch
-    events += stepped + _run_until_idle(engine)
+    events += stepped + run_until_idle(engine)
 
     finishes = _finishes(events)
     assert {rid: [f.reason for f in fs] for rid, fs in finishes.items()} == {

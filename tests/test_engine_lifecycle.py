@@ -40,6 +40,7 @@ from engine import (
 )
 from engine.engine import Engine
 from engine.model_runner import ModelRunner
+from tests.engine_steps import run_until_idle
 
 MakeEngine = Callable[..., Engine]
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -50,15 +51,6 @@ THREAD_WAIT_S = 60  # only reached if the engine deadlocks
 
 def _request(request_id: str, max_new: int = 4, prompt: str = PROMPT) -> GenerationRequest:
     return GenerationRequest(request_id, prompt, max_new, sampling=FIXED)
-
-
-def _run_until_idle(engine: Engine, max_steps: int = 500) -> list[EngineEvent]:
-    events: list[EngineEvent] = []
-    for _ in range(max_steps):
-        if not engine.has_work():
-            return events
-        events += engine.step()
-    raise AssertionError(f"the engine still has work after {max_steps} steps")
 
 
 def _tokens(events: list[EngineEvent], request_id: str) -> list[int]:
@@ -72,7 +64,7 @@ def _finishes(events: list[EngineEvent], request_id: str) -> list[FinishEvent]:
 def _solo_ids(make_tiny_engine: MakeEngine, request: GenerationRequest) -> list[int]:
     engine = make_tiny_engine()
     engine.submit(request)
-    return _tokens(_run_until_idle(engine), request.request_id)
+    return _tokens(run_until_idle(engine), request.request_id)
 
 
 # -- bad input: one exception type per kind, nothing admitted -------------------------------
@@ -131,7 +123,7 @@ def test_prompt_over_model_context_raises_prompt_too_long(make_tiny_engine: Make
 def test_prompt_filling_the_cache_exactly_is_accepted(make_tiny_engine: MakeEngine) -> None:
     engine = make_tiny_engine(num_blocks=4, block_size=4)
     assert engine.submit(_request("x", 16 - 8)) == 8
-    events = _run_until_idle(engine)
+    events = run_until_idle(engine)
     assert _finishes(events, "x")[0].completion_tokens == 8
 
 
@@ -143,7 +135,7 @@ def test_duplicate_live_request_id_raises(make_tiny_engine: MakeEngine) -> None:
     engine.step()
     with pytest.raises(DuplicateRequestId):
         engine.submit(_request("a"))
-    events = _run_until_idle(engine)
+    events = run_until_idle(engine)
     assert len(_finishes(events, "a")) == 1
     assert engine.statistics().releases == 1
 
@@ -151,9 +143,9 @@ def test_duplicate_live_request_id_raises(make_tiny_engine: MakeEngine) -> None:
 def test_request_id_is_reusable_after_its_request_finished(make_tiny_engine: MakeEngine) -> None:
     engine = make_tiny_engine()
     engine.submit(_request("a", 2))
-    first = _tokens(_run_until_idle(engine), "a")
+    first = _tokens(run_until_idle(engine), "a")
     engine.submit(_request("a", 2))
-    assert _tokens(_run_until_idle(engine), "a") == first
+    assert _tokens(run_until_idle(engine), "a") == first
 
 
 # -- cancel ---------------------------------------------------------------------------------
@@ -166,7 +158,7 @@ def test_cancel_waiting_request_finishes_it_without_tokens(make_tiny_engine: Mak
     events = engine.step()
     assert engine.statistics().waiting == 1
     engine.cancel("waiting")
-    events += _run_until_idle(engine)
+    events += run_until_idle(engine)
     assert _tokens(events, "waiting") == []
     assert _finishes(events, "waiting") == [
         FinishEvent("waiting", FinishReason.CANCELLED, prompt_tokens, 0)
@@ -199,7 +191,7 @@ def test_cancel_running_request_releases_its_blocks(make_tiny_engine: MakeEngine
 def test_cancel_finished_request_does_nothing(make_tiny_engine: MakeEngine) -> None:
     engine = make_tiny_engine()
     engine.submit(_request("a", 2))
-    _run_until_idle(engine)
+    run_until_idle(engine)
     engine.cancel("a")
     assert engine.step() == []
     assert engine.statistics().releases == 1
@@ -209,7 +201,7 @@ def test_cancel_unknown_request_does_nothing(make_tiny_engine: MakeEngine) -> No
     engine = make_tiny_engine()
     engine.submit(_request("a", 3))
     engine.cancel("nobody")
-    events = _run_until_idle(engine)
+    events = run_until_idle(engine)
     assert [e.reason for e in events if isinstance(e, FinishEvent)] == [FinishReason.LENGTH]
 
 
@@ -221,7 +213,7 @@ def test_cancel_twice_gives_one_finish_event(make_tiny_engine: MakeEngine) -> No
     engine.cancel("a")
     events += engine.step()
     engine.cancel("a")
-    events += _run_until_idle(engine) + engine.step()
+    events += run_until_idle(engine) + engine.step()
     assert [e.reason for e in _finishes(events, "a")] == [FinishReason.CANCELLED]
     assert engine.statistics().releases == 1
 
@@ -244,7 +236,7 @@ def test_paused_request_keeps_its_blocks_and_resumes_like_solo(
     assert len(_tokens(while_paused, "b")) == 3
     assert (stats.paused, stats.blocks_reserved) == (1, reserved)
     engine.resume("a")
-    events += while_paused + _run_until_idle(engine)
+    events += while_paused + run_until_idle(engine)
     assert _tokens(events, "a") == _solo_ids(make_tiny_engine, _request("a", 8))
     assert _tokens(events, "b") == _solo_ids(make_tiny_engine, _request("b", 8, "Every stream"))
 
@@ -351,7 +343,7 @@ def test_failed_prefill_ends_only_that_request(
     _break_forward(monkeypatch, engine, lambda ids: ids.shape[1] >= 8)  # any with PROMPT
     engine.submit(_request("bad"))
     engine.submit(_request("good", 3, "A"))
-    events = _run_until_idle(engine)
+    events = run_until_idle(engine)
     assert _finishes(events, "bad") == [
         FinishEvent("bad", FinishReason.ERROR, 8, 0, "prefill failed: injected failure")
     ]
@@ -510,7 +502,7 @@ def test_on_prefill_error_leaves_no_request_stranded(make_tiny_engine: MakeEngin
 
     with pytest.raises(RuntimeError, match="event loop is gone"):
         engine.step(on_prefill=broken)
-    events = _run_until_idle(engine)
+    events = run_until_idle(engine)
     assert {e.request_id for e in events if isinstance(e, FinishEvent)} == {"r0", "r1", "r2"}
 
 

@@ -20,6 +20,7 @@ from engine.block_manager import BlockAllocator
 from engine.costs import StepCosts
 from engine.engine import Engine
 from engine.scheduler import Scheduler
+from tests.engine_steps import run_until_idle
 from tests.scripted_runner import ScriptedRunner, scripted_engine
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -27,15 +28,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 def _submit(engine: Engine, request_id: str, prompt: str = "abcd", max_new: int = 4) -> None:
     engine.submit(GenerationRequest(request_id, prompt, max_new))
-
-
-def _run_until_idle(engine: Engine, max_steps: int = 200) -> list[EngineEvent]:
-    events: list[EngineEvent] = []
-    for _ in range(max_steps):
-        if not engine.has_work():
-            return events
-        events += engine.step()
-    raise AssertionError(f"the engine still has work after {max_steps} steps")
 
 
 def _text(events: list[EngineEvent], request_id: str) -> str:
@@ -71,7 +63,7 @@ def test_the_engine_and_scheduler_run_without_torch() -> None:
 def test_the_scripted_model_counts_up_to_z_then_ends_with_eos() -> None:
     engine = scripted_engine()
     _submit(engine, "a", "uvw", 10)
-    events = _run_until_idle(engine)
+    events = run_until_idle(engine)
     assert _text(events, "a") == "xyz"
     assert (_finish(events, "a").reason, _finish(events, "a").completion_tokens) == (
         FinishReason.EOS, 4,  # x, y, z and the eos token
@@ -83,7 +75,7 @@ def test_prompts_within_the_budget_share_one_prefill_pass() -> None:
     engine = scripted_engine(runner, max_prefill_tokens=8)
     for request_id in ("r0", "r1", "r2", "r3", "r4"):
         _submit(engine, request_id, "abcd", 2)  # 4 tokens each: two per pass
-    _run_until_idle(engine)
+    run_until_idle(engine)
     assert runner.prefills == [["r0", "r1"], ["r2", "r3"], ["r4"]]
 
 
@@ -107,7 +99,7 @@ def test_a_prompt_longer_than_the_budget_is_prefilled_in_chunks() -> None:
     engine.step()
     _submit(engine, "long", "abcdefghij", 2)  # 10 tokens: chunks of 4, 4 and 2
     _submit(engine, "short", "ab", 2)
-    events = _run_until_idle(engine)
+    events = run_until_idle(engine)
     assert runner.chunks[1:] == [
         [("long", 0, 4)], [("long", 4, 8)], [("long", 8, 10), ("short", 0, 2)]
     ]
@@ -149,7 +141,7 @@ def test_admission_waits_for_blocks_in_arrival_order() -> None:
     _submit(engine, "first", "abcd", 4)  # 8 positions: 2 of the 4 blocks
     _submit(engine, "big", "abcdefgh", 4)  # 12 positions: 3 blocks, only 2 free
     _submit(engine, "small", "a", 3)  # 4 positions: 1 block, would fit at once
-    _run_until_idle(engine)
+    run_until_idle(engine)
     assert runner.prefills == [["first"], ["big", "small"]]  # "small" never overtakes "big"
 
 
@@ -165,7 +157,7 @@ def test_a_paused_sequence_leaves_the_decode_batch_and_has_work_says_so() -> Non
     engine.resume("a")
     assert engine.has_work()
     engine.cancel("a")
-    events = _run_until_idle(engine)
+    events = run_until_idle(engine)
     assert runner.decodes == [["w"]]
     assert _finish(events, "w").reason is FinishReason.LENGTH
 
@@ -173,7 +165,7 @@ def test_a_paused_sequence_leaves_the_decode_batch_and_has_work_says_so() -> Non
 def test_a_stop_string_across_tokens_ends_the_sequence_without_its_text() -> None:
     engine = scripted_engine()
     engine.submit(GenerationRequest("a", "c", 20, stop=("fg",)))
-    events = _run_until_idle(engine)
+    events = run_until_idle(engine)
     assert _text(events, "a") == "de"
     assert _finish(events, "a").reason is FinishReason.STOP
 
@@ -183,7 +175,7 @@ def test_a_failed_packed_prefill_is_retried_one_prompt_at_a_time() -> None:
     engine = scripted_engine(runner)
     for request_id in ("r0", "bad", "r1"):
         _submit(engine, request_id)
-    events = _run_until_idle(engine)
+    events = run_until_idle(engine)
     assert runner.prefills[:4] == [["r0", "bad", "r1"], ["r0"], ["bad"], ["r1"]]
     assert _finish(events, "bad").error == "prefill failed: scripted prefill failure"
     assert [_finish(events, r).reason for r in ("r0", "r1")] == [FinishReason.LENGTH] * 2
@@ -194,7 +186,7 @@ def test_a_failed_decode_pass_ends_every_sequence_in_it() -> None:
     engine = scripted_engine(runner)
     _submit(engine, "ok")
     _submit(engine, "bad")
-    events = _run_until_idle(engine)
+    events = run_until_idle(engine)
     assert [_finish(events, r).error for r in ("ok", "bad")] == [
         "decode failed: scripted decode failure"
     ] * 2
@@ -204,7 +196,7 @@ def test_a_sampling_failure_ends_only_its_sequence() -> None:
     engine = scripted_engine(ScriptedRunner(fail_sample=frozenset({"bad"})))
     _submit(engine, "ok")
     _submit(engine, "bad")
-    events = _run_until_idle(engine)
+    events = run_until_idle(engine)
     bad = _finish(events, "bad")
     assert (bad.reason, bad.completion_tokens) == (FinishReason.ERROR, 0)
     assert bad.error == "token 0 failed: ScriptedFault('scripted sampling failure')"
@@ -216,7 +208,7 @@ def test_a_sampling_failure_ends_only_its_sequence() -> None:
 def test_length_ends_at_max_new_tokens_and_releases_once(max_new: int) -> None:
     engine = scripted_engine()
     _submit(engine, "a", "a", max_new)
-    events = _run_until_idle(engine)
+    events = run_until_idle(engine)
     assert (_finish(events, "a").reason, _finish(events, "a").completion_tokens) == (
         FinishReason.LENGTH, max_new,
     )
