@@ -32,20 +32,16 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import IO
 
 import httpx
 import trio
 
-from tools.server import POLL_S, READY_TIMEOUT_S, ServerError, _term_when_parent_dies
+from tools.server import POLL_S, READY_TIMEOUT_S, LoggedProcess
 
 # uvicorn's graceful shutdown of the peer waits on its generation thread, which does not
 # stop on SIGINT: past a few seconds, SIGKILL (nothing of the peer's is kept).
@@ -84,43 +80,9 @@ def peer_command(model_dir: Path) -> list[str]:
     ]
 
 
-class _PeerProcess:
-    def __init__(self, command: list[str], env: Mapping[str, str] | None) -> None:
-        full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                    "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (closed by kill())
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(
-            command, env=full_env, stdin=subprocess.DEVNULL, stdout=self.log,
-            stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=_term_when_parent_dies if sys.platform == "linux" else None,
-        )
-        self.url: str | None = None
-
-    def tail(self, size: int = 4000) -> str:
-        self.log.seek(0)
-        return self.log.read().decode("utf-8", "replace")[-size:]
-
-    def check(self, timeout_s: float) -> str | None:
-        if self.proc.poll() is not None:
-            raise ServerError(f"the peer exited with {self.proc.returncode}:\n{self.tail()}")
-        if time.monotonic() - self.started > timeout_s:
-            raise ServerError(f"the peer was not ready after {timeout_s:.0f} s:\n{self.tail()}")
-        if self.url is None:
-            self.log.seek(0)
-            match = _RUNNING_ON.search(self.log.read())
-            self.url = match.group(1).decode() if match else None
-        return self.url
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-
-    def kill(self) -> None:
-        with suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        self.log.close()
+def _peer_process(command: list[str], env: Mapping[str, str] | None) -> LoggedProcess:
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
+    return LoggedProcess(command, full_env, running_on=_RUNNING_ON, name="peer")
 
 
 @asynccontextmanager
@@ -139,7 +101,7 @@ async def open_peer(
     """
     folder: Path = (model_dir if model_dir is not None
                     else await trio.to_thread.run_sync(peer_model_dir))
-    process = _PeerProcess(peer_command(folder), env)
+    process = _peer_process(peer_command(folder), env)
     try:
         async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
             while True:
@@ -150,11 +112,10 @@ async def open_peer(
                 except httpx.TransportError:
                     pass  # not listening yet
                 await trio.sleep(POLL_S)
-        print(f"peer ready at {url} after {time.monotonic() - process.started:.1f} s",
-              file=sys.stderr)
+        print(process.ready_message(), file=sys.stderr)
         yield url
     finally:
-        process.stop()
+        process.interrupt()
         with trio.CancelScope(shield=True), trio.move_on_after(STOP_GRACE_S):
             while process.proc.poll() is None:  # noqa: ASYNC110
                 await trio.sleep(POLL_S)

@@ -57,40 +57,25 @@ class ServerError(RuntimeError):
     """The server died, or did not become ready in time; the message has its log tail."""
 
 
-class _Process:
-    """One server process and its log file; all methods are synchronous and quick."""
+class LoggedProcess:
+    """A child process in a session of its own, its output in a log file, and the base URL
+    it logs once it listens (``running_on``'s first group); all methods are synchronous
+    and quick. ``name`` says who it is in errors and messages."""
 
-    def __init__(
-        self,
-        settings: Mapping[str, object] | None,
-        extra_env: Mapping[str, str] | None,
-        app: str = SERVICE_APP,
-    ) -> None:
-        env = {**os.environ, **(extra_env or {})}
-        for name, value in (settings or {}).items():
-            if value is not None:
-                env["STREAMSCOPE_" + name.upper()] = str(value)
-        env["PYTHONUNBUFFERED"] = "1"
+    def __init__(self, command: list[str], env: Mapping[str, str], *,
+                 running_on: re.Pattern[bytes], name: str, cwd: Path | None = None) -> None:
+        self.running_on = running_on
+        self.name = name
         # Closed by kill(), which every way out of serve/open_server reaches.
         self.log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115
         self.started = time.monotonic()
-        command = [
-            sys.executable,
-            "-m",
-            "hypercorn",
-            "-k",
-            "trio",
-            app,
-            "--bind",
-            "127.0.0.1:0",
-        ]
         # A session (and process group) of its own: hypercorn serves from a spawned worker
         # process, which a kill of the parent alone would leave behind; and a Ctrl-C at
         # the terminal reaches only us, and we stop the server in order.
         self.proc = subprocess.Popen(
             command,
-            cwd=REPO_ROOT,
-            env=env,
+            cwd=cwd,
+            env={**env, "PYTHONUNBUFFERED": "1"},
             stdin=subprocess.DEVNULL,
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -104,32 +89,48 @@ class _Process:
         return self.log.read().decode("utf-8", "replace")[-size:]
 
     def check(self, timeout_s: float) -> str | None:
-        """The base URL once hypercorn has logged it; raise if the process died or is late."""
+        """The base URL once the process has logged it; raise if it died or is late."""
         if self.proc.poll() is not None:
-            raise ServerError(f"the server exited with {self.proc.returncode}:\n{self.tail()}")
+            raise ServerError(f"the {self.name} exited with {self.proc.returncode}:\n{self.tail()}")
         if time.monotonic() - self.started > timeout_s:
-            raise ServerError(f"the server was not ready after {timeout_s:.0f} s:\n{self.tail()}")
+            raise ServerError(f"the {self.name} was not ready after {timeout_s:.0f} s:\n"
+                              f"{self.tail()}")
         if self.url is None:
             self.log.seek(0)
-            match = _RUNNING_ON.search(self.log.read())
+            match = self.running_on.search(self.log.read())
             self.url = match.group(1).decode() if match else None
         return self.url
 
     def ready_message(self) -> str:
-        return f"server ready at {self.url} after {time.monotonic() - self.started:.1f} s"
+        return f"{self.name} ready at {self.url} after {time.monotonic() - self.started:.1f} s"
 
     def interrupt(self) -> None:
-        """SIGINT to hypercorn's main process, which tells its worker to shut down
-        gracefully (the worker itself ignores SIGINT)."""
+        """SIGINT to the main process (hypercorn's tells its worker to shut down
+        gracefully; the worker itself ignores SIGINT)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
 
     def kill(self) -> None:
-        """SIGKILL to the whole group (the worker too, if still there); then reap."""
+        """SIGKILL to the whole group (a worker too, if still there); then reap."""
         with suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         self.log.close()
+
+
+def _process(
+    settings: Mapping[str, object] | None,
+    extra_env: Mapping[str, str] | None,
+    app: str = SERVICE_APP,
+) -> LoggedProcess:
+    """Our server under ``hypercorn -k trio`` on a free loopback port, with ``settings`` as
+    ``STREAMSCOPE_*`` variables."""
+    env = {**os.environ, **(extra_env or {})}
+    for name, value in (settings or {}).items():
+        if value is not None:
+            env["STREAMSCOPE_" + name.upper()] = str(value)
+    command = [sys.executable, "-m", "hypercorn", "-k", "trio", app, "--bind", "127.0.0.1:0"]
+    return LoggedProcess(command, env, running_on=_RUNNING_ON, name="server", cwd=REPO_ROOT)
 
 
 def _term_when_parent_dies() -> None:
@@ -162,7 +163,7 @@ def serve(
     Raises:
         ServerError: the process died or was not ready within ``ready_timeout_s``.
     """
-    process = _Process(settings, env, app)
+    process = _process(settings, env, app)
     try:
         with httpx.Client(timeout=5.0, trust_env=False) as client:
             while True:
@@ -198,7 +199,7 @@ async def open_server(
 
     Cancellation: see the module docstring.
     """
-    process = _Process(settings, env, app)
+    process = _process(settings, env, app)
     try:
         async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
             while True:
