@@ -27,6 +27,13 @@ target, in the scheduler's budget (``tokens_within`` cuts a late chunk shorter).
 ``prefill_tokens_within(target_ms, decode_rows, mixed)`` then says how many
 prompt tokens a step may carry so that it stays within ``target_ms`` with its
 decode rows, and ``step_line`` gives ``Engine.estimate_ttft_ms`` the same model.
+
+A fitted line is right on average, so a step filled to the target by it overruns the
+target about every other time, and more where the model is off (a long prefix, the
+step's own Python around its pass). The scheduler plans such steps within the target
+over ``margin()``: how much longer than planned (``planned_ms``) recent steps with
+prompt tokens and decode rows ran, at the ``MARGIN_QUANTILE``, whole steps measured
+(``observe_step``). Planned too long, the margin falls below 1 and steps carry more.
 Pure Python, no torch; the numbers are only as good as the machine is steady, so
 the fit keeps adapting. Thread-safe: the stepping thread observes while
 another may estimate (``Engine.estimate_ttft_ms``).
@@ -45,11 +52,15 @@ from .sequence import Chunk, Sequence
 from .types import GenerationRequest
 
 WINDOW = 64  # prefill passes in the fit: about a minute of bursts, forgetting older load
-# Cached prefix positions that double a chunk token's cost. Measured on the embedded model
-# (2-core CPU, one torch thread): a 100-token chunk beside 16 decode rows cost 262 ms over
-# the rows' own pass at prefix 0 and 346 ms at prefix 900 (+32%: 900 / 2,800).
-PREFIX_POSITIONS = 2800
+# Cached prefix positions that double a chunk token's cost, measured on the embedded model
+# (2-core CPU, one torch thread) by `python -m tools.prefixbench --threads 1`: chunks of 32
+# and 96 tokens at prefixes 0-1,500 beside 16 decode rows, three runs: 2,254, 2,052, 1,999.
+PREFIX_POSITIONS = 2100
 DECODE_WEIGHT = 0.2  # each new decode time's weight in its batch size's moving average
+MARGIN_WINDOW = 32  # planned steps whose overrun sets the margin
+MARGIN_QUANTILE = 0.95  # of their actual / planned times: all but one of 32 stayed within
+MARGIN_MIN_SAMPLES = 4  # before as many, the margin is 1
+MARGIN_BOUNDS = (0.5, 2.0)  # a stalled machine's odd step does not halve the budget for long
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
@@ -59,7 +70,8 @@ class StepCosts:
         self._prefills: deque[tuple[int, float]] = deque(maxlen=WINDOW)
         self._mixed: deque[tuple[int, float]] = deque(maxlen=WINDOW)  # (tokens, ms over decode)
         self._decode_ms: dict[int, float] = {}
-        self._lock = threading.Lock()  # guards the three
+        self._overruns: deque[float] = deque(maxlen=MARGIN_WINDOW)  # actual / planned
+        self._lock = threading.Lock()  # guards the four
 
     def observe_prefill(self, tokens: int, ms: float) -> None:
         with self._lock:
@@ -76,6 +88,33 @@ class StepCosts:
         with self._lock:
             old = self._decode_ms.get(rows)
             self._decode_ms[rows] = ms if old is None else old + DECODE_WEIGHT * (ms - old)
+
+    def observe_step(self, planned_ms: float, ms: float) -> None:
+        """A step planned (``planned_ms``) to carry prompt tokens beside decode rows took
+        ``ms``, all of it: what its streams waited between two tokens."""
+        if planned_ms > 0:
+            with self._lock:
+                self._overruns.append(ms / planned_ms)
+
+    def margin(self) -> float:
+        """Actual over planned time of recent planned steps, at ``MARGIN_QUANTILE``,
+        within ``MARGIN_BOUNDS``; 1 before ``MARGIN_MIN_SAMPLES`` were seen."""
+        with self._lock:
+            ratios = sorted(self._overruns)
+        if len(ratios) < MARGIN_MIN_SAMPLES:
+            return 1.0
+        at = ratios[min(int(MARGIN_QUANTILE * len(ratios)), len(ratios) - 1)]
+        low, high = MARGIN_BOUNDS
+        return min(max(at, low), high)
+
+    def step_ms(self, decode_rows: int, cost: int, mixed: bool) -> float | None:
+        """What a step of ``decode_rows`` decode rows and prompt tokens counting ``cost``
+        (``cost_tokens``) should take by the fitted lines; None before estimates exist."""
+        decode = self.decode_ms(decode_rows)
+        line = self.step_line(decode_rows, mixed) if cost else (0.0, 0.0)
+        if line is None or decode is None:
+            return None
+        return decode + line[0] + line[1] * cost
 
     def prefill_line(self) -> tuple[float, float] | None:
         """(fixed ms, ms per token) of a prefill pass, or None before any was seen."""
@@ -181,7 +220,8 @@ def calibrate(
     """Time a few forward passes, so that a step-time budget has estimates from the
     first step: a warm-up pass (not counted), prefills of two sizes and decodes at
     batch 1 and at ``max_batch``, twice each; with ``mixed``, mixed passes of the two
-    prefill sizes with ``max_batch`` decode rows too. The dummy sequences share one table of
+    prefill sizes with ``max_batch`` decode rows too, whose spread around the line
+    fitted through them is the margin's first observations. The dummy sequences share one table of
     every block: run only while no sequence holds any (at start-up), their writes land
     where nobody reads."""
     table = BlockTable("calibration", list(range(num_blocks)), is_released=True)
@@ -198,7 +238,13 @@ def calibrate(
         timed(runner.prefill, [Chunk(dummy(n), 0, n)], costs.observe_prefill, n)
     for rows in (1, max_batch, 1, max_batch):
         timed(runner.decode, [dummy(small, 1) for _ in range(rows)], costs.observe_decode, rows)
+    passes = []
     for n in (small, large, small, large) if mixed else ():
         started = time.perf_counter()
         runner.mixed([Chunk(dummy(n), 0, n)], [dummy(small, 1) for _ in range(max_batch)])
-        costs.observe_mixed(n, max_batch, (time.perf_counter() - started) * 1000)
+        passes.append((n, (time.perf_counter() - started) * 1000))
+        costs.observe_mixed(n, max_batch, passes[-1][1])
+    for n, ms in passes:  # the margin starts from how far the same passes spread
+        planned = costs.step_ms(max_batch, n, mixed)
+        if planned is not None:
+            costs.observe_step(planned, ms)

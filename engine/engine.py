@@ -65,7 +65,7 @@ from typing import Any, Protocol
 from .block_manager import BlockAllocator
 from .costs import StepCosts, calibrate, cost_tokens, timed
 from .errors import EmptyPrompt, InvalidMaxNewTokens, PromptTooLong, StepReentered
-from .scheduler import DEFAULT_WATERMARK, KvAdmission, Op, Scheduler
+from .scheduler import DEFAULT_WATERMARK, KvAdmission, Op, Scheduler, StepPlan
 from .sequence import Chunk, Sequence
 from .text import IncrementalDetokenizer, PromptEncoder, StopMatcher
 from .types import (
@@ -383,7 +383,7 @@ class Engine:
             else:
                 early(self._prefill(plan.prefill))
                 events += self._decode(plan.decode)
-            self._record_step(started, decoded=bool(plan.decode), prefilled=bool(plan.prefill))
+            self._record_step(started, plan)
             return events
 
     @contextmanager
@@ -458,15 +458,17 @@ class Engine:
                   positions=min(self.loaded.max_context, cached),
                   max_batch=self.scheduler.max_batch, mixed=self.mixed_step)
 
-    def _record_step(self, started: float, *, decoded: bool, prefilled: bool) -> None:
+    def _record_step(self, started: float, plan: StepPlan) -> None:
         elapsed_ms = (time.perf_counter() - started) * 1000
+        if plan.planned_ms is not None:
+            self.costs.observe_step(plan.planned_ms, elapsed_ms)
         self._num_steps += 1
         self._last_step_ms = elapsed_ms
         if self._last_start is not None:  # the last step left sequences running
             period, old = (started - self._last_start) * 1000, self._busy_period_ms
             self._busy_period_ms = period if old is None else old + PERIOD_WEIGHT * (period - old)
         self._last_start = started if self.scheduler.num_decoding else None
-        if decoded and not prefilled:
+        if plan.decode and not plan.prefill:
             self._decode_ms.append(elapsed_ms)
         self._snapshot = self._take_snapshot()
 

@@ -35,7 +35,9 @@ it is cut (chunked prefill), its first chunk fills the budget, and the rest
 follows in the next steps, so a long prompt never stalls the running streams
 for longer than the budget. Its first token comes with its last chunk. With a
 step-time target a chunk counts its cached prefix too (``costs.cost_tokens``), so
-a long prompt's late chunks, which attend over more positions, are cut shorter.
+a long prompt's late chunks, which attend over more positions, are cut shorter, and
+the budget is planned within the target over the measured margin (``costs.StepCosts.
+margin``): such a step's plan (``StepPlan.planned_ms``) is compared with what it took.
 
 ``record_token`` is the per-sequence error boundary: it turns one sampled token
 (or the exception its sampling raised) into events, running the detokenizer and
@@ -99,6 +101,7 @@ class StepPlan:
 
     prefill: list[Chunk]  # admitted, unpaused, prompt not all cached; arrival order
     decode: list[Sequence]  # running, unpaused, with a token to feed back
+    planned_ms: float | None = None  # by the costs, with a step target, prefill and decode
 
 
 class Scheduler:
@@ -269,16 +272,22 @@ class Scheduler:
                 take = max(tokens_within(budget, seq.num_prefilled) if timed else budget, 1)
                 prefill.append(Chunk(seq, seq.num_prefilled, seq.num_prefilled + take))
             break
-        return StepPlan(prefill, decode)
+        planned = None
+        if timed and prefill and decode:
+            cost = sum(cost_tokens(c.end - c.start, c.start) for c in prefill)
+            planned = self.costs.step_ms(len(decode), cost, self.mixed_step)
+        return StepPlan(prefill, decode, planned)
 
     def prefill_budget(self, decode_rows: int) -> int:
         """Prompt tokens a step with ``decode_rows`` decode rows may prefill.
 
         With no decode row, nobody waits for the step: the whole ``max_prefill_tokens``.
+        With a step target, what fits the target over the costs' margin.
         """
         if self.max_step_ms is None or decode_rows == 0:
             return self.max_prefill_tokens
-        within = self.costs.prefill_tokens_within(self.max_step_ms, decode_rows, self.mixed_step)
+        target = self.max_step_ms / self.costs.margin()
+        within = self.costs.prefill_tokens_within(target, decode_rows, self.mixed_step)
         least = self.costs.prefill_tokens_within(self.max_step_ms * MIN_PREFILL_SHARE, 0)
         if within is None or least is None:  # nothing measured yet
             return self.max_prefill_tokens

@@ -212,9 +212,9 @@ def test_with_a_step_target_a_long_prompts_late_chunks_count_their_prefix(
                if rid == "long"]
     if max_step_ms is None:
         assert lengths == [1000, 1000, 1000]  # a token cap counts tokens
-    else:  # 1000 / (1 + 1000 / 2800), then from 1737: 1000 / (1 + 1737 / 2800)
-        assert lengths == [1000, 737, 617]
-        assert all(cost_tokens(n, s) <= 1000 for n, s in zip(lengths, (0, 1000, 1737), strict=True))
+    else:  # 1000 / (1 + 1000 / 2100), then from 1677: 1000 / (1 + 1677 / 2100)
+        assert lengths == [1000, 677, 556]
+        assert all(cost_tokens(n, s) <= 1000 for n, s in zip(lengths, (0, 1000, 1677), strict=True))
     engine.cancel("running")
     engine.cancel("long")
     engine.step()

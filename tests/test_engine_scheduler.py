@@ -127,6 +127,61 @@ def test_a_step_time_target_sets_the_prefill_budget_from_measured_costs() -> Non
     assert scheduler.prefill_budget(1000) == 92  # decode fills it: (50 - 4) / 0.5, the least
 
 
+def test_the_margin_is_a_high_quantile_of_recent_overruns_within_bounds() -> None:
+    costs = StepCosts()
+    for _ in range(3):
+        costs.observe_step(100.0, 150.0)
+    assert costs.margin() == 1.0  # too few planned steps to tell
+    costs.observe_step(100.0, 120.0)
+    assert costs.margin() == pytest.approx(1.5)  # 4 seen: the largest
+    for _ in range(28):
+        costs.observe_step(100.0, 90.0)
+    # 32 in the window: 3 at 1.5, 1 at 1.2, 28 at 0.9; the 95th percentile is 1.5
+    assert costs.margin() == pytest.approx(1.5)
+    for _ in range(2):
+        costs.observe_step(100.0, 90.0)  # two of the 1.5s leave the window
+    assert costs.margin() == pytest.approx(1.2)  # the last 1.5, one in 32, is ignored
+    costs.observe_step(100.0, 90.0)
+    assert costs.margin() == pytest.approx(0.9)  # one outlier in 32: planned too long
+    for _ in range(32):
+        costs.observe_step(100.0, 1000.0)
+    assert costs.margin() == 2.0  # a stalled machine halves the budget's room at most
+
+
+def test_the_budget_is_planned_within_the_target_over_the_margin() -> None:
+    scheduler = Scheduler(
+        BlockAllocator(8, 4), max_batch=8, max_prefill_tokens=1000, eos_token_ids=frozenset(),
+        max_step_ms=100.0,
+    )
+    costs = scheduler.costs
+    for tokens, ms in ((16, 12.0), (64, 36.0)):
+        costs.observe_prefill(tokens, ms)  # 4 ms + 0.5 ms per token
+    costs.observe_decode(1, 20.0)
+    assert scheduler.prefill_budget(1) == 152  # (100 - 20 - 4) / 0.5
+    for _ in range(4):
+        costs.observe_step(100.0, 125.0)  # planned steps ran 1.25x their plan
+    assert scheduler.prefill_budget(1) == 112  # (100 / 1.25 - 20 - 4) / 0.5
+
+
+def test_a_step_with_prompt_tokens_and_decode_rows_is_planned_and_compared() -> None:
+    runner = ScriptedRunner()
+    engine = scripted_engine(runner, max_step_ms=1e9, max_prefill_tokens=4)
+    engine.costs = engine.scheduler.costs = costs = StepCosts()
+    for tokens, ms in ((1, 1e6), (4, 4e6)):
+        costs.observe_prefill(tokens, ms)  # planned: a million ms a token
+    costs.observe_decode(1, 1e6)
+    _submit(engine, "running", "a", 20)
+    engine.step()  # its prefill, nobody decoding: not planned
+    _submit(engine, "long", "b" * 16, 1)
+    calibration = runner.mixes
+    for _ in range(4):
+        engine.step()  # 4 chunks of "long" beside "running"'s decode row
+    assert runner.mixes - calibration == 4
+    assert costs.margin() == 0.5  # 4 steps far under plan: the lower bound
+    engine.cancel("running")
+    engine.step()
+
+
 def test_an_engine_with_a_step_time_target_calibrates_at_once() -> None:
     runner = ScriptedRunner()
     engine = scripted_engine(runner, max_step_ms=50.0)

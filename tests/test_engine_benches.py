@@ -1,0 +1,41 @@
+"""``python -m tools.prefixbench`` and ``python -m tools.burstbench`` in seconds-long forms."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tools import burstbench, prefixbench
+
+
+def test_prefixbench_fits_a_cost_per_token_and_the_positions_that_double_it(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "prefixbench.json"
+    argv = ["--model", "tiny-llama", "--prefixes", "0", "64", "128", "--small", "8",
+            "--large", "24", "--rows", "2", "--rounds", "1", "--json", str(out)]
+    assert prefixbench.main(argv) == 0
+    report = json.loads(out.read_text())
+    assert set(report["pass_ms"]) == {"0", "64", "128"}
+    assert all(ms > 0 for by in report["pass_ms"].values() for ms in by.values())
+    # a tiny model's attention costs next to nothing: the fit may find no growth (None)
+    assert report["prefix_positions"] is None or report["prefix_positions"] > 0
+
+
+def test_prefixbench_fit_recovers_a_known_doubling() -> None:
+    medians = {p: {n: 100 + 2.0 * n * (1 + p / 1500) for n in (32, 96)} for p in (0, 500, 1000)}
+    fixed, per_token, doubling = prefixbench.fit(medians)
+    assert (round(fixed, 6), round(per_token, 6), round(doubling)) == (100, 2.0, 1500)
+
+
+def test_burstbench_long_reports_two_long_prompts_and_the_margin(tmp_path: Path) -> None:
+    out = tmp_path / "burstbench.json"
+    argv = ["--model", "tiny-llama", "--scenarios", "long", "--settings", "step-target-mixed",
+            "--long-tokens", "300", "--step-ms", "50", "--json", str(out)]
+    assert burstbench.main(argv) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    long = row["long"]
+    assert long["long_prompt_tokens"] == 300
+    assert long["long_ttft"] > 0 and long["gap_max"] >= long["gap_p50"] > 0
+    (again,) = long["again"]
+    assert again["long_ttft"] > 0 and again["margin_at_arrival"] > 0
