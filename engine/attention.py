@@ -21,7 +21,11 @@ A call is one of two shapes:
   its block table, and causally within itself.
 * decode: a batch of sequences, one new position each. The new keys and values
   are written first, then every sequence's positions are gathered through its
-  block table into a padded tensor, and padding is masked out with -inf.
+  block table into a padded tensor, and padding is masked out with -inf. Rows are
+  grouped by length (``length_groups``), one gather and one kernel call a group, so
+  that one long sequence does not make every short row of the batch gather and
+  attend over its length: a decode row's result is the same whatever it is padded
+  to and whoever shares its call.
 * mixed (``mixed_batch``): a prefill's packed chunks, then decode rows, in ONE
   row, so that a step pays the model's per-pass cost once. Every position's keys
   and values are written first; the chunks attend as in a prefill, and the decode
@@ -46,19 +50,44 @@ from .kv_cache import PagedKVCache
 ATTENTION_NAME = "streamscope_paged"
 
 
+# A decode row joins a group of longer rows only if that pads it by at most this many
+# positions: past it, a gather and kernel call of its own costs less than the padding.
+MAX_PADDING = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ReadGroup:
+    """Decode rows read back and attended in one call, padded to the group's longest."""
+
+    rows: torch.Tensor | None  # the group's rows of the decode batch; None: every row, in order
+    slots: torch.Tensor  # (rows * max_len,) the slots to gather
+    bias: torch.Tensor  # (rows, 1, 1, max_len): 0 for a real position, -inf for padding
+
+
 @dataclass(frozen=True, slots=True)
 class PagedBatch:
     """Where one forward pass writes and reads in the cache (shared by every layer)."""
 
     cache: PagedKVCache
     write_slots: torch.Tensor  # (batch * new_positions,) slots for the new keys/values
-    # decode, mixed: the decode rows' (rows * max_len,) slots to gather; prefill: None
-    read_slots: torch.Tensor | None
-    read_bias: torch.Tensor | None  # decode, mixed: (rows, 1, 1, max_len) 0 real, -inf padding
+    reads: tuple[ReadGroup, ...] = ()  # decode, mixed: the decode rows' groups; prefill: none
+    order: torch.Tensor | None = None  # the groups' rows, concatenated, back in batch order
     prompt_lengths: tuple[int, ...] = ()  # prefill, mixed: the packed chunks' lengths, in order
     # prefill: per chunk, None when it starts a prompt, else the slots of every position
     # up to its end (the cached ones before it included), to read its keys back.
     prefix_slots: tuple[torch.Tensor | None, ...] = ()
+
+
+def length_groups(lengths: list[int]) -> list[list[int]]:
+    """Row indices, longest first, grouped so that no row is padded by more than
+    ``MAX_PADDING`` positions (one group when the lengths are close)."""
+    groups: list[list[int]] = []
+    for row in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if groups and lengths[groups[-1][0]] - lengths[row] <= MAX_PADDING:
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    return groups
 
 
 def prefill_batch(
@@ -85,7 +114,7 @@ def prefill_batch(
         else cache.slots(tables[i : i + 1], torch.arange(start + n, device=device)[None]).flatten()
         for i, (start, n) in enumerate(zip(starts, lengths, strict=True))
     )
-    batch = PagedBatch(cache, slots, None, None, tuple(lengths), prefix)
+    batch = PagedBatch(cache, slots, prompt_lengths=tuple(lengths), prefix_slots=prefix)
     return batch, positions.unsqueeze(0)
 
 
@@ -98,14 +127,26 @@ def decode_batch(
     are masked out, and no row reads past its own length.
     """
     lengths = positions + 1
-    span = torch.arange(int(lengths.max()), device=positions.device).expand(len(positions), -1)
-    bias = torch.zeros(span.shape, dtype=dtype, device=positions.device)
-    return PagedBatch(
-        cache,
-        write_slots=cache.slots(tables, positions).flatten(),
-        read_slots=cache.slots(tables, span).flatten(),
-        read_bias=bias.masked_fill_(span >= lengths, float("-inf"))[:, None, None, :],
-    )
+    groups = length_groups(lengths.flatten().tolist())
+    write_slots = cache.slots(tables, positions).flatten()
+    if len(groups) == 1:  # every row in one call, in batch order
+        return PagedBatch(cache, write_slots, (_read_group(cache, tables, lengths, dtype, None),))
+    device = tables.device
+    reads = tuple(_read_group(cache, tables, lengths, dtype, torch.tensor(rows, device=device))
+                  for rows in groups)
+    order = torch.argsort(torch.tensor([r for rows in groups for r in rows], device=device))
+    return PagedBatch(cache, write_slots, reads, order)
+
+
+def _read_group(cache: PagedKVCache, tables: torch.Tensor, lengths: torch.Tensor,
+                dtype: torch.dtype, rows: torch.Tensor | None) -> ReadGroup:
+    """What the decode rows ``rows`` (None: all) of lengths ``lengths`` (batch, 1) read."""
+    if rows is not None:
+        tables, lengths = tables[rows], lengths[rows]
+    span = torch.arange(int(lengths.max()), device=lengths.device).expand(len(lengths), -1)
+    bias = torch.zeros(span.shape, dtype=dtype, device=lengths.device)
+    return ReadGroup(rows, cache.slots(tables, span).flatten(),
+                     bias.masked_fill_(span >= lengths, float("-inf"))[:, None, None, :])
 
 
 def mixed_batch(prefill: PagedBatch, decode: PagedBatch) -> PagedBatch:
@@ -114,8 +155,8 @@ def mixed_batch(prefill: PagedBatch, decode: PagedBatch) -> PagedBatch:
     return PagedBatch(
         prefill.cache,
         write_slots=torch.cat([prefill.write_slots, decode.write_slots]),
-        read_slots=decode.read_slots,
-        read_bias=decode.read_bias,
+        reads=decode.reads,
+        order=decode.order,
         prompt_lengths=prefill.prompt_lengths,
         prefix_slots=prefill.prefix_slots,
     )
@@ -149,7 +190,7 @@ def paged_attention(
     v_cache.index_copy_(
         0, paged.write_slots, value.transpose(1, 2).reshape(-1, num_kv_heads, head_dim)
     )
-    if paged.read_slots is None or paged.read_bias is None:
+    if not paged.reads:
         return _packed_causal(query, key, value, paged, layer, scaling), None
     if not paged.prompt_lengths:
         return _decode(query, paged, layer, scaling), None
@@ -168,22 +209,29 @@ def _decode(
     """One new position per row, over the row's cached positions (the new one's keys
     already written). (rows, heads, 1, dim) in, (rows, 1, heads, dim) out.
 
-    The query heads that share a kv head are laid out as that kv head's "positions"
-    (as transformers' pack_gqa does), so grouped-query attention needs no copy of the
-    keys per query head.
+    One gather and one kernel call per length group (``ReadGroup``). The query heads
+    that share a kv head are laid out as that kv head's "positions" (as transformers'
+    pack_gqa does), so grouped-query attention needs no copy of the keys per query head.
     """
-    assert paged.read_slots is not None and paged.read_bias is not None
-    k_cache, v_cache = paged.cache.keys[layer], paged.cache.values[layer]
+    parts = [_attend_group(query if group.rows is None else query.index_select(0, group.rows),
+                           group, paged.cache, layer, scaling) for group in paged.reads]
+    if paged.order is None:
+        return parts[0]
+    return torch.cat(parts).index_select(0, paged.order)
+
+
+def _attend_group(
+    query: torch.Tensor, group: ReadGroup, cache: PagedKVCache, layer: int,
+    scaling: float | None,
+) -> torch.Tensor:
+    k_cache, v_cache = cache.keys[layer], cache.values[layer]
     batch, num_heads, _, head_dim = query.shape
     num_kv_heads = k_cache.shape[1]
-    max_len = paged.read_bias.shape[-1]
-    shape = (batch, max_len, num_kv_heads, head_dim)
-    keys = k_cache.index_select(0, paged.read_slots).view(shape).transpose(1, 2)
-    values = v_cache.index_select(0, paged.read_slots).view(shape).transpose(1, 2)
+    shape = (batch, group.bias.shape[-1], num_kv_heads, head_dim)
+    keys = k_cache.index_select(0, group.slots).view(shape).transpose(1, 2)
+    values = v_cache.index_select(0, group.slots).view(shape).transpose(1, 2)
     grouped = query.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    out = F.scaled_dot_product_attention(
-        grouped, keys, values, attn_mask=paged.read_bias, scale=scaling
-    )
+    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=group.bias, scale=scaling)
     return out.reshape(batch, 1, num_heads, head_dim)
 
 

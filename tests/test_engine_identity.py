@@ -14,7 +14,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import EngineEvent, FinishEvent, FinishReason, GenerationRequest, SamplingParams
+from engine import (
+    EngineEvent,
+    FinishEvent,
+    FinishReason,
+    GenerationRequest,
+    SamplingParams,
+    attention,
+)
 from engine.attention import PagedBatch, decode_batch, paged_attention, prefill_batch
 from engine.engine import Engine
 from engine.kv_cache import PagedKVCache
@@ -112,11 +119,15 @@ def test_concurrent_sequences_equal_solo(
 
 
 @MODELS
+@pytest.mark.parametrize("max_padding", [attention.MAX_PADDING, 2])
 def test_late_joiners_equal_solo(
-    model: str, make_tiny_engine: Callable[..., Engine], solo_ids: SoloIds
+    model: str, max_padding: int, make_tiny_engine: Callable[..., Engine], solo_ids: SoloIds,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Joiners arrive while others decode and after some finished: their tables reuse
-    # freed blocks, and they decode in one batch with sequences far ahead of them.
+    # freed blocks, and they decode in one batch with sequences far ahead of them
+    # (with a padding limit of 2, in several length groups: a call each).
+    monkeypatch.setattr(attention, "MAX_PADDING", max_padding)
     engine = make_tiny_engine(model, **ENGINE_OPTIONS)
     requests = [_request(f"r{i}", *case) for i, case in enumerate(CASES)]
     events: list[EngineEvent] = []
@@ -223,15 +234,19 @@ def test_paged_prefill_writes_the_cache_and_matches_causal_sdpa(num_kv_heads: in
     q = torch.randn(1, NUM_HEADS, n, HEAD_DIM, generator=generator)
     k, v = (torch.randn(1, num_kv_heads, n, HEAD_DIM, generator=generator) for _ in "kv")
     slots = _slots(cache, table, range(n))
-    out, _ = paged_attention(layer, q, k, v, None, paged=PagedBatch(cache, slots, None, None))
+    out, _ = paged_attention(layer, q, k, v, None, paged=PagedBatch(cache, slots))
     torch.testing.assert_close(out, _reference(q, k, v, causal=True))
     torch.testing.assert_close(cache.keys[1][slots], k[0].transpose(0, 1))
     torch.testing.assert_close(cache.values[1][slots], v[0].transpose(0, 1))
     assert not cache.keys[0].any()  # another layer's cache is untouched
 
 
+@pytest.mark.parametrize("max_padding", [attention.MAX_PADDING, 4], ids=["one-call", "groups"])
 @pytest.mark.parametrize("num_kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
-def test_paged_decode_batch_of_different_lengths_matches_sdpa(num_kv_heads: int) -> None:
+def test_paged_decode_batch_of_different_lengths_matches_sdpa(
+    num_kv_heads: int, max_padding: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(attention, "MAX_PADDING", max_padding)  # 4: three length groups
     generator = torch.Generator().manual_seed(1)
     cache, layer = _cache(num_kv_heads), types.SimpleNamespace(layer_idx=0)
     full_k = [torch.randn(1, num_kv_heads, n, HEAD_DIM, generator=generator) for n in LENGTHS]
@@ -252,6 +267,15 @@ def test_paged_decode_batch_of_different_lengths_matches_sdpa(num_kv_heads: int)
     for row, (k, v) in enumerate(zip(full_k, full_v, strict=True)):
         expected = _reference(q[row : row + 1], k, v, causal=False)
         torch.testing.assert_close(out[row : row + 1], expected)
+
+
+def test_decode_rows_are_grouped_by_length_within_the_padding_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert attention.length_groups(LENGTHS) == [[3, 2, 1, 0]]  # close lengths: one call
+    assert attention.length_groups([5, 700, 6, 690]) == [[1, 3], [2, 0]]  # longest first
+    monkeypatch.setattr(attention, "MAX_PADDING", 4)
+    assert attention.length_groups(LENGTHS) == [[3], [2, 1], [0]]  # 16 | 9, 6 | 1
 
 
 @pytest.mark.parametrize("num_kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])

@@ -149,7 +149,7 @@ def padded(runner: ModelRunner, seqs: list[Sequence]) -> torch.Tensor:
     real = positions < lengths[:, None]
     input_ids = torch.tensor([s.prompt_ids + [0] * (width - len(s.prompt_ids)) for s in seqs])
     slots = runner.cache.slots(runner._tables(seqs), positions)[real]
-    batch = PagedBatch(runner.cache, slots, None, None)
+    batch = PagedBatch(runner.cache, slots)
     runner.model.set_attn_implementation(PADDED)
     try:
         hidden = runner.model.model(
