@@ -75,6 +75,11 @@ def test_ratios_and_targets_from_figures() -> None:
         "level": 32, "of_ceiling": 0.8, "of_ceiling_met": True,
         "ttft_p99_over_prefill_plus_step": 1.3, "ttft_p99_met": True,
         "over_peer": 2.0, "over_peer_met": True}
+    # 32 x 64 tokens in 872 ms of prefill plus 63 steps of 128 ms: 229.2 tokens/s
+    with_reference = targets(ours, peer, ceiling, 32, max_new_tokens=64)
+    assert {k: with_reference[k] for k in ("reference_tokens_per_s", "of_reference",
+                                          "peer_of_reference")} == {
+        "reference_tokens_per_s": 229.19, "of_reference": 0.873, "peer_of_reference": 0.436}
 
 
 def test_peer_wire_turns_eos_off_with_its_own_field() -> None:

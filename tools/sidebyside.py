@@ -31,7 +31,11 @@ own token count (the peer's; ``tokens_per_s_counted`` uses it, as a chunk may ho
 less than a token),
 and the ratios ours / peer; and the targets of issue 10 section 2 at the largest level:
 tokens/s against the decode ceiling (>= 0.8) and against the peer (>= 2), TTFT p99
-against 1.3 x (one packed prefill of all prompts + one decode step).
+against 1.3 x (one packed prefill of all prompts + one decode step). Beside them, the
+tokens/s of the plainest batched schedule of the same passes (``reference_tokens_per_s``):
+one packed prefill of all N prompts, then ``--max-new-tokens`` - 1 decode steps at batch
+N, and each system's share of it; a scheduler can beat it only by making decode rows
+cheaper than a full decode step (riding in prefill passes), not by batching better.
 ``--no-peer`` runs ours alone (the tests' quick form).
 """
 
@@ -159,11 +163,13 @@ def compare(ours: Mapping[str, Any], peer: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def targets(ours: Mapping[str, Any], peer: Mapping[str, Any] | None,
-            ceiling: Mapping[str, Any] | None, level: int) -> dict[str, Any]:
+            ceiling: Mapping[str, Any] | None, level: int,
+            max_new_tokens: int | None = None) -> dict[str, Any]:
     at = ours.get(str(level))
     if at is None:
         return {}
     out: dict[str, Any] = {"level": level}
+    peer_at = None if peer is None else peer.get(str(level))
     if ceiling is not None:
         share = _ratio(at["tokens_per_s_counted"], ceiling["tokens_per_s"])
         out["of_ceiling"] = share
@@ -171,8 +177,15 @@ def targets(ours: Mapping[str, Any], peer: Mapping[str, Any] | None,
         ttft = _ratio(at["ttft_p99_ms"], ceiling["packed_prefill_ms"] + ceiling["step_ms"])
         out["ttft_p99_over_prefill_plus_step"] = ttft
         out["ttft_p99_met"] = ttft is not None and ttft <= TTFT_SLACK
-    if peer is not None and str(level) in peer:
-        over = _ratio(at["tokens_per_s_counted"], peer[str(level)]["tokens_per_s_counted"])
+        if max_new_tokens is not None:  # one packed prefill, then the decode steps
+            work_ms = ceiling["packed_prefill_ms"] + (max_new_tokens - 1) * ceiling["step_ms"]
+            reference = level * max_new_tokens * 1000 / work_ms
+            out["reference_tokens_per_s"] = round(reference, 2)
+            out["of_reference"] = _ratio(at["tokens_per_s_counted"], reference)
+            if peer_at is not None:
+                out["peer_of_reference"] = _ratio(peer_at["tokens_per_s_counted"], reference)
+    if peer_at is not None:
+        over = _ratio(at["tokens_per_s_counted"], peer_at["tokens_per_s_counted"])
         out["over_peer"] = over
         out["over_peer_met"] = over is not None and over >= PEER_FACTOR
     return out
@@ -234,7 +247,7 @@ async def run_side_by_side(args: argparse.Namespace) -> dict[str, Any]:
         "ceiling": ceiling,
         "systems": systems,
         "ratios_ours_over_peer": None if peer is None else compare(ours, peer),
-        "targets": targets(ours, peer, ceiling, max(levels)),
+        "targets": targets(ours, peer, ceiling, max(levels), args.max_new_tokens),
     }
 
 
