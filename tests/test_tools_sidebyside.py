@@ -57,7 +57,8 @@ def test_sidebyside_quick_writes_figures_and_targets(tmp_path: Path) -> None:
         assert 0 <= figures["gap_p50_ms"] <= figures["gap_p99_ms"] <= figures["gap_max_ms"]
     assert data["ratios_ours_over_peer"] is None
     assert set(data["targets"]) == {"level", "of_ceiling", "of_ceiling_met",
-                                    "ttft_p99_over_prefill_plus_step", "ttft_p99_met"}
+                                    "ttft_p99_over_prefill_plus_step", "ttft_p99_met",
+                                    "reference_tokens_per_s", "of_reference"}
     assert png.stat().st_size > 0
 
 
