@@ -18,7 +18,7 @@ def test_prefixbench_fits_a_cost_per_token_and_the_positions_that_double_it(
     report = json.loads(out.read_text())
     assert set(report["pass_ms"]) == {"0", "64", "128"}
     assert all(ms > 0 for by in report["pass_ms"].values() for ms in by.values())
-    # a tiny model's attention costs next to nothing: the fit may find no growth (None)
+    # a tiny model's passes cost next to nothing: the fit may find only noise (None)
     assert report["prefix_positions"] is None or report["prefix_positions"] > 0
 
 
@@ -26,6 +26,8 @@ def test_prefixbench_fit_recovers_a_known_doubling() -> None:
     medians = {p: {n: 100 + 2.0 * n * (1 + p / 1500) for n in (32, 96)} for p in (0, 500, 1000)}
     fixed, per_token, doubling = prefixbench.fit(medians)
     assert (round(fixed, 6), round(per_token, 6), round(doubling)) == (100, 2.0, 1500)
+    flat = {p: {n: 100 - 0.001 * n for n in (32, 96)} for p in (0, 500, 1000)}
+    assert prefixbench.fit(flat)[2] == float("inf")  # no cost a token: no doubling
 
 
 def test_burstbench_long_reports_two_long_prompts_and_the_margin(tmp_path: Path) -> None:

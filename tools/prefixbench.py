@@ -56,12 +56,15 @@ def measure(runner: ModelRunner, table: BlockTable, prefixes: list[int], sizes: 
 
 
 def fit(medians: dict[int, dict[int, float]]) -> tuple[float, float, float]:
-    """(fixed ms, ms a token at prefix 0, prefix positions that double it)."""
+    """(fixed ms, ms a token at prefix 0, prefix positions that double it: inf where
+    the fit finds no growth, or no cost a token)."""
     rows = [(1.0, n, n * p, ms) for p, by in medians.items() for n, ms in by.items()]
     design = np.array([r[:3] for r in rows], dtype=float)
     (fixed, per_token, per_position), *_ = np.linalg.lstsq(
         design, np.array([r[3] for r in rows]), rcond=None)
-    return fixed, per_token, per_token / per_position if per_position > 0 else float("inf")
+    if per_token <= 0 or per_position <= 0:  # noise over a cost too small to see
+        return fixed, per_token, float("inf")
+    return fixed, per_token, per_token / per_position
 
 
 def main(argv: list[str] | None = None) -> int:
