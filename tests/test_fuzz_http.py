@@ -40,9 +40,23 @@ def check_outcome(case: HostileCase, outcome: hostile.Outcome) -> None:
     assert not outcome.five_xx, where
     assert not outcome.hang, where
     assert not outcome.internal_error, where
-    assert outcome.protocol_error is None, where
+    if not _cut_after_client_left(case, outcome):
+        assert outcome.protocol_error is None, where
     if case.framing not in hostile.INCOMPLETE:
         assert outcome.answered, where
+
+
+def _cut_after_client_left(case: HostileCase, outcome: hostile.Outcome) -> bool:
+    """A response cut short by the close, after the client's own FIN: the client left.
+
+    hypercorn takes a read EOF for the client gone (as this server's disconnect detection
+    does: docs/cancellation.md) and drops the app's later sends, so a 413 decided by
+    Content-Length whose head went out just before the FIN of an unfinished body loses
+    its body (once in a few hundred cases here)."""
+    return (case.framing in hostile.INCOMPLETE and case.fin and outcome.closed
+            and outcome.status is not None and outcome.protocol_error is not None
+            and outcome.protocol_error.startswith(
+                "peer closed connection without sending complete message body"))
 
 
 async def test_hostile_requests_are_answered_without_5xx_and_leave_nothing(
