@@ -213,6 +213,10 @@ _GAUGES = (
     ("streamscope_kv_cache_blocks_total", "blocks_total", "KV-cache blocks in the pool."),
     ("streamscope_kv_cache_blocks_filled", "blocks_filled",
      "KV-cache blocks holding a cached position of a running sequence (of those used)."),
+    ("streamscope_step_margin", "step_margin",
+     "With a step-time target: how much longer than planned recent steps with prompt "
+     "tokens and decode rows ran (95th percentile of actual / planned); their budget is "
+     "planned within the target over it."),
     ("streamscope_resumable_streams", "resumable_streams",
      "Resumable streams held: running, or ended with their log kept for the grace period."),
     ("streamscope_resumable_streams_detached", "resumable_detached",

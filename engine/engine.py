@@ -486,6 +486,7 @@ class Engine:
             blocks_filled=scheduler.num_blocks_filled,
             preemptions=scheduler.num_preemptions,
             recomputed_tokens=scheduler.num_recomputed_tokens,
+            step_margin=self.costs.margin(),
             running=len(scheduler.running),
             waiting=len(scheduler.waiting),
             paused=scheduler.num_paused,

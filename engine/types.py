@@ -107,3 +107,4 @@ class EngineStatistics:
     blocks_filled: int = 0  # of the reserved, those holding a cached position
     preemptions: int = 0  # running sequences whose blocks were taken back (to recompute)
     recomputed_tokens: int = 0  # positions prefilled again after preemptions
+    step_margin: float = 1.0  # a step target's planned steps: actual / planned (costs.margin)

@@ -178,6 +178,7 @@ def test_a_step_with_prompt_tokens_and_decode_rows_is_planned_and_compared() -> 
         engine.step()  # 4 chunks of "long" beside "running"'s decode row
     assert runner.mixes - calibration == 4
     assert costs.margin() == 0.5  # 4 steps far under plan: the lower bound
+    assert engine.statistics().step_margin == 0.5  # what /stats and /metrics report
     engine.cancel("running")
     engine.step()
 
