@@ -14,8 +14,11 @@ live ``ttl_s``, refreshed with the events) and ``streamscope:{<id>}:owner`` (the
 replica's token, PX ``owner_lease_s``), both queued by ``publish`` before the first
 event, so a stream in the store always has both. The writer task renews the owner lease
 (compare-and-renew, after a flush, so never before its SET) every ``refresh_s``, a third
-of the shortest of the three times, so a lease survives two missed renewals; it stops at
-the stream's last event. A renewal that fails (this replica stalled past its lease and
+of the shortest of the three times, so a lease survives two missed renewals; at the
+stream's last event the owner key gets the events' time to live instead, refreshed with
+them, and ``expire`` deletes a stream's keys only while the owner key is this replica's
+(or gone): an owner that stalled, was taken over, and finished before a renewal could tell
+it leaves the new owner's log alone. A renewal that fails (this replica stalled past its lease and
 another took the stream over) tells ``on_lost``, and the registry stops the stream here
 and ``disown``s it: local copy only, the store's keys are the new owner's. ``take_over``
 is one Lua script: the owner key is SET (PX) only if it is absent, the spec is there and
@@ -69,8 +72,19 @@ RETRY_PAUSE_S = 0.5  # after a batch failed to reach Redis
 # or lapsed), is not renewed: its old holder stops.
 _RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
           "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end")
+# The same for an owner lease, never shortening it (Redis 7's GT): a renewal in flight as
+# the stream ends must not cut the longer life ``_keep_owner`` gave the ended stream's key.
+_RENEW_LONGER = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
+                 "redis.call('pexpire', KEYS[1], ARGV[2], 'GT') return 1 else return 0 end")
 _RELEASE = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
             "return redis.call('del', KEYS[1]) else return 0 end")
+# Delete a stream's keys unless another replica owns it (took it over while this one
+# stalled): its log is that owner's now. KEYS: owner, then the others; ARGV: our token.
+_EXPIRE = """
+local owner = redis.call('get', KEYS[1])
+if owner and owner ~= ARGV[1] then return 0 end
+return redis.call('del', unpack(KEYS))
+"""
 # Take a stream over from an owner whose lease lapsed (failover), atomically: exactly one
 # replica's SET succeeds. Only a stream whose owner key is gone, whose rebuild spec and
 # events are there, and whose last event does not end it. KEYS: owner, events, spec.
@@ -163,8 +177,10 @@ class RedisEventLog:
         self._stopped = False  # a write was abandoned: nothing more may be written
         self._read_limiter = trio.CapacityLimiter(max_readers)
         self._renew = client.register_script(_RENEW)
+        self._renew_longer = client.register_script(_RENEW_LONGER)
         self._release = client.register_script(_RELEASE)
         self._take_over = client.register_script(_TAKE_OVER)
+        self._expire = client.register_script(_EXPIRE)
         self._batches = self._commands = self._errors = 0
 
     @classmethod
@@ -198,23 +214,28 @@ class RedisEventLog:
     def append(self, stream_id: str, n: int, data: bytes, *, last: bool = False) -> None:
         self._local.append(stream_id, n, data)  # raises on a gap or a duplicate
         self._last[stream_id] = last
-        if last:
-            self._owned.discard(stream_id)  # ended: nothing left to take over
         key = events_key(stream_id)
         fields = {"d": data, "e": b"1" if last else b"0"}
         self._touched.add(key)  # its time to live is set once per batch
         self._queue(lambda pipe: pipe.xadd(key, fields, id=f"0-{n}"))
+        if last:  # ended: nothing left to take over; the owner key lives with the events
+            self._owned.discard(stream_id)
+            self._queue(partial(self._keep_owner, stream_id, self._ms(self.ttl_s)))
 
     def read_after(self, stream_id: str, n: int) -> list[bytes] | None:
         return self._local.read_after(stream_id, n)
 
     def expire(self, stream_id: str) -> int:
+        """Forget a stream: its local copy, and its keys in the store unless another
+        replica owns it now (one that took it over while this one stalled, then this one
+        finished it before a renewal could tell: its keys are that owner's)."""
         self._last.pop(stream_id, None)
         self._local_leases.pop(stream_id, None)
         self._owned.discard(stream_id)
-        keys = (events_key(stream_id), reader_key(stream_id), owner_key(stream_id),
-                spec_key(stream_id))
-        self._queue(lambda pipe: pipe.delete(*keys))
+        keys = [owner_key(stream_id), events_key(stream_id), reader_key(stream_id),
+                spec_key(stream_id)]
+        token = self.owner_token
+        self._queue(lambda pipe: self._expire(keys=keys, args=[token], client=pipe))
         return self._local.expire(stream_id)
 
     @property
@@ -272,8 +293,8 @@ class RedisEventLog:
         """In a reader thread: one pipeline of compare-and-renews."""
         pipe = self._client.pipeline(transaction=False)
         for stream_id in owned:
-            self._renew(keys=[owner_key(stream_id)], args=[self.owner_token, lease_ms],
-                        client=pipe)
+            self._renew_longer(keys=[owner_key(stream_id)], args=[self.owner_token, lease_ms],
+                               client=pipe)
         return [bool(result) for result in pipe.execute()]
 
     async def flush(self) -> None:
@@ -352,19 +373,28 @@ class RedisEventLog:
         self._wake.set()
 
     def _queue_refresh(self) -> None:
-        """The held streams' time to live, and the leases of this replica's readers."""
+        """The held streams' time to live (an ended one's owner key too), and the
+        leases of this replica's readers."""
         keys = [k for s in self._last for k in (events_key(s), spec_key(s))]
+        ended = [s for s, last in self._last.items() if last]
         ttl_ms = self._ms(self.ttl_s)
         leases, lease_ms = list(self._local_leases.items()), self._ms(self.lease_s)
 
         def op(pipe: Any) -> None:
             for key in keys:
                 pipe.pexpire(key, ttl_ms)
+            for stream_id in ended:
+                self._keep_owner(stream_id, ttl_ms, pipe)
             for stream_id, token in leases:
                 self._renew(keys=[reader_key(stream_id)], args=[token, lease_ms], client=pipe)
 
         if keys or leases:
             self._queue(op)
+
+    def _keep_owner(self, stream_id: str, ttl_ms: int, pipe: Any) -> None:
+        """An ended stream's owner key lives as long as its events, if it is still this
+        replica's (compare-and-renew): so ``expire`` can tell whose keys they are."""
+        self._renew(keys=[owner_key(stream_id)], args=[self.owner_token, ttl_ms], client=pipe)
 
     # -- SharedEventLog: any replica's readers, async --------------------------------
 

@@ -215,10 +215,15 @@ async def test_the_owner_lease_is_renewed_while_the_owner_runs_and_taken_over_on
     winner.append("s1", 3, b"done", last=True)  # the next number, in the same log
     await winner.flush()
     assert await winner.tail("s1") == (3, True)
-    with trio.fail_after(WAIT_S):  # not renewed after the last event: it lapses
-        while await winner.owner_alive("s1"):  # noqa: ASYNC110 (Redis's clock)
-            await trio.sleep(0.02)
-    assert not await others[0].take_over("s1")  # ended: nothing to take over
+    store = redis.Redis.from_url(redis_url)
+    # Ended: the owner key lives as long as the events (not the 0.3 s lease), and
+    # nobody takes an ended stream over.
+    assert store.pttl(owner_key("s1")) > 1000
+    assert not await others[0].take_over("s1")
+    assert winner.expire("s1") > 0
+    await winner.flush()
+    assert not store.exists(owner_key("s1"), events_key("s1"), spec_key("s1"))
+    store.close()
 
 
 async def test_an_owner_that_lost_its_lease_to_a_takeover_is_told_and_leaves_the_log(
@@ -254,6 +259,36 @@ async def test_an_owner_that_lost_its_lease_to_a_takeover_is_told_and_leaves_the
     assert told == ["s4"]
     assert store.get(owner_key("s4")) == other.owner_token.encode()
     assert store.exists(events_key("s4")) and store.exists(spec_key("s4"))
+    store.close()
+
+
+async def test_a_stalled_owner_that_finishes_before_it_learns_of_a_takeover_leaves_the_log(
+    redis_url: str,  # noqa: F811
+) -> None:
+    """The race the lease renewal cannot see: the owner stalls past its lease, another
+    replica takes the stream over, and the owner wakes and writes the stream's last
+    event before its next renewal (after which it renews nothing). When its grace
+    period ends it forgets the stream: the store's keys are the new owner's and stay."""
+    owner = RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=1.0, follow_wait_s=0.1,
+                                   owner_lease_s=0.3)
+    other = RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=1.0, follow_wait_s=0.1,
+                                   owner_lease_s=0.3)
+    store = redis.Redis.from_url(redis_url)
+    owner.publish("s5", b"spec")
+    owner.append("s5", 1, b"start")
+    await owner.flush()
+    store.delete(owner_key("s5"))  # the lease lapsed while the owner stalled
+    assert await other.take_over("s5")
+    other.adopt("s5", [(1, b"start", False)])
+    owner.append("s5", 2, b"done", last=True)  # woken, it ends the stream at once
+    await owner.flush()
+    owner.expire("s5")  # its grace period is over
+    await owner.flush()
+    assert store.get(owner_key("s5")) == other.owner_token.encode()
+    assert store.exists(events_key("s5")) and store.exists(spec_key("s5"))
+    other.expire("s5")  # the new owner's own end deletes them
+    await other.flush()
+    assert not store.exists(owner_key("s5"), events_key("s5"), spec_key("s5"))
     store.close()
 
 
