@@ -24,8 +24,9 @@ A call is one of two shapes:
   block table into a padded tensor, and padding is masked out with -inf. Rows are
   grouped by length (``length_groups``), one gather and one kernel call a group, so
   that one long sequence does not make every short row of the batch gather and
-  attend over its length: a decode row's result is the same whatever it is padded
-  to and whoever shares its call.
+  attend over its length. A row's attention differs in the last bits with the
+  length it is padded to (as between a row alone and a row beside a longer one);
+  its tokens are the ones the identity tests compare.
 * mixed (``mixed_batch``): a prefill's packed chunks, then decode rows, in ONE
   row, so that a step pays the model's per-pass cost once. Every position's keys
   and values are written first; the chunks attend as in a prefill, and the decode
@@ -51,8 +52,13 @@ ATTENTION_NAME = "streamscope_paged"
 
 
 # A decode row joins a group of longer rows only if that pads it by at most this many
-# positions: past it, a gather and kernel call of its own costs less than the padding.
-MAX_PADDING = 256
+# positions. The gather of padded positions is what costs (memory-bound: a step's weights
+# have pushed the cache out of the CPU's caches), a call of its own next to nothing:
+# `python -m tools.paddingbench --threads 1` (embedded model, 32 rows, 2-core CPU): lengths
+# 40-300 took 569 ms a pass in one call, 248 ms with this limit (11 groups); 40-1000
+# 1,440 against 375 ms; 60-64 (one group either way) 191 and 193 ms; a limit of 0 (a
+# call per length) 249 and 376 ms.
+MAX_PADDING = 16
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ step's own Python around its pass). The scheduler plans such steps within the ta
 over ``margin()``: how much longer than planned (``planned_ms``) recent steps with
 prompt tokens and decode rows ran, at the ``MARGIN_QUANTILE``, whole steps measured
 (``observe_step``). Planned too long, the margin falls below 1 and steps carry more.
+
 Pure Python, no torch; the numbers are only as good as the machine is steady, so
 the fit keeps adapting. Thread-safe: the stepping thread observes while
 another may estimate (``Engine.estimate_ttft_ms``).
@@ -221,9 +222,9 @@ def calibrate(
     first step: a warm-up pass (not counted), prefills of two sizes and decodes at
     batch 1 and at ``max_batch``, twice each; with ``mixed``, mixed passes of the two
     prefill sizes with ``max_batch`` decode rows too, whose spread around the line
-    fitted through them is the margin's first observations. The dummy sequences share one table of
-    every block: run only while no sequence holds any (at start-up), their writes land
-    where nobody reads."""
+    fitted through them is the margin's first observations. The dummy sequences share
+    one table of every block: run only while no sequence holds any (at start-up), their
+    writes land where nobody reads."""
     table = BlockTable("calibration", list(range(num_blocks)), is_released=True)
 
     def dummy(n: int, generated: int = 0) -> Sequence:

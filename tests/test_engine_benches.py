@@ -1,11 +1,13 @@
-"""``python -m tools.prefixbench`` and ``python -m tools.burstbench`` in seconds-long forms."""
+"""``python -m tools.prefixbench``, ``tools.burstbench`` and ``tools.paddingbench`` in
+seconds-long forms."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from tools import burstbench, prefixbench
+from engine import attention
+from tools import burstbench, paddingbench, prefixbench
 
 
 def test_prefixbench_fits_a_cost_per_token_and_the_positions_that_double_it(
@@ -41,3 +43,15 @@ def test_burstbench_long_reports_two_long_prompts_and_the_margin(tmp_path: Path)
     assert long["long_ttft"] > 0 and long["gap_max"] >= long["gap_p50"] > 0
     (again,) = long["again"]
     assert again["long_ttft"] > 0 and again["margin_at_arrival"] > 0
+
+
+def test_paddingbench_times_each_limit_and_counts_its_groups(tmp_path: Path) -> None:
+    out = tmp_path / "paddingbench.json"
+    argv = ["--model", "tiny-llama", "--batch", "4", "--spreads", "5-40", "--limits",
+            "1000000", "0", "--rounds", "1", "--json", str(out)]
+    assert paddingbench.main(argv) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["limit"], r["groups"] > 1) for r in rows] == [(1000000, False), (0, True)]
+    assert all(r["median_ms"] > 0 for r in rows)
+    # the limits were tried, and the engine's own is back
+    assert json.loads(out.read_text())["summary"]["engine_max_padding"] == attention.MAX_PADDING
