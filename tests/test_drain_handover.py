@@ -33,6 +33,7 @@ from tests.test_failover import (
     resume_until_done,
     token_ids,
     wait_whole,
+    whole_stream,
 )
 from tests.test_replicas import redis_process, redis_url  # noqa: F401 (fixtures)
 from tools.cluster import Replica
@@ -48,11 +49,7 @@ def body(sampling: dict[str, Any], **fields: Any) -> dict[str, Any]:
 
 
 async def uninterrupted(replica: Replica, sampling: dict[str, Any]) -> list[int]:
-    async with httpx.AsyncClient(base_url=replica.url, timeout=WAIT_S,
-                                 trust_env=False) as client:
-        events = parse_sse((await client.post("/v1/stream", json=body(sampling))).content)
-    assert events[-1].event == "done"
-    return token_ids(events)
+    return await whole_stream(replica, body(sampling))
 
 
 async def read_until_the_body_ends(replica: Replica, sampling: dict[str, Any], k: int,

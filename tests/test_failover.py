@@ -79,12 +79,17 @@ def positions(events: list[ServerSentEvent]) -> list[int]:
     return [int((e.id or "").rpartition(":")[2]) for e in events]
 
 
-async def uninterrupted(replica: Replica, sampling: dict[str, Any]) -> list[int]:
+async def whole_stream(replica: Replica, request: dict[str, Any]) -> list[int]:
+    """The token ids of ``request`` streamed on ``replica`` from start to ``done``."""
     async with httpx.AsyncClient(base_url=replica.url, timeout=WAIT_S,
                                  trust_env=False) as client:
-        events = parse_sse((await client.post("/v1/stream", json=body(sampling))).content)
+        events = parse_sse((await client.post("/v1/stream", json=request)).content)
     assert events[-1].event == "done"
     return token_ids(events)
+
+
+async def uninterrupted(replica: Replica, sampling: dict[str, Any]) -> list[int]:
+    return await whole_stream(replica, body(sampling))
 
 
 async def read_on(replica: Replica, sampling: dict[str, Any], k: int,
