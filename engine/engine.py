@@ -156,6 +156,8 @@ class Engine:
         mixed_step: run a step's prefill and decode rows in one forward pass (with
             ``pack_prefill``); else two passes.
         runner: the model side; by default a ``ModelRunner`` over ``loaded.model``.
+        clock: what TTFT deadlines are read against (``GenerationRequest.ttft_deadline``
+            is in its seconds): ``time.monotonic``; a test may give its own.
     """
 
     def __init__(
@@ -174,6 +176,7 @@ class Engine:
         pack_prefill: bool = True,
         mixed_step: bool = True,
         runner: Runner | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer  # the stepping thread's: detokenizers use it
@@ -196,6 +199,7 @@ class Engine:
             max_step_ms=max_step_ms,
             kv_admission=KvAdmission(kv_admission),
             watermark=watermark,
+            clock=clock,
         )
         self.costs: StepCosts = self.scheduler.costs
         self.pack_prefill = pack_prefill
@@ -376,7 +380,7 @@ class Engine:
             early(self.scheduler.apply_inbox())
             for seq in self.scheduler.take_resumed():  # their tokens' draws, once
                 self.runner.advance_generator(seq.generator, seq.generated_ids)
-            early(self.scheduler.expire_deadlines(time.monotonic()))
+            early(self.scheduler.expire_deadlines(self.scheduler.clock()))
             plan = self.scheduler.schedule()
             if self.mixed_step and plan.prefill and plan.decode:
                 early(self._mixed(plan.prefill, plan.decode))  # one pass: all out at once

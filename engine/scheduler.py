@@ -56,6 +56,7 @@ import enum
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .block_manager import BlockAllocator
@@ -117,6 +118,7 @@ class Scheduler:
         costs: the measured step costs (the engine feeds them).
         kv_admission: blocks on demand with preemption, or reserved whole at admission.
         watermark: share of the blocks an admission leaves free while others run.
+        clock: what TTFT deadlines are read against (``time.monotonic`` seconds).
     """
 
     def __init__(
@@ -130,6 +132,7 @@ class Scheduler:
         costs: StepCosts | None = None,
         kv_admission: KvAdmission = KvAdmission.ON_DEMAND,
         watermark: float = DEFAULT_WATERMARK,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_batch < 1 or max_prefill_tokens < 1:
             raise ValueError(
@@ -141,6 +144,7 @@ class Scheduler:
         if not 0 <= watermark < 1:
             raise ValueError(f"watermark must be in [0, 1), got {watermark}")
         self.allocator = allocator
+        self.clock = clock
         self.max_batch = max_batch
         self.max_prefill_tokens = max_prefill_tokens
         self.max_step_ms = max_step_ms
@@ -180,7 +184,7 @@ class Scheduler:
         with self._inbox_lock:
             if self._inbox:
                 return True
-        if any(_expired(s, time.monotonic()) for s in self.waiting):
+        if any(_expired(s, self.clock()) for s in self.waiting):
             return True  # the next step finishes it (expire_deadlines): once, no spin
         can_admit = bool(self.waiting) and (
             len(self.running) < self.max_batch and self._fits(self.waiting[0])

@@ -214,14 +214,15 @@ def test_the_scheduler_lets_a_waiting_request_go_at_its_deadline_without_spinnin
 
 
 def test_has_work_wakes_for_an_expired_waiting_request_and_one_step_ends_it() -> None:
-    engine = scripted_engine(max_batch=1)
+    now = [100.0]  # the engine's clock, moved by hand
+    engine = scripted_engine(max_batch=1, clock=lambda: now[0])
     engine.submit(GenerationRequest("a", "abcd", max_new_tokens=20))
     engine.step()
     engine.pause("a")
-    engine.submit(GenerationRequest("b", "abcd", ttft_deadline=time.monotonic() + 0.01))
+    engine.submit(GenerationRequest("b", "abcd", ttft_deadline=now[0] + 0.01))
     engine.step()
     assert not engine.has_work()
-    time.sleep(0.02)  # the scheduler reads time.monotonic(): 20 ms of real time
+    now[0] += 0.02
     assert engine.has_work()
     events = engine.step()
     assert [(e.request_id, e.reason) for e in events if isinstance(e, FinishEvent)] == [
