@@ -241,7 +241,13 @@ async def test_delete_ends_a_detached_stream_at_once(server: RunningServer) -> N
 async def test_grace_expiry_cancels_the_stream_and_releases_its_blocks_once(
     start_server: StartServer,
 ) -> None:
-    server = await start_server(resume_grace_s=0.5)
+    # The grace period is the server's (Trio's) timer; the stream must outlive it on any
+    # machine. So once generation is seen going on with no reader, the engine's steps are
+    # held: the stream cannot reach its token limit, however fast the machine, and the
+    # expiry's cancel waits for the next step boundary. 2 s of grace leaves a machine 5x
+    # slower than this one (a few ms a token for the tiny model) time for the 5 tokens
+    # before it.
+    server = await start_server(resume_grace_s=2.0)
     first = await open_resumable(server, long_body())
     await first.read_tokens(2)
     request_id = first.request_id()
@@ -250,7 +256,12 @@ async def test_grace_expiry_cancels_the_stream_and_releases_its_blocks_once(
     at_detach = len(server.recorder.token_ids_of(request_id))
     await server.wait_for(lambda: len(server.recorder.token_ids_of(request_id)) >= at_detach + 5,
                           "generation going on with no reader")
+    server.recorder.hold()
     assert server.recorder.finish_of(request_id) is None  # not cancelled at once
+    await server.wait_for(lambda: server.app.runtime.statistics()["resume_expiries"] == 1,
+                          "the grace period to expire")
+    assert server.recorder.finish_of(request_id) is None  # held: not finished meanwhile
+    server.recorder.release()
 
     finish = await server.wait_finished(request_id)
     gone, _ = await resume(server, request_id, f"{request_id}:3")
