@@ -168,7 +168,18 @@ class RequestTimer:
         else:
             self.failed(item.type)
 
-    def token(self) -> None:
+    def observe_all(self, items: list[StreamItem]) -> None:
+        """Items taken together (one write): ``observe`` each, the tokens counted at once."""
+        tokens = sum(isinstance(item, TokenEvent) for item in items)
+        if tokens:
+            self.token(tokens)
+        for item in items:
+            if not isinstance(item, TokenEvent):
+                self.observe(item)
+
+    def token(self, count: int = 1) -> None:
+        """``count`` tokens taken together: the first after the time since the last one,
+        the others 0 s after it (their reader gets them in one write)."""
         now = time.monotonic()
         m = self._metrics
         if self._last_token is None:
@@ -177,8 +188,10 @@ class RequestTimer:
                 m.queue_time.observe(now - self._submitted)
         else:
             m.inter_token_latency.observe(now - self._last_token)
+        for _ in range(count - 1):
+            m.inter_token_latency.observe(0.0)
         self._last_token = now
-        m.generation_tokens.inc()
+        m.generation_tokens.inc(count)
 
     def finished(self, finish_reason: str) -> None:
         """The engine's finish (eos, length, stop) was taken."""

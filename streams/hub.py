@@ -8,13 +8,15 @@ Theory of operation
 -------------------
 One Trio task (``run``, started with ``nursery.start``) steps the engine through
 ``run_step`` (default ``trio.to_thread.run_sync``, never abandoned: a step is an
-uncancellable critical section that mutates the cache). Each step's events go to
-their streams through each stream's policy, synchronously: the loop never waits for
-a reader (except under ``naive``, kept to be measured). Events a prefill produces are
-delivered as soon as that prefill is done, through ``on_prefill`` (and before them the
-finishes of the cancels the step applied); in production it runs in the worker thread
-and hops into Trio with ``trio.from_thread.run_sync``. A step whose ``on_prefill``
-raised has handed it every event it made, so none is lost before the hub fails.
+uncancellable critical section that mutates the cache). In the worker thread a
+``Stepper`` (``stepper.py``) runs steps back to back while there is work, at most
+``steps_ahead`` of them ahead of the routing, and posts each step's events to the Trio
+thread without waiting: the next step runs while the loop writes the last one's
+events. Each event goes to its stream through the stream's policy, synchronously: the
+loop never waits for a reader (except under ``naive``, kept to be measured: while a
+naive stream is open the thread returns after every step, and the loop waits for its
+reader). Events a prefill produces are posted as soon as that prefill is done, through
+``on_prefill`` (and before them the finishes of the cancels the step applied).
 
     NEW ──run()──> RUNNING ──drain()──> DRAINING ──engine holds nothing──> STOPPED
                       └──────── a step raised ─────────> FAILED
@@ -76,6 +78,7 @@ from engine import (
 from .errors import DeadlineUnmeetable, NotAccepting, WaitingLimitReached
 from .hub_types import HubSettings, HubState, HubStatistics, RunStep, StepEngine
 from .policy import Policy, PolicyName
+from .stepper import Stepper
 from .stream import ErrorType, StreamEnd, StreamError, StreamState, TokenStream
 
 # After a step with no event while has_work() is True (e.g. waiting requests that paused
@@ -113,6 +116,11 @@ class Hub:
         self._run_step = run_step
         self._default_policy = self._policy(settings.policy)  # validates the policy's limits
         self._owner = _Owner(self)
+        self._naive_open = 0  # open streams whose policy waits for the reader
+        self._writing: set[str] = set()  # streams whose reader has items to write
+        self._stepper = Stepper(engine, self._route,
+                                keep_stepping=lambda: self._naive_open == 0,
+                                hold=lambda: bool(self._writing))
         self._state = HubState.NEW
         self._streams: dict[str, TokenStream] = {}
         self._in_engine: set[str] = set()
@@ -121,12 +129,10 @@ class Hub:
         self._draining = trio.Event()  # set by drain(); _drain_deadline is then valid
         self._drain_deadline = math.inf
         self._watch_scope: trio.CancelScope | None = None
-        self._trio_token: trio.lowlevel.TrioToken | None = None
         self._last_error: str | None = None
-        self._step_events = 0  # events routed during the step in flight, prefills included
         self._opened = self._closes = self._refused_waiting = 0
         self._refused_deadline = self._deadline_misses = 0
-        self._steps = self._step_errors = self._slow_client_drops = 0
+        self._step_errors = self._slow_client_drops = 0
         self._events_routed = self._events_dropped = 0
         self._recent_finishes: OrderedDict[str, FinishEvent] = OrderedDict()
         self._deadlines: dict[str, float] = {}  # in the engine, with a ttft_deadline
@@ -151,12 +157,13 @@ class Hub:
         """
         if self._state is not HubState.NEW:
             raise RuntimeError(f"a hub runs once (state: {self._state.value})")
-        self._trio_token = trio.lowlevel.current_trio_token()
+        self._stepper.bind()
         failure: Exception | None = None
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_stalls)
                 nursery.start_soon(self._end_at_drain_deadline)
+                nursery.start_soon(self._stop_stepping_when_cancelled)
                 self._state = HubState.RUNNING
                 task_status.started()
                 failure = await self._step_loop()
@@ -239,6 +246,7 @@ class Hub:
         prompt_tokens = self._engine.submit(request, resume_from)
         chosen = self._default_policy if policy is None else self._policy(policy)
         stream = TokenStream(request_id, prompt_tokens, chosen, self._owner)
+        self._naive_open += chosen.waits_for_reader
         self._streams[request_id] = stream
         self._in_engine.add(request_id)
         if request.ttft_deadline is not None:
@@ -268,12 +276,13 @@ class Hub:
             refused_waiting=self._refused_waiting,
             refused_deadline=self._refused_deadline,
             deadline_misses=self._deadline_misses,
-            steps=self._steps,
+            steps=self._stepper.steps,
             step_errors=self._step_errors,
             last_error=self._last_error,
             events_routed=self._events_routed,
             events_dropped=self._events_dropped,
             slow_client_drops=self._slow_client_drops,
+            loop_wait_s=self._stepper.loop_wait_s,
         )
 
     # -- the step loop -------------------------------------------------------------
@@ -281,7 +290,8 @@ class Hub:
     async def _step_loop(self) -> Exception | None:
         """Step while there is work; return a step's exception, or None after shutdown.
 
-        Cancellation: raised at the wake-up wait or after the step in flight.
+        Cancellation: raised at the wake-up wait or once the stepping thread returned
+        (``_stop_stepping_when_cancelled`` makes it return after its step in flight).
         """
         idle = False  # the last step produced no event
         while self._state is HubState.RUNNING or self._in_engine:
@@ -294,34 +304,23 @@ class Hub:
                     self._wake = trio.Event()
                 idle = False
                 continue
-            self._step_events = 0
             try:
-                events = await self._run_step(self._step)
+                try:
+                    idle = await self._run_step(self._stepper.run_steps)
+                finally:
+                    self._stepper.release()  # what it still holds: the thread is done
+                if self._stepper.failure is not None:
+                    raise self._stepper.failure
             except Exception as exc:  # Cancelled is a BaseException: it passes
                 self._record_failure(exc)
                 return exc
-            self._steps += 1
-            self._route(events)
-            idle = self._step_events == 0
-            for stream in list(self._streams.values()):
-                if stream.policy.waits_for_reader:
-                    await stream._wait_settled()
+            if self._naive_open:
+                for stream in list(self._streams.values()):
+                    if stream.policy.waits_for_reader:
+                        await stream._wait_settled()
         return None
 
-    def _step(self) -> list[EngineEvent]:
-        return self._engine.step(on_prefill=self._on_prefill)
-
-    def _on_prefill(self, events: list[EngineEvent]) -> None:
-        # In production this runs in the worker thread running step(); in tests whose
-        # run_step calls fn inline it runs in the Trio thread, where from_thread would
-        # deadlock. Either way the routing itself happens in the Trio thread.
-        if trio.lowlevel.in_trio_run():
-            self._route(events)
-        else:
-            trio.from_thread.run_sync(self._route, events, trio_token=self._trio_token)
-
     def _route(self, events: list[EngineEvent]) -> None:
-        self._step_events += len(events)
         for event in events:
             if isinstance(event, FinishEvent):
                 self._in_engine.discard(event.request_id)
@@ -334,6 +333,17 @@ class Hub:
                 self._events_routed += 1
             else:
                 self._events_dropped += 1
+
+    async def _stop_stepping_when_cancelled(self) -> None:
+        """Sleep; when cancelled (the hub's task is, or its loop ended), tell the stepping
+        thread to return after its step in flight, so that the loop sees the cancel.
+
+        Cancellation: the point of it; the stop is synchronous.
+        """
+        try:
+            await trio.sleep_forever()
+        finally:
+            self._stepper.stop()
 
     async def _end_at_drain_deadline(self) -> None:
         """Once ``drain()`` was called, wait for its deadline, then end every open
@@ -433,6 +443,15 @@ class _Owner:
         if scope is not None and deadline < scope.deadline:
             scope.deadline = deadline
 
+    def writing(self, stream: TokenStream) -> None:
+        self._hub._writing.add(stream.request_id)
+
+    def written(self, stream: TokenStream) -> None:
+        self._hub._writing.discard(stream.request_id)
+        if not self._hub._writing:  # the loop caught up: route what was held for it
+            self._hub._stepper.caught_up()
+
     def unregister(self, stream: TokenStream) -> None:
         del self._hub._streams[stream.request_id]
+        self._hub._naive_open -= stream.policy.waits_for_reader
         self._hub._closes += 1

@@ -17,7 +17,9 @@ from engine import EngineEvent, EngineStatistics, GenerationRequest
 from .policy import Policy, PolicyName
 
 OnPrefill = Callable[[list[EngineEvent]], None]
-RunStep = Callable[[Callable[[], list[EngineEvent]]], Awaitable[list[EngineEvent]]]
+# Runs the stepping thread's function (``Stepper.run_steps``: True if its last step was
+# empty) once: ``trio.to_thread.run_sync``, or in tests inline after some virtual time.
+RunStep = Callable[[Callable[[], bool]], Awaitable[bool]]
 
 
 class StepEngine(Protocol):
@@ -105,3 +107,4 @@ class HubStatistics:
     events_routed: int  # engine events queued to a stream
     events_dropped: int  # engine events for a closed or ended stream
     slow_client_drops: int
+    loop_wait_s: float = 0.0  # the stepping thread's waits for the loop to route its steps

@@ -44,6 +44,11 @@ Invariants:
   engine reports for this sequence (FinishReason.ERROR) comes after the backlog.
 - ``receive()`` has no checkpoint between taking an item and returning it, so a
   cancelled ``receive()`` loses nothing.
+
+Writing. From an item queued until its reader comes back for more with the queue empty
+(or the stream closes), the stream tells its owner it is *writing*; the hub holds back
+further steps' events while streams are writing, so that a lagging loop coalesces
+(``stepper.py``). A reader a policy counts as behind is not waited for.
 """
 
 from __future__ import annotations
@@ -111,6 +116,8 @@ class StreamOwner(Protocol):
     def resume(self, request_id: str) -> None: ...
     def cancel(self, request_id: str) -> None: ...
     def watch(self, deadline: float) -> None: ...
+    def writing(self, stream: TokenStream) -> None: ...
+    def written(self, stream: TokenStream) -> None: ...
     def unregister(self, stream: TokenStream) -> None: ...
 
 
@@ -136,6 +143,7 @@ class TokenStream:
         self._settled = trio.lowlevel.ParkingLot()  # the naive step loop, waiting for the reader
         self._delivered = 0
         self._discarded = 0
+        self._writing = False  # see "Writing" in the module docstring
 
     @property
     def state(self) -> StreamState:
@@ -157,6 +165,8 @@ class TokenStream:
             Safe at every checkpoint: an item leaves the queue only when it is
             returned, so ``move_on_after(...)`` around this call loses nothing.
         """
+        if not self._items:
+            self._mark_written()  # the reader is back for more and nothing waits
         await trio.lowlevel.checkpoint()
         while True:
             if self._state is StreamState.CLOSED:
@@ -166,6 +176,22 @@ class TokenStream:
             if self._state is StreamState.ENDED:
                 raise trio.EndOfChannel
             await self._readable.park()
+
+    async def receive_batch(self, max_items: int) -> list[StreamItem]:
+        """Take every queued item (at most ``max_items``), waiting for one if none is.
+
+        For a writer that lags behind the engine: what it missed goes out in one write
+        (``app/sse_body.py``), each item still its own event. The policy sees the queue
+        as one ``receive()`` per item would leave it at the end.
+
+        Returns, raises and cancellation: as ``receive()``; the terminal item, if taken,
+        is the last of the list.
+        """
+        first = await self.receive()
+        items = [first]
+        while self._items and len(items) < max_items:
+            items.append(self._take())
+        return items
 
     def close(self) -> None:
         """End the stream for good: unregister it, and cancel it in the engine unless
@@ -180,6 +206,7 @@ class TokenStream:
         self._items.clear()
         self._readable.unpark_all()
         self._settled.unpark_all()
+        self._mark_written()
         try:
             if engine_holds_it:
                 self._owner.cancel(self.request_id)
@@ -249,6 +276,11 @@ class TokenStream:
             self._items.append(event)
             self._readable.unpark_all()
             self._apply(self.policy.after_put(self._lag, len(self._items), trio.current_time()))
+            if self._lag == CAUGHT_UP:
+                self._mark_writing()
+            else:  # behind: not waited for (the policy deals with it)
+                self._mark_written()
+            return True
         elif event.reason is FinishReason.ERROR:  # the engine already released it
             message = event.error or "the engine failed this request"
             self._items.append(StreamError(ErrorType.ENGINE_ERROR, message))
@@ -260,6 +292,7 @@ class TokenStream:
         else:
             self._items.append(event)
             self._mark_ended(StreamEnd.FINISHED)
+        self._mark_writing()
         return True
 
     def _fail(self, error: StreamError, end: StreamEnd) -> bool:
@@ -297,6 +330,7 @@ class TokenStream:
         self._items.clear()
         self._items.append(error)
         self._mark_ended(end)
+        self._mark_writing()
         self._settled.unpark_all()
 
     def _mark_ended(self, end: StreamEnd) -> None:
@@ -305,6 +339,16 @@ class TokenStream:
         self._end = end
         self._lag = CAUGHT_UP
         self._readable.unpark_all()
+
+    def _mark_writing(self) -> None:
+        if not self._writing:
+            self._writing = True
+            self._owner.writing(self)
+
+    def _mark_written(self) -> None:
+        if self._writing:
+            self._writing = False
+            self._owner.written(self)
 
     def _apply(self, lag: Lag) -> None:
         old, self._lag = self._lag, lag

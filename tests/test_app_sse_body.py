@@ -30,8 +30,14 @@ class ScriptedStream:
         self.send, self._receive = trio.open_memory_channel[StreamItem](100)
         self.closes = 0
 
-    async def receive(self) -> StreamItem:
-        return await self._receive.receive()
+    async def receive_batch(self, max_items: int) -> list[StreamItem]:
+        items = [await self._receive.receive()]
+        while len(items) < max_items:
+            try:
+                items.append(self._receive.receive_nowait())
+            except trio.WouldBlock:
+                break
+        return items
 
     def close(self) -> None:
         self.closes += 1
