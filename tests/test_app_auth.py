@@ -112,6 +112,7 @@ async def test_a_created_stream_url_carries_a_token_that_opens_only_that_stream(
     first = (await call(keyed, "POST", "/v1/requests", GENERATE, bearer)).json()
     other = (await call(keyed, "POST", "/v1/requests", GENERATE, bearer)).json()
     token = read_token(first["id"])
+    wrong_digit = "1" if token.endswith("0") else "0"  # never the token itself
 
     assert first["stream_url"] == f"/v1/stream/{first['id']}?token={token}"
     read = await call(keyed, "GET", first["stream_url"], None, {})
@@ -119,7 +120,7 @@ async def test_a_created_stream_url_carries_a_token_that_opens_only_that_stream(
     assert parse_sse(read.content)[-1].event == "done"
     for method, path in [
         ("GET", f"/v1/stream/{other['id']}?token={token}"),  # another stream
-        ("GET", f"/v1/stream/{first['id']}?token={token[:-1]}0"),  # wrong
+        ("GET", f"/v1/stream/{first['id']}?token={token[:-1]}{wrong_digit}"),  # wrong
         ("GET", f"/v1/stream/{first['id']}?token="),
         ("DELETE", f"/v1/requests/{first['id']}?token={token}"),
         ("GET", f"/v1/requests/{first['id']}?token={token}"),
