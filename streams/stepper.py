@@ -189,9 +189,8 @@ class Stepper:
         """In the Trio thread, from Trio's queue: hold the batch, or route what is held."""
         self._held.append(events)
         self._held_steps += ends_step
-        if not ends_step or self._held_steps >= self.steps_ahead:
-            self.release()
-        elif self._held_steps >= self.stride and not self._hold():
+        if (not ends_step or self._held_steps >= self.steps_ahead
+                or (self._held_steps >= self.stride and not self._hold())):
             self.release()
 
     def caught_up(self) -> None:
