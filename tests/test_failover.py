@@ -31,10 +31,17 @@ from tests.http_clients import parse_sse
 from tests.test_replicas import redis_process, redis_url  # noqa: F401 (fixtures)
 from tools.cluster import Replica, free_port
 
-OWNER_LEASE_S = 0.5
+# Renewed every third of it: a live owner loses it only if a renewal comes two refresh
+# periods (2/3 s) late, a scheduler more than 5x slower than this machine's worst seen (as
+# OWNER_LEASE_RENEWED_S); a takeover after a kill waits for it to lapse, 1 s at most.
+OWNER_LEASE_S = 1.0
 SETTINGS = {"model": "tiny-gpt2", "device": "cpu", "cache_blocks": 256,
             "owner_lease_s": OWNER_LEASE_S, "resume_grace_s": 30}
-TOKENS = 400  # with ignore_eos: about a second of decoding, still running at the kill
+# With ignore_eos. Still running at the kill: between a stream's start and the kill lies
+# only work (HTTP, the log in Redis, reading 10 events), no timer, so the share of it a
+# stream gets through does not depend on the machine's speed. The earliest stream (the
+# followed one, made first) had 75 of its 402 events logged at the kill here.
+TOKENS = 400
 WAIT_S = 60.0
 OWNER_LEASE_RENEWED_S = 1.0  # the log-only lease test's: renewed every 1/3 s
 GREEDY: dict[str, Any] = {}
@@ -206,7 +213,7 @@ async def test_the_owner_lease_is_renewed_while_the_owner_runs_and_taken_over_on
         expiries = [store.pexpiretime(owner_key("s1"))]  # Redis's clock, ms; -2 if gone
         with trio.fail_after(WAIT_S):
             while len(expiries) < 3:  # two renewals, each moving the expiry forward
-                await trio.sleep(0.02)  # noqa: ASYNC110 (Redis's clock, no event)
+                await trio.sleep(0.02)  # (Redis's clock: no event to wait on)
                 expiry = store.pexpiretime(owner_key("s1"))
                 assert expiry > 0, "the owner lease lapsed while its owner ran"
                 if expiry > expiries[-1]:
@@ -248,10 +255,12 @@ async def test_an_owner_that_lost_its_lease_to_a_takeover_is_told_and_leaves_the
 ) -> None:
     """A stalled owner (here: its lease deleted, as if it lapsed) finds at its next
     renewal that another replica took the stream; ``disown`` keeps the store's keys."""
+    # The owner renews every 0.1 s; the other's lease (nobody renews it here) outlives the
+    # test, so the keys are still the other's at the end however slow the machine.
     owner = RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=1.0, follow_wait_s=0.1,
                                    owner_lease_s=0.3)
     other = RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=1.0, follow_wait_s=0.1,
-                                   owner_lease_s=0.3)
+                                   owner_lease_s=30.0)
     store = redis.Redis.from_url(redis_url)
     lost = trio.Event()
     told: list[str] = []
@@ -286,10 +295,12 @@ async def test_a_stalled_owner_that_finishes_before_it_learns_of_a_takeover_leav
     replica takes the stream over, and the owner wakes and writes the stream's last
     event before its next renewal (after which it renews nothing). When its grace
     period ends it forgets the stream: the store's keys are the new owner's and stay."""
+    # Neither log runs (nobody renews): the other's lease outlives the test, so the keys
+    # are still the other's when the owner expires the stream, however slow the machine.
     owner = RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=1.0, follow_wait_s=0.1,
                                    owner_lease_s=0.3)
     other = RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=1.0, follow_wait_s=0.1,
-                                   owner_lease_s=0.3)
+                                   owner_lease_s=30.0)
     store = redis.Redis.from_url(redis_url)
     owner.publish("s5", b"spec")
     owner.append("s5", 1, b"start")
