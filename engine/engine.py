@@ -67,7 +67,7 @@ from .costs import StepCosts, calibrate, cost_tokens, timed
 from .errors import EmptyPrompt, InvalidMaxNewTokens, PromptTooLong, StepReentered
 from .scheduler import DEFAULT_WATERMARK, KvAdmission, Op, Scheduler, StepPlan
 from .sequence import Chunk, Sequence
-from .text import IncrementalDetokenizer, PromptEncoder, StopMatcher
+from .text import IncrementalDetokenizer, PromptEncoder, StopMatcher, text_decoder
 from .types import (
     EngineEvent,
     EngineStatistics,
@@ -180,6 +180,7 @@ class Engine:
     ) -> None:
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer  # the stepping thread's: detokenizers use it
+        self._text_decoder = text_decoder(loaded.tokenizer)
         self._encoder = PromptEncoder(loaded.tokenizer)
         if num_blocks is None:
             if runner is not None:
@@ -283,7 +284,7 @@ class Engine:
             Sequence(
                 request=request,
                 prompt_ids=prompt_ids,
-                detokenizer=IncrementalDetokenizer(self.tokenizer, prompt_ids),
+                detokenizer=IncrementalDetokenizer(self.tokenizer, prompt_ids, self._text_decoder),
                 stop_matcher=StopMatcher(tuple(request.stop)),
                 generator=self.runner.new_generator(request.sampling),
                 generated_ids=list(resume_from),

@@ -7,10 +7,13 @@ that a second run ends exactly there.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from transformers import PreTrainedTokenizerBase
 
 from engine import (
@@ -22,8 +25,8 @@ from engine import (
     TokenEvent,
 )
 from engine.engine import Engine
-from engine.model import LoadedModel
-from engine.text import REPLACEMENT_CHAR, IncrementalDetokenizer, StopMatcher
+from engine.model import LoadedModel, tiny_tokenizer
+from engine.text import REPLACEMENT_CHAR, IncrementalDetokenizer, StopMatcher, text_decoder
 
 MakeEngine = Callable[..., Engine]
 MODELS = pytest.mark.parametrize("model", ["tiny-gpt2", "tiny-llama"])
@@ -251,3 +254,15 @@ def test_stop_matcher_holds_the_longest_prefix_of_any_stop() -> None:
     matcher = StopMatcher(("xyz", "yz!"))
     assert matcher.feed("a xy") == ("a ", False)  # "xy" of the first, not just "y"
     assert matcher.feed("q") == ("xyq", False)
+
+
+@given(st.lists(st.integers(0, 2**31 - 1), max_size=12))
+def test_the_fast_text_decoder_decodes_as_the_tokenizer_does(ids: list[int]) -> None:
+    tokenizer = _tiny_tokenizer()
+    ids = [i % len(tokenizer) for i in ids]
+    assert text_decoder(tokenizer)(ids) == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@functools.cache
+def _tiny_tokenizer() -> PreTrainedTokenizerBase:
+    return tiny_tokenizer()

@@ -9,6 +9,7 @@ dependency: a missing package fails, not skips. Run alone with ``pytest -m smoke
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from engine import FinishEvent, FinishReason, GenerationRequest, TokenEvent
 from engine.engine import Engine
 from engine.model import converted_cache_dir, load_model
+from engine.text import text_decoder
 
 pytestmark = pytest.mark.smoke
 
@@ -75,3 +77,13 @@ def test_converted_copy_answers_like_the_gguf_file(
     from_copy = Engine(load_model("smollm2", "cpu"), max_batch=2, num_blocks=16, block_size=16)
     prompt = "The capital of France is"
     assert greedy_text(from_copy, prompt) == greedy_text(converted_engine, prompt)
+
+
+def test_the_fast_text_decoder_decodes_as_the_embedded_tokenizer_does(
+    converted_engine: Engine,
+) -> None:
+    tokenizer = converted_engine.tokenizer
+    rng = random.Random(7)
+    for _ in range(500):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 10))]
+        assert text_decoder(tokenizer)(ids) == tokenizer.decode(ids, skip_special_tokens=True)
