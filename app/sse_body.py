@@ -71,6 +71,10 @@ class ItemSource(Protocol):
         Cancellation: must lose nothing (the keep-alive relies on it)."""
         ...
 
+    def take_ready(self, max_items: int) -> list[StreamItem]:
+        """The items queued now, maybe none; sync, no checkpoint."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -178,6 +182,10 @@ class EventStreamBody(ResponseBody):
             opening = self._opening()
             if opening:
                 return opening
+        await trio.lowlevel.checkpoint_if_cancelled()  # before taking: a cancel loses nothing
+        ready = self.stream.take_ready(MAX_EVENTS_PER_WRITE)
+        if ready:  # catching up: no timeout scope, no schedule point (the write yields)
+            return self._encode_all(ready)
         with trio.move_on_after(self.keepalive_s):
             try:
                 items = await self.stream.receive_batch(MAX_EVENTS_PER_WRITE)

@@ -177,6 +177,18 @@ class TokenStream:
                 raise trio.EndOfChannel
             await self._readable.park()
 
+    def take_ready(self, max_items: int) -> list[StreamItem]:
+        """The items queued now (at most ``max_items``; none: an empty list). Sync, never
+        a checkpoint: for a writer that checks for cancellation itself before it takes
+        (``trio.lowlevel.checkpoint_if_cancelled``) and will yield in its write, so that
+        a writer catching up pays no schedule point and no timeout scope per write."""
+        if self._state is StreamState.CLOSED:
+            return []
+        items: list[StreamItem] = []
+        while self._items and len(items) < max_items:
+            items.append(self._take())
+        return items
+
     async def receive_batch(self, max_items: int) -> list[StreamItem]:
         """Take every queued item (at most ``max_items``), waiting for one if none is.
 

@@ -30,6 +30,15 @@ class ScriptedStream:
         self.send, self._receive = trio.open_memory_channel[StreamItem](100)
         self.closes = 0
 
+    def take_ready(self, max_items: int) -> list[StreamItem]:
+        items: list[StreamItem] = []
+        while len(items) < max_items:
+            try:
+                items.append(self._receive.receive_nowait())
+            except trio.WouldBlock:
+                break
+        return items
+
     async def receive_batch(self, max_items: int) -> list[StreamItem]:
         items = [await self._receive.receive()]
         while len(items) < max_items:

@@ -15,11 +15,14 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from app import http_fixes
 from app.sse_body import EventStreamBody, encode_json_event, item_event, token_event
 from engine import FinishEvent, TokenEvent
 from streams import Hub, HubSettings, PolicyName, SSEParser, StreamState
 from streams.stepper import DEFAULT_STEPS_AHEAD
 from tests.fakes import STEP_S, ScriptedEngine, open_hub, request
+from tests.http_clients import parse_sse, stream_body
+from tests.http_server import RunningServer
 
 
 @given(st.text(), st.integers(0, 10**6), st.integers(0, 10**6), st.integers(1, 10**9))
@@ -96,3 +99,19 @@ async def test_a_cancelled_hub_stops_its_stepping_thread_after_the_step_in_fligh
     assert engine.steps == steps  # nobody steps after run() returned
     assert stream.statistics().end is not None  # ended with StreamError shutdown
     stream.close()
+
+
+async def test_a_streamed_body_is_written_the_direct_way_in_valid_chunks(
+    server: RunningServer,
+) -> None:
+    # httpx reads the body through h11, which refuses a malformed chunk; every event is
+    # there and in order, and the hot path wrote the body's messages (app/http_fixes.py).
+    before = http_fixes.direct_writes
+    async with server.client() as client:
+        response = await client.post("/v1/stream", json=stream_body(max_new_tokens=12,
+                                                                    ignore_eos=True))
+    events = parse_sse(response.content)
+
+    assert [e.event for e in events] == ["start"] + ["token"] * 12 + ["done"]
+    assert [e.id for e in events] == [str(n) for n in range(1, 15)]
+    assert http_fixes.direct_writes - before >= 2  # the start event, then token writes
