@@ -239,6 +239,12 @@ class Engine:
         """
         return self._encoder.encode(prompt)
 
+    def tokenize_if_free(self, prompt: str) -> list[int] | None:
+        """``tokenize(prompt)`` if the encoder is free now, else None without waiting:
+        for an event loop to encode a short prompt itself (tens of microseconds, less
+        than a worker thread's round trip) without ever waiting for a long one."""
+        return self._encoder.encode_if_free(prompt)
+
     def render_chat(
         self, messages: Seq[Mapping[str, str]], add_generation_prompt: bool = True
     ) -> tuple[str, list[int]]:

@@ -154,6 +154,17 @@ class PromptEncoder:
         assert isinstance(ids, list)
         return ids
 
+    def encode_if_free(self, text: str) -> list[int] | None:
+        """``encode(text)`` if no other thread is encoding now, else None at once."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            ids = self._tokenizer.encode(text) if text else []
+        finally:
+            self._lock.release()
+        assert isinstance(ids, list)
+        return ids
+
     def render_chat(
         self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
     ) -> tuple[str, list[int]]:

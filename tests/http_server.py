@@ -15,6 +15,7 @@ The clients the tests use against it are in ``http_clients.py``.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -64,7 +65,9 @@ class RecordingEngine:
 
     Thread-safe like the engine: ``step`` runs in the hub's worker thread, the rest in
     the Trio thread. ``hold()`` makes the next step wait (in its worker thread) until
-    ``release()``; cancels posted meanwhile are applied at that step's start.
+    ``release()``; cancels posted meanwhile are applied at that step's start. ``pace(s)``
+    makes every step wait ``s`` seconds first: a stream then goes on producing tokens,
+    but its n tokens take n * s at least, however fast the machine.
     """
 
     def __init__(self, engine: ServingEngine) -> None:
@@ -72,6 +75,7 @@ class RecordingEngine:
         self._lock = threading.Lock()
         self._gate = threading.Event()
         self._gate.set()
+        self._pace_s = 0.0
         self.events: list[EngineEvent] = []
         self.cancel_marks: dict[str, int] = {}  # id -> its tokens emitted at first cancel()
         self.submitted: list[str] = []  # ids the engine accepted, in order
@@ -105,6 +109,9 @@ class RecordingEngine:
     def tokenize(self, prompt: str) -> list[int]:
         return self._engine.tokenize(prompt)
 
+    def tokenize_if_free(self, prompt: str) -> list[int] | None:
+        return self._engine.tokenize_if_free(prompt)
+
     def render_chat(
         self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
     ) -> tuple[str, list[int]]:
@@ -115,6 +122,8 @@ class RecordingEngine:
 
     def step(self, on_prefill: Callable[[list[EngineEvent]], None] | None = None) -> list[Any]:
         self._gate.wait()
+        if self._pace_s:
+            time.sleep(self._pace_s)  # in the worker thread: the event loop runs on
         self._break_text()
 
         def record_prefill(events: list[EngineEvent]) -> None:
@@ -149,6 +158,10 @@ class RecordingEngine:
 
     def release(self) -> None:
         self._gate.set()
+
+    def pace(self, step_s: float) -> None:
+        """From the next step on, each waits ``step_s`` before it runs (0: full speed)."""
+        self._pace_s = step_s
 
     def finish_of(self, request_id: str) -> FinishEvent | None:
         with self._lock:
@@ -268,6 +281,7 @@ class RunningServer:
         if self.engine is None or self.app.runtime.hub is None:
             return
         self.engine.release()
+        self.engine.pace(0)
         engine = self.engine
 
         def settled() -> bool:
@@ -358,6 +372,7 @@ async def open_servers(loaded_model: Any) -> AsyncIterator[StartServer]:
         for server in servers:
             if server.engine is not None:
                 server.engine.release()  # a test that failed may have left it held
+                server.engine.pace(0)  # or paced
         for server in servers:
             try:
                 if not server._stop.is_set():

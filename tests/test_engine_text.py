@@ -26,7 +26,13 @@ from engine import (
 )
 from engine.engine import Engine
 from engine.model import LoadedModel, tiny_tokenizer
-from engine.text import REPLACEMENT_CHAR, IncrementalDetokenizer, StopMatcher, text_decoder
+from engine.text import (
+    REPLACEMENT_CHAR,
+    IncrementalDetokenizer,
+    PromptEncoder,
+    StopMatcher,
+    text_decoder,
+)
 
 MakeEngine = Callable[..., Engine]
 MODELS = pytest.mark.parametrize("model", ["tiny-gpt2", "tiny-llama"])
@@ -266,3 +272,11 @@ def test_the_fast_text_decoder_decodes_as_the_tokenizer_does(ids: list[int]) -> 
 @functools.cache
 def _tiny_tokenizer() -> PreTrainedTokenizerBase:
     return tiny_tokenizer()
+
+
+def test_encode_if_free_never_waits_for_another_threads_encode() -> None:
+    encoder = PromptEncoder(_tiny_tokenizer())
+    assert encoder.encode_if_free("a prompt") == encoder.encode("a prompt")
+    with encoder._lock:  # another thread's encode in progress
+        assert encoder.encode_if_free("a prompt") is None
+    assert encoder.encode_if_free("") == []
