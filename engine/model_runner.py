@@ -150,15 +150,6 @@ class ModelRunner:
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int | Exception]:
         """Each row's next token, or the exception sampling that row raised."""
-        greedy_ids = sampling.greedy(logits)
-        outcomes: list[int | Exception] = []
-        for row, seq in enumerate(seqs):
-            generator = cast("torch.Generator | None", seq.generator)
-            params = seq.request.sampling
-            try:
-                token = sampling.choose(logits[row], params, generator, greedy_ids[row])
-            except Exception as exc:
-                outcomes.append(exc)
-            else:
-                outcomes.append(token)
-        return outcomes
+        return sampling.sample(logits, [
+            (seq.request.sampling, cast("torch.Generator | None", seq.generator))
+            for seq in seqs])

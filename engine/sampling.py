@@ -8,6 +8,7 @@ its own logits: its tokens do not depend on which other rows share the batch.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import torch
 
@@ -62,12 +63,28 @@ def greedy(logits: torch.Tensor) -> list[int]:
     return ids
 
 
-def choose(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, greedy_id: int
-) -> int:
-    """One row's next token: ``greedy_id`` for a greedy row, else drawn from ``logits``
-    (vocab,) with the row's own generator. May raise for this row alone."""
-    return greedy_id if generator is None else _sample_row(logits, params, generator)
+def sample(
+    logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, torch.Generator | None]]
+) -> list[int | Exception]:
+    """Each row's next token (greedy: the argmax; else drawn from the row's logits with
+    its own generator), or the exception drawing it raised; the
+    rows of ``logits`` (batch, vocab) in order, with each row's params and generator.
+
+    A greedy row (no generator) takes its argmax from one call for the whole batch and
+    is never indexed on its own: at batch 256 a per-row ``logits[row]`` was most of
+    sampling a step of greedy rows.
+    """
+    greedy_ids = greedy(logits)
+    outcomes: list[int | Exception] = []
+    for row, (params, generator) in enumerate(rows):
+        if generator is None:
+            outcomes.append(greedy_ids[row])
+            continue
+        try:
+            outcomes.append(_sample_row(logits[row], params, generator))
+        except Exception as exc:
+            outcomes.append(exc)
+    return outcomes
 
 
 def _sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> int:

@@ -165,9 +165,10 @@ class TokenStream:
             Safe at every checkpoint: an item leaves the queue only when it is
             returned, so ``move_on_after(...)`` around this call loses nothing.
         """
-        if not self._items:
+        if self._items or self._state in (StreamState.ENDED, StreamState.CLOSED):
+            await trio.lowlevel.checkpoint()
+        else:  # it will wait: the park below is its checkpoint (one schedule point less)
             self._mark_written()  # the reader is back for more and nothing waits
-        await trio.lowlevel.checkpoint()
         while True:
             if self._state is StreamState.CLOSED:
                 raise trio.ClosedResourceError("the stream was closed")
