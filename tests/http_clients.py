@@ -23,7 +23,12 @@ from streams import ServerSentEvent, SSEParser
 READ_TIMEOUT_S = 10.0
 
 LONG_PROMPT = "The capital of France is"  # 8 tokens for the tiny tokenizer
-LONG_MAX_NEW_TOKENS = 480  # with ignore_eos: seconds of decoding on a CPU
+# With ignore_eos: 480 steps, under half a second of decoding on this machine's CPU. Enough
+# for a stream to be running still a few steps or polls after a test saw its first tokens
+# (the engine runs at most a few steps ahead of the server's event loop, which a reader
+# there shares), never enough to outlast a timer: a test that needs a stream running past
+# a timer holds or paces the engine's steps (``RecordingEngine.hold``, ``pace``).
+LONG_MAX_NEW_TOKENS = 480
 
 
 def stream_body(prompt: str = LONG_PROMPT, **fields: Any) -> dict[str, Any]:
@@ -31,7 +36,7 @@ def stream_body(prompt: str = LONG_PROMPT, **fields: Any) -> dict[str, Any]:
 
 
 def long_body(**fields: Any) -> dict[str, Any]:
-    """A request that decodes for seconds unless cancelled."""
+    """A request that decodes for 480 steps unless cancelled."""
     return stream_body(max_new_tokens=LONG_MAX_NEW_TOKENS, ignore_eos=True, **fields)
 
 

@@ -5,6 +5,12 @@ given when ``engine.cancel`` was called (by ``stream.close()``, in the Trio thre
 step in flight at that moment may still add one token to it (one token per sequence
 per step); the next step applies the cancel at its start. So a cancelled request has at
 most ``mark + 1`` tokens: it was cancelled within one step.
+
+A long stream (``long_body``: 480 tokens, under half a second here) is still running when
+its client leaves on any machine: the engine runs at most a few steps (the hub's
+``steps_ahead``) ahead of the event loop that also carries the reader's socket, not
+hundreds; where a test also waits for the server to notice, the engine's steps are held
+(``RecordingEngine.hold``) meanwhile.
 """
 
 from __future__ import annotations
@@ -31,11 +37,14 @@ async def test_client_that_leaves_is_cancelled_within_one_step(
 ) -> None:
     client = await open_long_stream(server)
     request_id = client.request_id()
+    server.recorder.hold()  # the stream cannot end before the server notices it is gone
 
     if how == "fin":
         await client.close_clean()
     else:
         client.close_abort()
+    await server.wait_for(lambda: request_id in server.recorder.cancel_marks, "the cancel")
+    server.recorder.release()
     finish = await server.wait_finished(request_id)
 
     mark = server.recorder.cancel_marks[request_id]
@@ -59,6 +68,8 @@ async def test_request_waiting_for_a_slot_is_never_admitted_if_its_client_leaves
     assert server.hub.statistics().waiting == 1
 
     second.close_abort()
+    # The cancel needs a step, so the first decodes on meanwhile: for a step and a poll
+    # (5 ms) of wait_finished, which its 480 tokens outlast on any machine.
     finish = await server.wait_finished(waiting_id)
 
     assert (finish.reason, finish.completion_tokens) == (FinishReason.CANCELLED, 0)
@@ -77,8 +88,11 @@ async def test_generate_is_cancelled_when_its_client_leaves(server: RunningServe
     (request_id,) = server.recorder.submitted
     await server.wait_for(lambda: len(server.recorder.token_ids_of(request_id)) >= TOKENS_READ,
                           "a few tokens generated")
+    server.recorder.hold()  # the request cannot end before the server notices it is gone
 
     client.close_abort()
+    await server.wait_for(lambda: request_id in server.recorder.cancel_marks, "the cancel")
+    server.recorder.release()
     finish = await server.wait_finished(request_id)
 
     assert finish.reason is FinishReason.CANCELLED

@@ -26,7 +26,9 @@ async def test_a_text_fault_ends_its_stream_only_and_the_server_keeps_serving(
     await victim.read_tokens(2)
     await other.read_tokens(1)
 
-    server.recorder.hold()  # the fault lands while both run
+    # The fault lands while both run: the engine is a few steps ahead of these reads, not
+    # the OTHER_TOKENS that would end the other stream.
+    server.recorder.hold()
     victim_id, other_id = victim.request_id(), other.request_id()
     server.recorder.break_text(victim_id)
     assert server.recorder.finish_of(other_id) is None

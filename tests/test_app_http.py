@@ -171,6 +171,7 @@ async def test_engine_failure_after_the_first_byte_is_an_error_event(
     await client.post("/v1/stream", long_body())
     await client.read_tokens(2)
 
+    # At once after the read: the engine is a few steps ahead of it, far from 480.
     server.recorder.fail(client.request_id())
     await client.read_until(lambda events: events[-1].event == "error")
     await client.read_to_end()
@@ -187,6 +188,8 @@ async def test_engine_failure_in_generate_is_a_500_engine_error(server: RunningS
             recorder = server.recorder
             await server.wait_for(lambda: any(map(recorder.token_ids_of, recorder.submitted)),
                                   "the request running")
+            # A poll (5 ms) after its first token: tens of its 480 steps on a machine 5x
+            # faster, at most.
             recorder.fail(recorder.submitted[0])
 
         nursery.start_soon(fail_when_running)

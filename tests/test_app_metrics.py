@@ -112,7 +112,10 @@ async def test_client_that_leaves_is_counted_once_as_cancelled_and_disconnect(
     await client.post("/v1/stream", long_body())
     await client.read_tokens(TOKENS_READ)
     request_id = client.request_id()
+    server.recorder.hold()  # it cannot end on its own before the server notices the close
     client.close_abort()
+    await server.wait_for(lambda: request_id in server.recorder.cancel_marks, "the cancel")
+    server.recorder.release()
     finish = await server.wait_finished(request_id)
     await server.wait_for(lambda: server.hub.statistics().streams_open == 0, "stream closed")
 

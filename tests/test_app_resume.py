@@ -18,6 +18,7 @@ import trio
 
 from engine import FinishReason
 from streams import Holding, ServerSentEvent, SSEParser
+from streams.resumption import TAKEOVER_WAIT_S
 from tests.http_clients import RawClient, long_body, stream_body
 from tests.http_server import RunningServer, StartServer
 
@@ -196,14 +197,20 @@ async def test_a_second_reader_takes_over_a_silently_dead_first_at_once(
     ``error`` event ``taken_over`` (no id: it is not part of the stream)."""
     first = await open_resumable(server, long_body())
     await first.read_tokens(2)  # from now on it reads nothing and stays open
+    # Held until the takeover: the first can get only what the engine made by now (a few
+    # steps ahead of the reader at most), so fewer than k + 10 events, on any machine.
+    server.recorder.hold()
     request_id = first.request_id()
     k = len(first.events)
 
-    with trio.fail_after(2.0):  # at once, not after the dead connection times out
+    # At once: in milliseconds, where a takeover whose old reader did not let go waits
+    # TAKEOVER_WAIT_S (5 s) before its 409.
+    with trio.fail_after(TAKEOVER_WAIT_S / 2):
         async with server.client() as client, client.stream(
             "GET", f"/v1/stream/{request_id}", headers={"Last-Event-ID": f"{request_id}:{k}"}
         ) as second:
-            status = second.status_code
+            status = second.status_code  # the head: the stream is the second's now
+            server.recorder.release()
             taken = await read_events(second, 10) if status == 200 else []
     async with server.client() as client:
         deleted = await client.delete(f"/v1/requests/{request_id}")
@@ -228,8 +235,10 @@ async def test_delete_ends_a_detached_stream_at_once(server: RunningServer) -> N
         request_id = (await client.post("/v1/requests", json=long_body())).json()["id"]
         await server.wait_for(lambda: len(server.recorder.token_ids_of(request_id)) >= 2,
                               "tokens generated with no reader")
+        server.recorder.hold()  # it cannot end on its own before the DELETE
         deleted = await client.delete(f"/v1/requests/{request_id}")
         again = await client.delete(f"/v1/requests/{request_id}")
+        server.recorder.release()
     finish = await server.wait_finished(request_id)
     gone, _ = await resume(server, request_id)
 
@@ -294,10 +303,12 @@ async def test_detached_stream_over_the_byte_cap_ends_with_an_error_event(
 async def test_stats_and_metrics_show_resumable_streams(server: RunningServer) -> None:
     async with server.client() as client:
         request_id = (await client.post("/v1/requests", json=long_body())).json()["id"]
+        server.recorder.hold()  # still running, detached, while it is looked at
         await wait_detached(server, request_id)
         stats = (await client.get("/stats")).json()
         metrics = (await client.get("/metrics")).text
         await client.delete(f"/v1/requests/{request_id}")
+        server.recorder.release()
     await server.wait_finished(request_id)
 
     assert stats["resumable_detached"] == 1

@@ -1,12 +1,13 @@
 """Prompts are encoded off the event loop, never with the tokenizer the step uses.
 
 A stress test over real HTTP: while streams decode (the step thread detokenizing all the
-time), bursts of clients post long prompts (96k characters: about 100 ms each to encode)
-and medium ones. No request errs, the budget check still refuses the
+time), bursts of clients post long prompts (96k characters: about 70 ms each to encode
+here) and medium ones. No request errs, the budget check still refuses the
 long ones (422 ``prompt_too_long``; ``/v1/completions`` in OpenAI's shape) before any
 stream opens, and the event loop never stalls: a heartbeat task that sleeps
-``HEARTBEAT_S`` at a time is never late by more than ``MAX_STALL_S``. This test
-measures real time on purpose, for a few seconds.
+``HEARTBEAT_S`` at a time is never late by as much as ``STALL_SHARE`` of one long
+prompt's encode, timed on this machine before the load. This test measures real time on
+purpose, for a few seconds; the bound scales with the machine's speed.
 
 Encoded on the event loop, one such prompt held it for 100-300 ms here; and before the
 server froze its heap after loading (``gc.freeze``), one full garbage collection held it
@@ -25,7 +26,7 @@ import trio
 
 from engine.model import TINY_CORPUS
 from streams import HubState
-from tests.http_clients import LONG_MAX_NEW_TOKENS, count_tokens, parse_sse, stream_body
+from tests.http_clients import count_tokens, parse_sse, stream_body
 from tests.http_server import StartServer
 
 # Three times the production limits (32k characters, 64 KiB), as an operator may set them:
@@ -40,9 +41,14 @@ MEDIUM_PROMPT = " ".join(TINY_CORPUS)[:600]  # about 300 tokens: accepted
 ROUNDS = 3  # of CLIENTS requests at once
 CLIENTS = 8  # each round: 6 long prompts and 2 medium ones, over the three routes
 STREAMS = 3
-STREAM_TOKENS = LONG_MAX_NEW_TOKENS  # decoding all through the rounds
+STREAM_TOKENS = 64  # a stream's; each of the STREAMS opens another until the rounds end
 HEARTBEAT_S = 0.005
-MAX_STALL_S = 0.050
+# The stall allowed, as a share of one LONG_PROMPT encode (the fastest of ENCODES timed
+# here first): a prompt encoded on the loop stalls it for a whole encode at least, on any
+# machine. The worst lateness seen here is a fifth of an encode on an idle machine and
+# half of one with both cores busy with other work (stress-ng).
+STALL_SHARE = 0.7
+ENCODES = 3
 
 
 async def heartbeat(lateness: list[tuple[float, float]]) -> None:
@@ -69,17 +75,23 @@ async def test_long_prompts_are_encoded_off_the_event_loop_while_steps_run(
     server = await start_server(
         max_prompt_chars=MAX_PROMPT_CHARS, max_body_bytes=MAX_BODY_BYTES, cache_blocks=CACHE_BLOCKS
     )
+    encode_s = min(_timed(server.recorder.tokenize, LONG_PROMPT) for _ in range(ENCODES))
+    max_stall_s = STALL_SHARE * encode_s
     lateness: list[tuple[float, float]] = []
     answers: list[tuple[str, str, int, Any]] = []
     streamed: list[list[Any]] = []
+    rounds_over = trio.Event()
     # One client for all, made before the measurement: the clients share the server's
     # event loop, and making an httpx client (its TLS context) alone takes tens of ms.
     limits = httpx.Limits(max_connections=CLIENTS + STREAMS)  # each reused by every round
     http = server.client(limits=limits)
 
     async def decode_stream() -> None:
+        # One stream after another until the rounds are over: decoding all through them,
+        # however fast the machine decodes.
         body = stream_body(max_new_tokens=STREAM_TOKENS, ignore_eos=True)
-        streamed.append((await post_one(http, "/v1/stream", body))[1])
+        while not rounds_over.is_set():
+            streamed.append((await post_one(http, "/v1/stream", body))[1])
 
     async def client(index: int) -> None:
         long = index % 4 != 0
@@ -103,6 +115,7 @@ async def test_long_prompts_are_encoded_off_the_event_loop_while_steps_run(
                 async with trio.open_nursery() as burst:
                     for index in range(CLIENTS):
                         burst.start_soon(client, index)
+            rounds_over.set()
         nursery.cancel_scope.cancel(reason="the load is over")
 
     assert len(answers) == ROUNDS * CLIENTS
@@ -122,7 +135,14 @@ async def test_long_prompts_are_encoded_off_the_event_loop_while_steps_run(
     stats = server.hub.statistics()
     assert (stats.state, stats.step_errors) == (HubState.RUNNING, 0)
     worst, cpu = max(lateness)
-    assert worst < MAX_STALL_S, (
+    assert worst < max_stall_s, (
         f"the event loop stalled {worst * 1000:.0f} ms, its thread busy {cpu * 1000:.0f} ms "
-        f"of it (the most: {max(c for _, c in lateness) * 1000:.0f} ms)"
+        f"of it (the most: {max(c for _, c in lateness) * 1000:.0f} ms); one long prompt "
+        f"encodes in {encode_s * 1000:.0f} ms here"
     )
+
+
+def _timed(fn: Any, *args: Any) -> float:
+    began = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - began

@@ -180,7 +180,7 @@ async def quart_sends(body: EventStreamBody, sent: list[bytes]) -> None:
 
 # -- variant: a request that never ran, let go at its deadline ----------------------
 
-DEADLINE_S = 0.02  # of real time: the deadline is a time.monotonic() value, not Trio's
+DEADLINE_S = 8 * STEP_S  # of the engine's clock, which runs on Trio's virtual time here
 
 
 async def test_a_request_still_waiting_at_its_deadline_is_let_go_without_a_block(
@@ -188,22 +188,28 @@ async def test_a_request_still_waiting_at_its_deadline_is_let_go_without_a_block
 ) -> None:
     """Nobody cancels it: at a step boundary after its deadline the scheduler finishes
     it (DEADLINE) from the waiting queue; its stream ends with ``deadline_missed``."""
-    engine = make_tiny_engine(max_batch=1, num_blocks=64, block_size=16)
+    # The engine reads deadlines against its own clock: here time.monotonic() as of its
+    # construction, moved on by the virtual time the steps cost, so the deadline passes
+    # after the 9th step on any machine. (The hub's check at open reads time.monotonic()
+    # itself: it sees the 125 ms left, less the hub's start, under a millisecond here.)
+    base = [0.0]  # time.monotonic() less the virtual time, once the engine is built
+    engine = make_tiny_engine(max_batch=1, num_blocks=64, block_size=16,
+                              clock=lambda: base[0] + autojump_clock.current_time())
+    base[0] = time.monotonic() - autojump_clock.current_time()
     greedy_to_the_end = SamplingParams(ignore_eos=True)
-    # The blocker holds the only batch slot for 500 steps, far longer in real time than
-    # the deadline (the late one is let go after about 20 of them on a 2-core CPU); the
-    # assertion that it still runs then says so if a machine is ever that fast.
-    blocker = GenerationRequest("blocker", "one two three", max_new_tokens=500,
+    # The blocker holds the only batch slot for LONG steps, far more than the 9.
+    blocker = GenerationRequest("blocker", "one two three", max_new_tokens=LONG,
                                 sampling=greedy_to_the_end)
     async with trio.open_nursery() as nursery:
         hub = Hub(engine, run_step=fixed_cost_step())
         await nursery.start(hub.run)
         running = hub.open_stream(blocker)
         late = GenerationRequest("late", "four five six", max_new_tokens=8,
-                                 ttft_deadline=time.monotonic() + DEADLINE_S)
+                                 ttft_deadline=engine.scheduler.clock() + DEADLINE_S)
         with running, hub.open_stream(late) as waiting:
             items = [item async for item in waiting]
             assert running.state is StreamState.STREAMING  # the blocker runs on
+            assert trio.current_time() == pytest.approx(9 * STEP_S)  # the 9th step let it go
         await hub.shutdown()
     assert items == [StreamError("deadline_missed", items[0].message)]  # type: ignore[union-attr]
     finish = hub.finished("late")

@@ -1,8 +1,10 @@
 """The mixed step: a step's prompt chunks and decode rows in ONE forward pass.
 
 The decode rows of a mixed pass must give the logits a decode pass of the same rows
-gives, bit for bit, so streams that decode while prompts are prefilled keep their
-tokens; concurrent runs with mixed steps (chunks with a cached prefix included) must
+gives, to float32's rounding (bit for bit on some CPUs: on others the matrix product
+takes another path for more rows, 2.6e-6 apart here for the tiny Llama), and the same
+argmax, so streams that decode while prompts are prefilled keep their tokens; concurrent
+runs with mixed steps (chunks with a cached prefix included) must
 match solo runs, greedy and seeded. The step-time budget and the TTFT estimate must
 count one pass, not two, once a mixed pass has been measured.
 """
@@ -55,7 +57,7 @@ def _request(i: int, sampling: SamplingParams, max_new: int = 6) -> GenerationRe
 
 
 @MODELS
-def test_a_mixed_pass_gives_its_decode_rows_the_decode_pass_logits_bit_for_bit(
+def test_a_mixed_pass_gives_its_decode_rows_the_decode_pass_logits(
     make_tiny_engine: MakeEngine, model: str
 ) -> None:
     engine = make_tiny_engine(model, max_batch=8, num_blocks=128, block_size=4)
@@ -73,7 +75,11 @@ def test_a_mixed_pass_gives_its_decode_rows_the_decode_pass_logits_bit_for_bit(
     with torch.inference_mode():
         decoded = runner.decode_logits(plan.decode).clone()
         mixed = runner.mixed_logits(plan.prefill, plan.decode)
-    assert torch.equal(mixed[len(plan.prefill):], decoded)
+    rows = mixed[len(plan.prefill):]
+    # 1e-5: the random tiny models' logits are O(1-10); a row attending to the wrong
+    # positions, or another row's, differs by O(1).
+    torch.testing.assert_close(rows, decoded, rtol=0, atol=1e-5)
+    assert torch.equal(rows.argmax(-1), decoded.argmax(-1))
     for seq in [*plan.decode, *(c.seq for c in plan.prefill)]:
         engine.cancel(seq.request_id)
 

@@ -35,7 +35,9 @@ OVER_LIMIT = 60_000  # bytes: over TEST_SETTINGS.max_body_bytes (4096), under th
 HUGE = 200_000  # bytes: over the drain limit (64 KiB): answered with Connection: close
 CYCLES = 30  # keep-alive reuse cycles: enough to catch the head/body race of defect 2b
 # The pause between a request's head and its body: long enough for a server that answers
-# without reading the body (404, 413) to have ended its response, unless it waits for it.
+# without reading the body (404, 413) to have ended its response, unless it waits for it
+# (milliseconds here). On a slower machine the race is only less likely, never a failure:
+# the fixed server waits up to DRAIN_TIMEOUT_S (1 s, 20 times this) for such a body.
 EARLY_WINDOW_S = 0.05
 
 
@@ -246,7 +248,9 @@ async def test_404_decided_before_its_body_arrived_still_serves_the_next_request
 ) -> None:
     # Defect 2b made deterministic: the body follows the head only after a pause in
     # which the 404 is decided. Before the fix the 404 went out at once, said nothing,
-    # and the next request on the connection was never answered.
+    # and the next request on the connection was never answered. The 0.3 s is far more
+    # than deciding a 404 takes (milliseconds), and leaves 0.7 s of the fixed server's
+    # DRAIN_TIMEOUT_S (1 s) for the body to arrive in: both hold 5x slower or faster.
     async with Wire.open(server.host, server.port) as wire:
         reply = await wire.request_split("POST", "/v1/nowhere", generate_body(),
                                          window_s=0.3)

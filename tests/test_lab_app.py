@@ -76,11 +76,15 @@ async def test_finish_record_of_a_client_that_left_says_cancelled(
     client = server.raw_client()
     await client.post("/v1/stream", long_body())
     await client.read_tokens(2)
+    server.recorder.hold()  # it cannot end on its own before the server notices the close
     closed_at = time.time()
     if how == "fin":
         await client.close_clean()
     else:
         client.close_abort()
+    await server.wait_for(lambda: client.request_id() in server.recorder.cancel_marks,
+                          "the cancel")
+    server.recorder.release()
     finish = await server.wait_finished(client.request_id())
 
     record = (await get(server, f"/v1/lab/requests/{client.request_id()}")).json()
@@ -97,10 +101,12 @@ async def test_unknown_and_running_requests_are_404_not_found(
     client = server.raw_client()
     await client.post("/v1/stream", long_body())
     await client.read_tokens(1)
+    server.recorder.hold()  # still running while it is asked about
 
     answers = [await get(server, f"{prefix}/requests/{request_id}")
                for prefix in ("/v1", "/v1/lab")
                for request_id in (client.request_id(), "no-such-request")]
+    server.recorder.release()
     client.close_abort()
 
     for response in answers:
@@ -237,6 +243,9 @@ async def test_flood_reports_a_blocked_write_for_a_client_that_reads_nothing(
     await client.post("/v1/lab/flood", {"id": "f1", "event_bytes": 1024})
 
     blocked = await wait_flood(server, "f1", "blocked", True)
+    # Time must pass for "nothing more went out" to mean anything: there is no event for
+    # a write that does not happen. The client never reads, so the write stays blocked
+    # however long this is, on any machine.
     await trio.sleep(2 * BLOCKED_AFTER_S)
     later = await flood_status(server, "f1")
 

@@ -159,16 +159,22 @@ async def test_a_client_that_leaves_through_deploy_nginx_conf_frees_its_stream(
     host, port = url.removeprefix("http://").rsplit(":", 1)
     client = RawClient(host, int(port))
     await client.post("/v1/stream", long_body())
-    await client.read_tokens(2)  # the stream runs on one replica, for seconds unless cancelled
+    await client.read_tokens(2)  # the stream runs on one replica
+    for replica in (a, b):  # it cannot end on its own before the disconnect reaches it
+        replica.recorder.hold()
     owner = next(s for s in (a, b) if s.hub.statistics().streams_open)
     request_id = client.request_id()
     if leave == "fin":
         client.sock.shutdown(trio.socket.SHUT_WR)  # nginx takes EOF for the client gone
-        await owner.wait_finished(request_id)
-        client.sock.close()
     else:
         client.close_abort()
-        await owner.wait_finished(request_id)
+    await owner.wait_for(lambda: request_id in owner.recorder.cancel_marks,
+                         "the disconnect to reach the replica")
+    for replica in (a, b):
+        replica.recorder.release()
+    await owner.wait_finished(request_id)
+    if leave == "fin":
+        client.sock.close()
     finish = owner.recorder.finish_of(request_id)
     assert finish is not None and finish.reason.value == "cancelled", finish
     await owner.wait_for(lambda: owner.hub.statistics().streams_open == 0,

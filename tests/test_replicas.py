@@ -240,6 +240,8 @@ async def test_redis_log_replays_follows_and_expires(redis_url: str) -> None:
 
 async def test_redis_log_keys_die_with_their_time_to_live(redis_url: str) -> None:
     """An owner that stops refreshing (it died) leaves nothing behind after ttl_s."""
+    # The tail read right after the flush is one round trip to Redis, a millisecond: well
+    # inside the 0.3 s on a machine 5x slower. Then the test waits for the keys to go.
     log = RedisEventLog.from_url(redis_url, ttl_s=0.3, lease_s=0.5, follow_wait_s=0.1)
     log.append("s2", 1, b"one")
     await log.flush()  # no run(): nobody refreshes, as after a SIGKILL
@@ -251,6 +253,9 @@ async def test_redis_log_keys_die_with_their_time_to_live(redis_url: str) -> Non
 
 
 async def test_reader_lease_is_taken_over_by_the_newest_reader(redis_url: str) -> None:
+    # Each check comes a round trip or two (milliseconds) after the claim it looks at:
+    # none of the 0.5 s leases lapses meanwhile, on a machine 5x slower too; the last one
+    # is left to lapse and waited for.
     log = RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=0.5, follow_wait_s=0.1)
     await log.claim_reader("s3", "t1")
     assert await log.renew_reader("s3", "t1")
@@ -298,14 +303,38 @@ async def test_a_remote_reader_keeps_the_stream_past_the_grace_period(
     start_server: StartServer, redis_url: str,
 ) -> None:
     """The owner's grace runs out while B follows: the lease makes it go on."""
-    a, b = await two_replicas(start_server, redis_url, resume_grace_s=0.3)
-    body = stream_body(max_new_tokens=300, ignore_eos=True)
+    # A's steps are held from the start, so the stream is still running when its grace
+    # period runs out, however fast the machine; B takes the lease milliseconds after the
+    # 201, well inside the 1 s grace on a machine 5x slower. The test waits for the
+    # grace's end itself: the registry starts another grace period (the lease is held).
+    tokens = 32
+    a, b = await two_replicas(start_server, redis_url, resume_grace_s=1.0)
+    body = stream_body(max_new_tokens=tokens, ignore_eos=True)
+    store = redis.Redis.from_url(redis_url)
+    a.recorder.hold()
     async with a.client() as client:
         request_id = (await client.post("/v1/requests", json=body)).json()["id"]
-    response = await get_resume(b.base_url, request_id, None)
-    events = parse(response.content)
+    registry = a.app.runtime.resumption
+    assert registry is not None
+    entry = registry._entries[request_id]  # tests may use internals: the grace's scope
+    first_grace = entry._holder_scope
+    answers: list[httpx.Response] = []
 
-    assert positions(events, request_id) == list(range(1, 300 + 3))
+    async def follow_on_b() -> None:
+        answers.append(await get_resume(b.base_url, request_id, None))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(follow_on_b)
+        await a.wait_for(lambda: bool(store.exists(reader_key(request_id))), "B's lease")
+        assert entry._holder_scope is first_grace  # B came within the first grace period
+        await a.wait_for(lambda: entry._holder_scope is not first_grace
+                         or entry.holding is Holding.GONE, "the grace period to run out")
+        assert entry.holding is Holding.DETACHED  # not expired: another grace period
+        a.recorder.release()
+    store.close()
+    events = parse(answers[0].content)
+
+    assert positions(events, request_id) == list(range(1, tokens + 3))
     assert events[-1].event == "done"
     assert token_ids(events) == a.recorder.token_ids_of(request_id)
     finish = await a.wait_finished(request_id)
@@ -335,9 +364,13 @@ async def test_a_resume_on_the_owner_takes_over_a_remote_reader_and_delete_ends_
         ) as local:
             status_on_a = local.status_code
             on_a = await read_events(local, 5)
+            # Held until B found its lease taken (at its next renewal, a timer): the stream
+            # cannot end first, however fast the machine, and B read no final event.
+            a.recorder.hold()
             with trio.fail_after(START_TIMEOUT_S):  # B finds its lease taken at a renewal
                 rest = first + b"".join([chunk async for chunk in chunks])
             deleted = await client_a.delete(f"/v1/requests/{request_id}")
+            a.recorder.release()
     store = redis.Redis.from_url(redis_url)
     await a.wait_for(lambda: not store.exists(events_key(request_id)), "the log deleted")
     gone_on_b = await get_resume(b.base_url, request_id, None)
@@ -353,6 +386,8 @@ async def test_a_resume_on_the_owner_takes_over_a_remote_reader_and_delete_ends_
 async def test_a_finished_stream_expires_from_redis_after_the_grace_period(
     start_server: StartServer, redis_url: str,
 ) -> None:
+    # The look at the store right after the response is a round trip or two: well inside
+    # the 0.3 s grace on a machine 5x slower. Then the test waits for the log to go.
     a, b = await two_replicas(start_server, redis_url, resume_grace_s=0.3)
     async with a.client() as client:
         response = await client.post("/v1/stream", json=short_body(resumable=True))
@@ -467,6 +502,9 @@ async def test_concurrent_resumes_on_other_replicas_leave_the_newest_reader(
     at their next renewal and end with ``taken_over``; the one left reads on, gap-free."""
     a, b = await two_replicas(start_server, redis_url)
     request_id, _ = await cut_after(a.host, a.port, lambda _: a, long_body(), 2)
+    # Held until three readers found their lease taken (each at its next renewal, a
+    # timer): the stream cannot end first, however fast the machine.
+    a.recorder.hold()
     statuses: list[int] = []
     bodies: list[list[ServerSentEvent]] = []
     three_ended = trio.Event()
@@ -485,6 +523,7 @@ async def test_concurrent_resumes_on_other_replicas_leave_the_newest_reader(
             for _ in range(4):
                 nursery.start_soon(resume_once)
             await three_ended.wait()
+            a.recorder.release()  # the newest reads on until the DELETE
             async with a.client() as client:
                 await client.delete(f"/v1/requests/{request_id}")
 
@@ -519,13 +558,20 @@ async def test_a_reader_on_another_replica_takes_over_a_silently_dead_one_on_the
     store = redis.Redis.from_url(redis_url)
     await a.wait_for(lambda: bool(store.exists(reader_key(request_id))), "the lease set")
 
-    with trio.fail_after(2.0):  # at once, not after the dead connection times out
+    # At once: milliseconds, on a machine 5x slower too, where a dead reader left alone is
+    # dropped only after the 10 s stall timeout.
+    with trio.fail_after(2.0):
         async with b.client() as client, client.stream(
             "GET", f"/v1/stream/{request_id}", headers={"Last-Event-ID": f"{request_id}:{k}"}
         ) as second:
             status = second.status_code
             taken = await read_events(second, 10) if status == 200 else []
+            # The first finds the lease taken at its renewal: on the first item it takes
+            # LEASE_CHECK_S (0.25 s) after the last, so the stream must go on that long.
+            # Paced, its 400-odd tokens left take 4 s at least, however fast the machine.
+            a.recorder.pace(0.01)
     await first.read_to_end()  # what A wrote to the first, all buffered
+    a.recorder.pace(0)
     first.sock.close()
     await a.wait_for(lambda: holding(a, request_id) is Holding.DETACHED, "the first let go")
     async with a.client() as client:

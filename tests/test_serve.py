@@ -189,7 +189,9 @@ async def test_a_burst_of_1000_clients_all_get_an_http_answer() -> None:
 
     async with start_server(SERVER_COMMANDS["serve"]) as server:
         before = open_files(server.pid)
-        result = await burst(server.url, BURST_CLIENTS, max_new_tokens=8, timeout_s=30.0)
+        # A client with no whole answer after timeout_s counts as a hang: the last of the
+        # thousand is answered 4.4 s after the release here, 22 s on a machine 5x slower.
+        result = await burst(server.url, BURST_CLIENTS, max_new_tokens=8, timeout_s=60.0)
         after = await settle_open_files(server.pid, before)
         async with server_client(server.url) as http:
             stats = (await http.get("/stats")).json()
@@ -197,7 +199,9 @@ async def test_a_burst_of_1000_clients_all_get_an_http_answer() -> None:
     assert (result.connection_errors, result.hangs, result.other) == (0, 0, 0), result
     assert result.served + result.refused == BURST_CLIENTS
     assert set(result.statuses) <= {"200", "429", "503"}, result
-    # No client's SYN waited for a second try: the backlog held the whole burst.
+    # No client's SYN waited for a second try: the backlog held the whole burst. (A slow
+    # connect is one of 0.9 s or more, just under the kernel's 1 s retry; the slowest took
+    # 0.09 s here, with the client's loop starting a thousand at once.)
     assert result.slow_connects == 0, result
     assert stats["blocks_free"] == stats["blocks_total"]
     assert (stats["streams_open"], stats["engine_requests"]) == (0, 0)
