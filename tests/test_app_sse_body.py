@@ -40,13 +40,8 @@ class ScriptedStream:
         return items
 
     async def receive_batch(self, max_items: int) -> list[StreamItem]:
-        items = [await self._receive.receive()]
-        while len(items) < max_items:
-            try:
-                items.append(self._receive.receive_nowait())
-            except trio.WouldBlock:
-                break
-        return items
+        first = await self._receive.receive()
+        return [first, *self.take_ready(max_items - 1)]
 
     def close(self) -> None:
         self.closes += 1
