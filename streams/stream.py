@@ -201,10 +201,7 @@ class TokenStream:
         is the last of the list.
         """
         first = await self.receive()
-        items = [first]
-        while self._items and len(items) < max_items:
-            items.append(self._take())
-        return items
+        return [first, *self.take_ready(max_items - 1)]
 
     def close(self) -> None:
         """End the stream for good: unregister it, and cancel it in the engine unless
