@@ -1,15 +1,60 @@
-"""The HTTP layer: ``hypercorn -k trio app:app`` serves this ``app``.
+"""The HTTP service: ``hypercorn -k trio app:app`` serves this package's ``app``.
 
-Settings come from ``STREAMSCOPE_*`` environment variables (``app/settings.py``); the
-model loads when the server starts, not at import.
+Importing ``app`` or any ``app.*`` module (``app.settings``, ``app.runtime``) reads no
+environment, builds nothing and patches nothing. ``app`` is a stand-in that hypercorn
+can load by name (it reads the module's namespace, so a module ``__getattr__`` would not
+do): its first ASGI call, the lifespan's startup, builds the service's app
+(``factory.create_app``) from the ``STREAMSCOPE_*`` environment variables, draining on
+SIGTERM (``edge/signals.py``); building it installs the HTTP fixes in hypercorn
+(``edge/http_fixes.py``) before hypercorn builds its first TCP server, which it does only
+once the startup is over. Settings that cannot be read fail that startup with their
+message, so hypercorn exits rather than serve without the app. The model loads when the
+server starts, not here.
 """
 
-from . import http_fixes
+from __future__ import annotations
 
-# Before any server starts: hypercorn 0.18's trio worker must build our TCPServer
-# (``http_fixes.py``: Connection: close, HTTP/1.0, keep-alive after an unread body).
-http_fixes.install()
+import logging
+from typing import TYPE_CHECKING, Any
 
-from .factory import create_app  # noqa: E402
+if TYPE_CHECKING:
+    from .quart_app import StreamscopeApp
 
-app = create_app(drain_on_sigterm=True)  # a SIGTERM drains first (``drain.py``)
+__all__ = ["app"]
+
+
+class ServedApp:
+    """The ASGI app of ``hypercorn -k trio app:app``, built at its first call."""
+
+    def __init__(self) -> None:
+        self._app: StreamscopeApp | None = None
+
+    def built(self) -> StreamscopeApp:
+        """The service's app, built from the environment on the first call."""
+        if self._app is None:
+            from .factory import create_app
+
+            self._app = create_app(drain_on_sigterm=True)
+        return self._app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """Build the app if it is not yet, then serve the call with it.
+
+        Cancellation: as the app's; the build has no checkpoint.
+        """
+        if self._app is None and scope["type"] == "lifespan":
+            from .settings import SettingsError
+
+            try:
+                self.built()
+            except Exception as exc:  # a bad setting, or a broken install: say it, stop
+                logging.getLogger("streamscope.app").error(
+                    "cannot build the app: %s", exc,
+                    exc_info=not isinstance(exc, SettingsError))  # its message says it all
+                if (await receive())["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                return
+        await self.built()(scope, receive, send)
+
+
+app = ServedApp()

@@ -6,7 +6,7 @@ is answered 401 ``unauthorized`` with ``WWW-Authenticate: Bearer`` (``errors.py`
 check is a ``before_request`` hook, so it runs before a view reads the body, and it
 also covers unknown paths (a 401, not a 404: no route list for strangers).
 
-The browser page (``page.py``) reads a stream with ``EventSource``, which cannot send
+The browser page (``routes/page.py``) reads a stream with ``EventSource``, which cannot send
 headers. So ``POST /v1/requests`` (made with the key) answers a ``stream_url`` that
 carries a read token of that one stream, ``?token=<HMAC-SHA256(key, id), hex>``
 (``stream_token``), and ``GET /v1/stream/<id>`` accepts that token instead of the key:
@@ -28,7 +28,7 @@ from quart import Quart, request
 from .errors import ApiError, ErrorType
 
 # Probes and scrapers (load balancers, orchestrators, Prometheus) carry no key, nor does
-# a browser loading the page (page.py); these show no request data.
+# a browser loading the page (routes/page.py); these show no request data.
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/", "/page.js"})
 # EventSource sends no headers: the one route a stream's read token opens, for that id.
 STREAM_READ_PREFIX = "/v1/stream/"

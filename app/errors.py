@@ -4,50 +4,19 @@ Every refusal is answered before a stream opens, as ``application/json``::
 
     {"error": {"type": "<ErrorType value>", "message": "<for a person>"}}
 
-After a stream has opened, the same inner object is the data of an SSE ``error`` event
-(``sse_body.py``). No other module chooses a status code: routes raise ``ApiError`` or
-let an exception through, and ``api_error_for`` turns any exception into one.
-
-    Exception                      ->  ErrorType            status
-    ├── ApiError                   ->  its own type (unauthorized 401 + WWW-Authenticate)
-    ├── pydantic.ValidationError   ->  invalid_json          422  (body is not JSON)
-    │                                  invalid_request       422  (wrong, unknown, out-of-range)
-    ├── engine.InvalidRequest
-    │   ├── PromptTooLong          ->  prompt_too_long       422
-    │   └── (the others)           ->  invalid_request       422
-    ├── streams.HubError
-    │   ├── WaitingLimitReached    ->  too_many_waiting      429  + Retry-After
-    │   ├── DeadlineUnmeetable     ->  deadline_unmeetable   429  + Retry-After, estimate_ms
-    │   └── NotAccepting           ->  not_ready | shutdown | unavailable   503
-    ├── werkzeug HTTPException     ->  not_found 404, method_not_allowed 405 (+ Allow),
-    │                                  request_timeout 408, body_too_large 413, else bad_request
-    └── anything else              ->  internal_error        500  (logged with its traceback)
-
-``trio.Cancelled`` is a BaseException: no handler here ever sees it.
+After a stream has opened, the same inner object is the data of an SSE ``error`` event.
+No other module chooses a status code: routes and the runtime raise ``ApiError`` or let
+an exception through, and ``error_handlers.api_error_for`` turns any exception into one.
+This module imports no web framework (``app.runtime`` raises its errors);
+``error_handlers.py`` answers them.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
-import pydantic
-from quart import Quart, Response
-from werkzeug.exceptions import HTTPException, InternalServerError, MethodNotAllowed
-
-import engine
-import streams
 from streams import ErrorType  # one enum for the envelope and the stream's error event
-
-log = logging.getLogger("streamscope.app")
-
-# A validation message names at most this many problems: enough to fix a request,
-# short enough that an adversarial body cannot make the answer large.
-MAX_PROBLEMS_SHOWN = 5
-_INTERNAL_MESSAGE = "the server failed to answer this request"
-
 
 STATUS: dict[ErrorType, int] = {
     ErrorType.UNAUTHORIZED: 401,
@@ -72,20 +41,6 @@ STATUS: dict[ErrorType, int] = {
     ErrorType.TAKEN_OVER: 409,
     ErrorType.RESUME_LOG_FULL: 503,
     ErrorType.INTERNAL_ERROR: 500,
-}
-
-_HTTP_TYPES = {
-    404: ErrorType.NOT_FOUND,
-    405: ErrorType.METHOD_NOT_ALLOWED,
-    408: ErrorType.REQUEST_TIMEOUT,
-    413: ErrorType.BODY_TOO_LARGE,
-}
-
-_NOT_ACCEPTING_TYPES = {
-    streams.HubState.NEW.value: ErrorType.NOT_READY,
-    streams.HubState.DRAINING.value: ErrorType.SHUTDOWN,
-    streams.HubState.STOPPED.value: ErrorType.SHUTDOWN,
-    streams.HubState.FAILED.value: ErrorType.UNAVAILABLE,
 }
 
 
@@ -124,82 +79,13 @@ class ApiError(Exception):
     def envelope(self) -> dict[str, dict[str, object]]:
         return {"error": {"type": self.type.value, "message": self.message, **self.detail}}
 
-    def to_response(self) -> Response:
-        response = Response(
-            json.dumps(self.envelope()), status=self.status, content_type="application/json"
-        )
+    def headers(self) -> dict[str, str]:
+        """The headers its answer carries besides the content type."""
+        headers = {}
         if self.retry_after_s is not None:
-            response.headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
         if self.allow:
-            response.headers["Allow"] = ", ".join(self.allow)
+            headers["Allow"] = ", ".join(self.allow)
         if self.type is ErrorType.UNAUTHORIZED:  # RFC 6750 section 3
-            response.headers["WWW-Authenticate"] = 'Bearer realm="streamscope"'
-        return response
-
-
-def api_error_for(exc: BaseException) -> ApiError:
-    """The ApiError that answers ``exc`` (see the module docstring's table)."""
-    match exc:
-        case ApiError():
-            return exc
-        case pydantic.ValidationError():
-            return _validation_error(exc)
-        case engine.PromptTooLong():
-            return ApiError(ErrorType.PROMPT_TOO_LONG, str(exc))
-        case engine.InvalidRequest():
-            return ApiError(ErrorType.INVALID_REQUEST, str(exc))
-        case streams.WaitingLimitReached():
-            return ApiError(ErrorType.TOO_MANY_WAITING, str(exc), retry_after_s=exc.retry_after_s)
-        case streams.DeadlineUnmeetable():
-            estimate = None if exc.estimate_ms is None else round(exc.estimate_ms, 1)
-            return ApiError(ErrorType.DEADLINE_UNMEETABLE, str(exc),
-                            retry_after_s=exc.retry_after_s,
-                            detail={"estimate_ms": estimate,
-                                    "deadline_left_ms": round(max(exc.left_ms, 0.0), 1)})
-        case streams.NotAccepting():
-            kind = _NOT_ACCEPTING_TYPES.get(exc.state, ErrorType.UNAVAILABLE)
-            return ApiError(kind, str(exc))
-        case InternalServerError():  # Quart wraps an unhandled exception; it logged it
-            return ApiError(ErrorType.INTERNAL_ERROR, _INTERNAL_MESSAGE)
-        case HTTPException() if exc.code is not None and exc.code < 500:
-            kind = _HTTP_TYPES.get(exc.code, ErrorType.BAD_REQUEST)
-            allow = tuple(exc.valid_methods or ()) if isinstance(exc, MethodNotAllowed) else ()
-            return ApiError(kind, exc.description or kind.value, allow=allow)
-        case _:
-            log.error("internal error", exc_info=(type(exc), exc, exc.__traceback__))
-            return ApiError(ErrorType.INTERNAL_ERROR, _INTERNAL_MESSAGE)
-
-
-def register_error_handlers(
-    app: Quart, on_refusal: Callable[[ApiError], None] | None = None
-) -> None:
-    """Answer every Exception (HTTPExceptions included) with the envelope.
-
-    Quart looks handlers up along the exception's MRO, so the one for ``Exception`` also
-    gets 404, 405 and 413 and the InternalServerError wrapping an unhandled exception.
-    ``trio.Cancelled`` is not an Exception and passes by untouched. ``on_refusal`` is
-    told of every answer (the metrics count them by status).
-    """
-
-    async def handle(exc: Exception) -> Response:
-        """Cancellation: no checkpoint."""
-        error = api_error_for(exc)
-        if on_refusal is not None:
-            on_refusal(error)
-        return error.to_response()
-
-    app.register_error_handler(Exception, handle)
-
-
-def _validation_error(exc: pydantic.ValidationError) -> ApiError:
-    problems = exc.errors(include_url=False, include_input=False)
-    if any(p["type"] == "json_invalid" for p in problems):
-        detail = problems[0]["msg"].removeprefix("Invalid JSON: ")
-        return ApiError(ErrorType.INVALID_JSON, f"the body is not valid JSON: {detail}")
-    parts = []
-    for problem in problems[:MAX_PROBLEMS_SHOWN]:
-        where = ".".join(str(part) for part in problem["loc"]) or "body"
-        parts.append(f"{where}: {problem['msg']}")
-    if len(problems) > MAX_PROBLEMS_SHOWN:
-        parts.append(f"and {len(problems) - MAX_PROBLEMS_SHOWN} more")
-    return ApiError(ErrorType.INVALID_REQUEST, "; ".join(parts))
+            headers["WWW-Authenticate"] = 'Bearer realm="streamscope"'
+        return headers

@@ -1,22 +1,28 @@
 """The composition root: ``create_app`` wires settings, runtime, routes and errors.
 
-The one place where the app is assembled; ``app/__init__.py`` calls it once with the
-settings from the environment, and tests call it with their own settings and engine.
+The one place where the app is assembled; ``app/__init__.py``'s ``app`` calls it once,
+at its first ASGI call, with the settings from the environment; ``streamscope serve``
+and the lab call it with theirs, tests with their own settings and engine.
 """
 
 from __future__ import annotations
 
+import streams
+
 from .auth import register_auth
-from .connection import StreamingConnection
-from .drain import watch_for_stop
-from .errors import register_error_handlers
-from .lifespan import MakeEngine, Runtime, load_engine_from_settings, stop_deadline_s
+from .edge import http_fixes
+from .edge.connection import StreamingConnection
+from .edge.signals import watch_for_stop
+from .error_handlers import register_error_handlers
 from .metrics import Metrics, make_metrics_blueprint
-from .openai_routes import make_openai_blueprint
-from .page import make_page_blueprint
 from .quart_app import StreamscopeApp
-from .resumable import make_resumable_blueprint
-from .routes import make_blueprint
+from .routes import (
+    make_blueprint,
+    make_openai_blueprint,
+    make_page_blueprint,
+    make_resumable_blueprint,
+)
+from .runtime import MakeEngine, Runtime, load_engine_from_settings, stop_deadline_s
 from .settings import Settings
 
 __all__ = ["StreamscopeApp", "create_app"]
@@ -27,28 +33,35 @@ def create_app(
     *,
     make_engine: MakeEngine | None = None,
     drain_on_sigterm: bool = False,
+    step_gate: streams.StepGate | None = None,
 ) -> StreamscopeApp:
-    """Build the app. Nothing is loaded until the server starts it (``before_serving``).
+    """Build the app, and install the HTTP fixes in hypercorn (idempotent). Nothing is
+    loaded until the server starts it (``before_serving``).
 
     Args:
         settings: default ``Settings.from_env()``.
         make_engine: builds the engine from the settings, in a worker thread; default
             loads ``settings.model`` (which imports torch).
         drain_on_sigterm: drain on SIGTERM, and when hypercorn's CLI stops, then stop
-            hypercorn (``drain.py``); for ``hypercorn -k trio app:app``, whose ``app`` sets
-            it. It installs a process-wide SIGTERM handler while the app is served.
+            hypercorn (``edge/signals.py``); for ``hypercorn -k trio app:app``, whose
+            ``app`` sets it. It installs a process-wide SIGTERM handler while served.
+        step_gate: what the hub's step loop waits for after each step (none in the
+            service; the lab's ``naive`` device, ``tools/lab/naive.py``).
 
     Raises:
         SettingsError: a ``STREAMSCOPE_`` variable is invalid (when ``settings`` is None).
     """
     settings = Settings.from_env() if settings is None else settings
+    # Before any server serves it: hypercorn 0.18's trio worker must build our TCPServer
+    # (``edge/http_fixes.py``: Connection: close, HTTP/1.0, keep-alive after an unread body).
+    http_fixes.install()
     app = StreamscopeApp("app")
-    app.asgi_http_class = StreamingConnection  # its HTTP connections follow connection.py
+    app.asgi_http_class = StreamingConnection  # its connections follow edge/connection.py
     app.config.update(
         MAX_CONTENT_LENGTH=settings.max_body_bytes,  # checked on Content-Length and as read
         BACKGROUND_TASK_SHUTDOWN_TIMEOUT=stop_deadline_s(settings),
     )
-    runtime = Runtime(settings, make_engine or load_engine_from_settings)
+    runtime = Runtime(settings, make_engine or load_engine_from_settings, step_gate=step_gate)
     app.runtime = runtime
     app.metrics = metrics = Metrics(runtime.statistics)
     register_auth(app, settings.api_key)  # before any view reads a body

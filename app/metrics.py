@@ -238,6 +238,8 @@ _GAUGES = (
      "Bytes in the event logs of resumable streams."),
     ("streamscope_resume_detached_bytes", "resume_detached_bytes",
      "Bytes in the event logs of resumable streams no reader holds (capped)."),
+    ("streamscope_resume_store_pending", "resume_store_pending",
+     "Commands to the shared resume store queued, not yet written (0 without one)."),
 )
 # (metric name, /stats key, help) for the engine's counters.
 _ENGINE_COUNTERS = (
@@ -255,6 +257,10 @@ _RESUME_COUNTERS = (
      "Resumable streams ended (error resume_log_full) for the cap on detached bytes."),
     ("streamscope_resume_cancels", "resume_cancels",
      "Resumable streams ended by DELETE /v1/requests/<id>."),
+    ("streamscope_resume_store_batches", "resume_store_batches",
+     "Batches of commands written to the shared resume store."),
+    ("streamscope_resume_store_failed_batches", "resume_store_failed_batches",
+     "Batches that failed to reach the shared resume store (then tried again)."),
 )
 
 # (metric name, /stats key, help) for the hub's TTFT-deadline counters.

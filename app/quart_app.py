@@ -1,18 +1,20 @@
 """The app's class: a QuartTrio app that carries its runtime and metrics.
 
 ``factory.create_app`` builds it and gives it its connection class
-(``connection.StreamingConnection``); ``connection.py`` knows the app only as this class,
-so neither module imports the other's importer.
+(``edge.connection.StreamingConnection``); ``edge/connection.py`` knows the app only as
+this class, so neither module imports the other's importer.
 """
 
 from __future__ import annotations
 
-from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
+from typing import Any
+
+from quart.typing import ASGIReceiveCallable, ASGISendCallable
 from quart_trio import QuartTrio
 
-from .lifespan import Runtime
+from .edge.worker_guard import refuse, running_under_trio
 from .metrics import Metrics
-from .worker_guard import refuse, running_under_trio
+from .runtime import Runtime
 
 
 class StreamscopeApp(QuartTrio):
@@ -22,10 +24,11 @@ class StreamscopeApp(QuartTrio):
     metrics: Metrics
 
     async def __call__(
-        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+        self, scope: Any, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
         """Serve one ASGI call, or refuse it loudly under a non-Trio worker
-        (``worker_guard.py``). Cancellation: as Quart's."""
+        (``edge/worker_guard.py``). ``scope`` is hypercorn's ``Scope``, which only
+        ``app.edge`` imports. Cancellation: as Quart's."""
         if not running_under_trio():
             await refuse(scope, receive, send)
             return

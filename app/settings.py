@@ -5,12 +5,14 @@ so that ``hypercorn -k trio app:app`` needs no arguments. ``Settings`` is a
 pydantic-settings model: each field is one variable (``STREAMSCOPE_`` + its name in
 capitals), validated once, by its type and constraints. A bad value, an inconsistent
 pair, or an unknown ``STREAMSCOPE_`` name (a typo would otherwise be ignored silently)
-fails at startup with one ``SettingsError`` that names every problem. An empty value
-counts as unset. ``Settings(...)`` in code (tests) is validated the same way, and reads
-no environment. This module knows no Quart and no engine internals.
+fails at startup with one ``SettingsError`` that names every problem; an empty value
+counts as unset. ``Settings(...)`` in code (tests) is validated the same way and reads no
+environment. Importing this module reads nothing. It knows no Quart, no engine internals.
 
 The hub's limits (queue_limit, stall_timeout_s, max_waiting) are checked by the hub's own
-``streams.HubSettings``, built once here for each: one place says what the hub accepts.
+``streams.HubSettings`` (one place says what the hub accepts), each as its variable is
+read so that the error names it; the ``HubSettings`` the hub then runs with is built
+with the settings, once, and never checked again.
 
 The README's settings table is ``settings_table()``: each field's description says its
 meaning, so the table and the code cannot drift apart (tests/test_app_settings.py).
@@ -21,11 +23,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import pydantic
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -38,7 +40,6 @@ from streams import HubSettings, PolicyName
 
 ENV_PREFIX = "STREAMSCOPE_"
 BUILTIN_MODELS = ("smollm2", "tiny-gpt2", "tiny-llama")
-KV_ADMISSIONS = ("on_demand", "reserve")
 # A model name is an identifier in JSON and in URLs: printable ASCII, no spaces.
 MAX_MODEL_NAME_CHARS = 256
 _MEMORY_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9,
@@ -76,6 +77,7 @@ class Settings(BaseSettings):
         env_prefix=ENV_PREFIX, env_ignore_empty=True, frozen=True, extra="forbid",
         validate_default=False, hide_input_in_errors=True,
     )
+    _hub: HubSettings = PrivateAttr()  # built once, with the settings (hub_settings)
 
     model: str = _setting("smollm2",
         "smollm2 (embedded SmolLM2-135M), tiny-gpt2, tiny-llama (random, for tests) "
@@ -87,11 +89,10 @@ class Settings(BaseSettings):
     device: str | None = _setting(None,
         "cpu or cuda (cuda:N); unset: cuda if available, else cpu")
     policy: PolicyName = _setting(PolicyName.PAUSE_DROP,
-        "slow-reader policy: naive, unbounded, pause, drop or pause-drop")
+        "slow-reader policy: unbounded, pause, drop or pause-drop")
     request_policies: Annotated[frozenset[PolicyName], NoDecode] = _setting(
         frozenset({PolicyName.PAUSE_DROP, PolicyName.DROP}),
-        "the policies a request's `policy` field may pick, comma-separated (others get "
-        "422): any but naive, which would let one client stall every stream")
+        "the policies a request's `policy` field may pick, comma-separated (others: 422)")
     max_batch: PositiveInt = _setting(32, "most sequences running at once (batch slots)")
     cache_blocks: PositiveInt | None = _setting(None,
         "KV-cache blocks, allocated once at startup; unset: as many as "
@@ -103,11 +104,6 @@ class Settings(BaseSettings):
         "layers × 2 × kv heads × head dim × dtype bytes (45 KiB for smollm2: 0.1 of 22 GB "
         "available holds 47,728 positions, where 512 blocks held 8,192), and the cache never "
         "exceeds max_batch × the model's context")
-    kv_admission: Literal["on_demand", "reserve"] = _setting("on_demand",
-        "on_demand: a sequence takes cache blocks as it writes (admission needs its prompt's "
-        "blocks and a 1% watermark), and when they run out the newest running sequence is "
-        "preempted and later recomputed, with the same tokens; reserve: every block a "
-        "request may need (prompt + max_new_tokens) at admission, kept for comparison")
     block_size: PositiveInt = _setting(16, "token positions per cache block")
     max_prefill_tokens: PositiveInt = _setting(256,
         "prompt tokens prefilled per engine step, all in one forward pass; the rest wait "
@@ -212,13 +208,8 @@ class Settings(BaseSettings):
         return settings
 
     def hub_settings(self) -> HubSettings:
-        return HubSettings(
-            policy=self.policy,
-            queue_limit=self.queue_limit,
-            stall_timeout_s=self.stall_timeout_s,
-            max_waiting=self.max_waiting,
-            shutdown_grace_s=self.shutdown_grace_s,
-        )
+        """The hub's policy and limits, as checked when these settings were made."""
+        return self._hub
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes``, validated as a new one is."""
@@ -227,7 +218,7 @@ class Settings(BaseSettings):
 
     # -- validation beyond the types --------------------------------------------------
 
-    @field_validator("policy", "device", "kv_admission", mode="before")
+    @field_validator("policy", "device", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value
@@ -309,14 +300,14 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
-        if PolicyName.NAIVE in self.request_policies:
-            # naive makes the step loop wait for this stream's reader: one client that
-            # stops reading would stall every stream. Only the operator may choose it.
-            raise ValueError(f"{env_name('request_policies')} may not include naive")
         if self.default_max_new_tokens > self.max_new_tokens_limit:
             raise ValueError(
                 f"{env_name('default_max_new_tokens')} ({self.default_max_new_tokens}) must "
                 f"not exceed {env_name('max_new_tokens_limit')} ({self.max_new_tokens_limit})")
+        self._hub = HubSettings(  # each limit checked as it was read: this cannot fail
+            policy=self.policy, queue_limit=self.queue_limit,
+            stall_timeout_s=self.stall_timeout_s, max_waiting=self.max_waiting,
+            shutdown_grace_s=self.shutdown_grace_s)
         return self
 
 

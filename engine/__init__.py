@@ -1,18 +1,13 @@
 """The engine: a step-driven language model over a paged KV cache.
 
-Importing this package root loads no torch: it exposes the plain data types and
-errors that other packages may use, and ``load_engine`` which imports the torch
-parts when it is called. Plain thread-safe Python; no HTTP and no Trio here.
+Importing this package root loads no torch and changes nothing in the environment:
+it exposes the plain data types, errors and sampling limits that other packages may
+use, and ``load_engine``, which imports the torch parts when it is called (and only
+then switches the model hub offline: see ``offline``). Plain thread-safe Python; no
+HTTP and no Trio here.
 """
 
 from __future__ import annotations
-
-import os
-
-# No model hub at run time, ever: set before anything imports huggingface_hub.
-os.environ["HF_HUB_OFFLINE"] = "1"
-os.environ["TRANSFORMERS_OFFLINE"] = "1"
-os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +28,15 @@ from .types import FinishReason as FinishReason
 from .types import GenerationRequest as GenerationRequest
 from .types import SamplingParams as SamplingParams
 from .types import TokenEvent as TokenEvent
+from .validation import MAX_SEED as MAX_SEED
+from .validation import MAX_TEMPERATURE as MAX_TEMPERATURE
+from .validation import MAX_TOP_P as MAX_TOP_P
+from .validation import MIN_SEED as MIN_SEED
+from .validation import MIN_TEMPERATURE as MIN_TEMPERATURE
+from .validation import MIN_TOP_K as MIN_TOP_K
+from .validation import MIN_TOP_P as MIN_TOP_P
+from .validation import validate_request as validate_request
+from .validation import validate_sampling as validate_sampling
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -52,6 +56,13 @@ def load_engine(
 
 
 __all__ = [
+    "MAX_SEED",
+    "MAX_TEMPERATURE",
+    "MAX_TOP_P",
+    "MIN_SEED",
+    "MIN_TEMPERATURE",
+    "MIN_TOP_K",
+    "MIN_TOP_P",
     "ChatTemplateError",
     "DoubleRelease",
     "DuplicateRequestId",
@@ -70,4 +81,6 @@ __all__ = [
     "StepReentered",
     "TokenEvent",
     "load_engine",
+    "validate_request",
+    "validate_sampling",
 ]

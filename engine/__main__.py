@@ -1,7 +1,9 @@
 """Show a person real text: ``python -m engine "The capital of France is"``.
 
 Streams the embedded model's greedy continuation to the terminal, token by
-token, through the same step loop the server uses.
+token, from a plain loop over ``Engine.step`` in this thread: the engine as a
+library, with no server around it. (The server runs the same steps from its own
+loop, ``streams``' hub, in a worker thread that hands the events to Trio.)
 """
 
 from __future__ import annotations

@@ -44,9 +44,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
 
 from .kv_cache import PagedKVCache
+from .offline import hub_offline
 
 ATTENTION_NAME = "streamscope_paged"
 
@@ -282,4 +282,11 @@ def _packed_causal(
     return torch.cat(parts, dim=2).transpose(1, 2).contiguous()
 
 
-AttentionInterface.register(ATTENTION_NAME, paged_attention)
+def register_paged_attention() -> None:
+    """Make ``ATTENTION_NAME`` known to transformers (idempotent): before a model is
+    switched to it. Done when a runner is made rather than at import, so that importing
+    this module imports no transformers (see ``offline``)."""
+    hub_offline()
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, paged_attention)

@@ -46,9 +46,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from .block_manager import BlockTable
+from .model_side import Runner
 from .sequence import Chunk, Sequence
 from .types import GenerationRequest
 
@@ -206,16 +207,8 @@ def timed(run: Callable[[list[_T]], _R], items: list[_T],
     return result
 
 
-class _Passes(Protocol):  # the forward passes of ``engine.Runner``
-    def prefill(self, chunks: list[Chunk]) -> list[int | Exception | None]: ...
-    def decode(self, seqs: list[Sequence]) -> list[int | Exception]: ...
-    def mixed(
-        self, chunks: list[Chunk], seqs: list[Sequence]
-    ) -> tuple[list[int | Exception | None], list[int | Exception]]: ...
-
-
 def calibrate(
-    runner: _Passes, costs: StepCosts, *, num_blocks: int, positions: int, max_batch: int,
+    runner: Runner, costs: StepCosts, *, num_blocks: int, positions: int, max_batch: int,
     mixed: bool = False,
 ) -> None:
     """Time a few forward passes, so that a step-time budget has estimates from the

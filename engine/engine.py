@@ -23,12 +23,14 @@ or the cache happens inside ``step()``, which one caller runs repeatedly:
    with ``on_prefill`` all of that pass's events go out as soon as it is done;
 5. return the events: tokens, and finishes with a reason.
 
-Who does what: the ``Scheduler`` (pure Python) owns the inbox, admission, the
-budget and every finish, over the ``BlockAllocator`` (pure Python); the runner
-(``ModelRunner``, the only torch) owns the cache tensors, builds the batches,
-runs the forward passes and samples; text (detokenizer, stop strings) runs in
-the scheduler's per-sequence error boundary. This module only wires them, so it
-imports no torch: tests drive it with a scripted runner.
+Who does what: the ``Scheduler`` (pure Python) owns the inbox, admission (by an
+``AdmissionPolicy``), the budget and every finish, over the ``BlockAllocator`` (pure
+Python); the runner (``ModelRunner``, the only torch) owns the cache tensors, builds
+the batches, runs the forward passes and samples; ``StepPasses`` runs a step's passes
+through it and contains their failures; text (detokenizer, stop strings) runs in the
+scheduler's per-sequence error boundary; ``StepTiming`` clocks the steps
+and ``TtftEstimator`` turns costs and the queue into a first-token estimate. This
+module only wires them, so it imports no torch: tests drive it with a scripted runner.
 
 A sequence is therefore never removed while its tensors are in use, and its
 blocks are released in one place (``BlockAllocator.release``, which raises on
@@ -52,28 +54,29 @@ only in the stepping thread, so no fast tokenizer is used by two threads.
 
 from __future__ import annotations
 
-import statistics as stats
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Sequence as Seq
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, Protocol
 
+from .admission import DEFAULT_WATERMARK, ON_DEMAND, AdmissionPolicy
 from .block_manager import BlockAllocator
-from .costs import StepCosts, calibrate, cost_tokens, timed
+from .costs import StepCosts, calibrate
 from .errors import EmptyPrompt, InvalidMaxNewTokens, PromptTooLong, StepReentered
-from .scheduler import DEFAULT_WATERMARK, KvAdmission, Op, Scheduler, StepPlan
-from .sequence import Chunk, Sequence
+from .inbox import Op
+from .model_side import ModelSource, Runner
+from .passes import StepPasses
+from .scheduler import Scheduler, StepPlan
+from .sequence import Sequence
+from .step_timing import StepTiming
 from .text import IncrementalDetokenizer, PromptEncoder, StopMatcher, text_decoder
+from .ttft import TtftEstimator
 from .types import (
     EngineEvent,
     EngineStatistics,
-    FinishReason,
     GenerationRequest,
-    SamplingParams,
 )
 from .validation import validate_request
 
@@ -90,43 +93,6 @@ DEFAULT_MAX_PREFILL_TOKENS = 256
 DEFAULT_CACHE_MEMORY = 0.1
 
 
-# Each new step period's weight in the moving average estimate_ttft_ms paces steps by:
-# about the last ten steps, so a burst's slower steps count within a few tokens.
-PERIOD_WEIGHT = 0.1
-
-
-class ModelSource(Protocol):
-    """What the engine needs of a loaded model (``engine.model.LoadedModel`` is one)."""
-
-    @property
-    def tokenizer(self) -> Any: ...  # encode/decode like a transformers tokenizer
-    @property
-    def eos_token_ids(self) -> frozenset[int]: ...
-    @property
-    def max_context(self) -> int: ...
-
-
-class Runner(Protocol):
-    """The model side of a step (``engine.model_runner.ModelRunner`` is the real one).
-
-    ``prefill`` and ``decode`` return one outcome per chunk or sequence, in order: the
-    token sampled for it, the exception sampling it raised, or (a chunk that does not
-    end its prompt) None; ``mixed`` runs both in one forward pass and returns both
-    lists. An exception they raise themselves concerns the whole pass.
-    """
-
-    def new_generator(self, params: SamplingParams) -> object | None: ...
-    def advance_generator(self, generator: object | None, generated_ids: list[int]) -> None:
-        """Bring a new generator to where it was after sampling ``generated_ids``."""
-        ...
-
-    def prefill(self, chunks: list[Chunk]) -> list[int | Exception | None]: ...
-    def decode(self, seqs: list[Sequence]) -> list[int | Exception]: ...
-    def mixed(
-        self, chunks: list[Chunk], seqs: list[Sequence]
-    ) -> tuple[list[int | Exception | None], list[int | Exception]]: ...
-
-
 class Engine:
     """A language model serving many sequences, one round per ``step()``.
 
@@ -140,9 +106,9 @@ class Engine:
         cache_memory: the cache's memory when ``num_blocks`` is None: a float is a
             share of the device's available memory (after the model is loaded), an
             int a number of bytes.
-        kv_admission: ``"on_demand"`` (blocks as sequences write, preemption by
-            recompute when they run out) or ``"reserve"`` (every block a sequence can
-            need, at admission: kept for comparison). See ``scheduler``.
+        admission: how many positions a sequence's table covers when it is admitted:
+            by default ``OnDemandAdmission`` (blocks as sequences write, preemption by
+            recompute when they run out). See ``admission`` and ``scheduler``.
         watermark: share of the blocks an on-demand admission leaves free while
             others run.
         eos_token_ids: override the model's end-of-sequence ids.
@@ -151,11 +117,10 @@ class Engine:
         max_step_ms: a step-time target: each step prefills only the prompt tokens
             that measured costs say fit beside its decode pass (``calibrate`` runs
             at once). None: ``max_prefill_tokens`` alone.
-        pack_prefill: prefill a step's prompts in one forward pass (else one pass each,
-            exactly as a prompt alone: the exact mode).
-        mixed_step: run a step's prefill and decode rows in one forward pass (with
-            ``pack_prefill``); else two passes.
-        runner: the model side; by default a ``ModelRunner`` over ``loaded.model``.
+        mixed_step: run a step's prefill and decode rows in one forward pass; else two.
+        runner: the model side; by default a ``ModelRunner`` over ``loaded.model``. A
+            step's prompt chunks go to one ``prefill`` call (one packed pass); a runner
+            that runs them one pass each gives the exact mode (``tools/serial_prefill``).
         clock: what TTFT deadlines are read against (``GenerationRequest.ttft_deadline``
             is in its seconds): ``time.monotonic``; a test may give its own.
     """
@@ -168,12 +133,11 @@ class Engine:
         num_blocks: int | None = None,
         block_size: int = 16,
         cache_memory: float | int = DEFAULT_CACHE_MEMORY,
-        kv_admission: KvAdmission | str = KvAdmission.ON_DEMAND,
+        admission: AdmissionPolicy = ON_DEMAND,
         watermark: float = DEFAULT_WATERMARK,
         eos_token_ids: frozenset[int] | None = None,
         max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
         max_step_ms: float | None = None,
-        pack_prefill: bool = True,
         mixed_step: bool = True,
         runner: Runner | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -198,28 +162,21 @@ class Engine:
             max_prefill_tokens=max_prefill_tokens,
             eos_token_ids=loaded.eos_token_ids if eos_token_ids is None else eos_token_ids,
             max_step_ms=max_step_ms,
-            kv_admission=KvAdmission(kv_admission),
+            admission=admission,
             watermark=watermark,
             clock=clock,
         )
         self.costs: StepCosts = self.scheduler.costs
-        self.pack_prefill = pack_prefill
-        self.mixed_step = self.scheduler.mixed_step = mixed_step and pack_prefill
+        self.mixed_step = self.scheduler.mixed_step = mixed_step
         if runner is None:
             from .model_runner import ModelRunner  # the torch side, only when it is needed
 
             runner = ModelRunner(loaded, num_blocks=num_blocks, block_size=block_size)  # type: ignore[arg-type]
         self.runner = runner
         self._step_lock = threading.Lock()  # one step at a time
-        self._num_steps = 0
-        self.num_mixed_steps = 0  # steps whose prefill and decode ran in one pass
-        self._last_step_ms: float | None = None
-        # Between the starts of consecutive steps while sequences ran: the step as the
-        # caller's loop paces it (its own work between steps, a busy event loop, the GIL
-        # included), which a forward pass's time alone leaves out. For estimate_ttft_ms.
-        self._busy_period_ms: float | None = None
-        self._last_start: float | None = None
-        self._decode_ms: deque[float] = deque(maxlen=256)
+        self._passes = StepPasses(runner, self.scheduler)
+        self.timing = StepTiming()
+        self._ttft = TtftEstimator(self.scheduler, self.timing)
         self._snapshot = self._take_snapshot()
         if max_step_ms is not None:
             self.calibrate()
@@ -227,6 +184,11 @@ class Engine:
     @property
     def max_prefill_tokens(self) -> int:
         return self.scheduler.max_prefill_tokens
+
+    @property
+    def num_mixed_steps(self) -> int:
+        """Steps whose prefill and decode ran in one forward pass."""
+        return self._passes.num_mixed
 
     # -- the thread-safe entry points: they only record a wish ---------------
 
@@ -286,7 +248,7 @@ class Engine:
             raise InvalidMaxNewTokens(f"{len(resume_from)} tokens to resume from, over "
                                       f"max_new_tokens ({request.max_new_tokens})")
         self.check_budget(len(prompt_ids), request.max_new_tokens)
-        self.scheduler.post_submit(
+        self.scheduler.inbox.post_submit(
             Sequence(
                 request=request,
                 prompt_ids=prompt_ids,
@@ -310,14 +272,14 @@ class Engine:
 
     def cancel(self, request_id: str) -> None:
         """Ask for a request to end at the next step boundary (idempotent)."""
-        self.scheduler.post(Op.CANCEL, request_id)
+        self.scheduler.inbox.post(Op.CANCEL, request_id)
 
     def pause(self, request_id: str) -> None:
         """Leave a running request out of decoding; it keeps its blocks and slot."""
-        self.scheduler.post(Op.PAUSE, request_id)
+        self.scheduler.inbox.post(Op.PAUSE, request_id)
 
     def resume(self, request_id: str) -> None:
-        self.scheduler.post(Op.RESUME, request_id)
+        self.scheduler.inbox.post(Op.RESUME, request_id)
 
     def has_work(self) -> bool:
         """Whether a step would do anything. For the step's caller, between steps."""
@@ -329,41 +291,10 @@ class Engine:
 
     def estimate_ttft_ms(self, prompt_tokens: int) -> float | None:
         """How long until a request of ``prompt_tokens`` submitted now gets its first
-        token, in ms, by the measured step costs; None before any was measured.
-
-        The step in flight ends first; then every prompt token queued ahead of this
-        request and its own are prefilled, at most a step's prefill budget a step, each
-        step also decoding the sequences that decode now (a step costs its passes, or
-        the period between step starts measured while sequences ran, if that is
-        longer: the caller's own work between steps counts). If every batch slot is
-        taken, the decode steps until one frees are added (``_slot_wait_steps``); a
-        wait for blocks is not in it. Thread-safe: it reads the last step boundary's
-        state.
+        token, in ms, by the measured step costs; None before any was measured
+        (``ttft.TtftEstimator``). Thread-safe: it reads the last step boundary's state.
         """
-        line = self.costs.step_line(self._decoding, self.mixed_step)
-        decode = self.costs.decode_ms(self._decoding)
-        if line is None or decode is None:
-            return None
-        fixed, per_token = line  # a mixed step's fixed: only what it adds to the decode
-        ahead = self._to_prefill + self.scheduler.inbox_prompt_tokens() + prompt_tokens
-        steps = -(-ahead // max(self.scheduler.prefill_budget(self._decoding), 1))
-        in_flight = self._last_step_ms or 0.0
-        period = self._busy_period_ms or 0.0  # a step as paced, if longer than its passes
-        slot_wait = self._slot_wait_steps(self.scheduler.inbox_submits()) * max(decode, period)
-        return in_flight + slot_wait + steps * max(decode + fixed, period) + per_token * ahead
-
-    def _slot_wait_steps(self, inbox_submits: int) -> int:
-        """Decode steps until a batch slot frees for a request submitted now (0 if one is
-        free): the k-th soonest end among the running sequences, k its place in the
-        queue for slots, counting each as running to its max_new_tokens (an upper
-        bound: eos ends one sooner), plus a round of the longest for each full batch
-        queued ahead. Any thread: it reads the last step boundary's snapshot."""
-        left = self._steps_left
-        k = self._queued + inbox_submits + 1 - (self.scheduler.max_batch - len(left))
-        if k <= 0 or not left:
-            return 0
-        rounds, index = divmod(k - 1, len(left))
-        return left[index] + rounds * left[-1]
+        return self._ttft.estimate_ms(prompt_tokens)
 
     # -- the step: only its one caller runs it --------------------------------
 
@@ -390,10 +321,10 @@ class Engine:
             early(self.scheduler.expire_deadlines(self.scheduler.clock()))
             plan = self.scheduler.schedule()
             if self.mixed_step and plan.prefill and plan.decode:
-                early(self._mixed(plan.prefill, plan.decode))  # one pass: all out at once
+                early(self._passes.mixed(plan.prefill, plan.decode))  # all out at once
             else:
-                early(self._prefill(plan.prefill))
-                events += self._decode(plan.decode)
+                early(self._passes.prefill(plan.prefill))
+                events += self._passes.decode(plan.decode)
             self._record_step(started, plan)
             return events
 
@@ -414,53 +345,6 @@ class Engine:
             self._snapshot = self._take_snapshot()
             on_prefill(events)
 
-    def _prefill(self, chunks: list[Chunk]) -> list[EngineEvent]:
-        """One packed prefill pass (without packing, one pass per chunk). If a packed
-        pass fails, each chunk is retried alone, so a failure ends only its own prompt."""
-        if len(chunks) > 1 and not self.pack_prefill:
-            return [e for chunk in chunks for e in self._prefill([chunk])]
-        if not chunks:
-            return []
-        tokens = sum(cost_tokens(c.end - c.start, c.start) for c in chunks)
-        try:
-            outcomes = timed(self.runner.prefill, chunks, self.costs.observe_prefill, tokens)
-        except Exception as exc:
-            if len(chunks) > 1:
-                return [e for chunk in chunks for e in self._prefill([chunk])]
-            error = f"prefill failed: {exc}"
-            return [self.scheduler.finish(chunks[0].seq, FinishReason.ERROR, error=error)]
-        record = self.scheduler.record_chunk
-        return [e for c, out in zip(chunks, outcomes, strict=True) for e in record(c, out)]
-
-    def _mixed(self, chunks: list[Chunk], seqs: list[Sequence]) -> list[EngineEvent]:
-        """One forward pass for both; the prefills' events, then the decodes'. If it
-        fails, the two run apart as ``_prefill`` and ``_decode`` (each with its own
-        failure handling), so a failure ends no more than those would."""
-        tokens = sum(cost_tokens(c.end - c.start, c.start) for c in chunks)
-        started = time.perf_counter()
-        try:
-            prefilled, decoded = self.runner.mixed(chunks, seqs)
-        except Exception:
-            return self._prefill(chunks) + self._decode(seqs)
-        ms = (time.perf_counter() - started) * 1000
-        self.costs.observe_mixed(tokens, len(seqs), ms)
-        self.num_mixed_steps += 1
-        record_chunk, record_token = self.scheduler.record_chunk, self.scheduler.record_token
-        return [e for c, out in zip(chunks, prefilled, strict=True) for e in record_chunk(c, out)
-                ] + [e for s, out in zip(seqs, decoded, strict=True) for e in record_token(s, out)]
-
-    def _decode(self, seqs: list[Sequence]) -> list[EngineEvent]:
-        """One decode pass; if it fails, every sequence in it ends."""
-        if not seqs:
-            return []
-        try:
-            outcomes = timed(self.runner.decode, seqs, self.costs.observe_decode, len(seqs))
-        except Exception as exc:
-            error = f"decode failed: {exc}"
-            return [self.scheduler.finish(s, FinishReason.ERROR, error=error) for s in seqs]
-        record = self.scheduler.record_token
-        return [e for s, out in zip(seqs, outcomes, strict=True) for e in record(s, out)]
-
     def calibrate(self) -> None:
         """Time a few dummy forward passes before any request (see ``costs.calibrate``)."""
         assert not self.scheduler.running, "calibrate before the first request"
@@ -470,26 +354,17 @@ class Engine:
                   max_batch=self.scheduler.max_batch, mixed=self.mixed_step)
 
     def _record_step(self, started: float, plan: StepPlan) -> None:
-        elapsed_ms = (time.perf_counter() - started) * 1000
+        elapsed_ms = self.timing.record(
+            started, decode_only=bool(plan.decode and not plan.prefill),
+            sequences_left=self.scheduler.num_decoding > 0,
+        )
         if plan.planned_ms is not None:
             self.costs.observe_step(plan.planned_ms, elapsed_ms)
-        self._num_steps += 1
-        self._last_step_ms = elapsed_ms
-        if self._last_start is not None:  # the last step left sequences running
-            period, old = (started - self._last_start) * 1000, self._busy_period_ms
-            self._busy_period_ms = period if old is None else old + PERIOD_WEIGHT * (period - old)
-        self._last_start = started if self.scheduler.num_decoding else None
-        if plan.decode and not plan.prefill:
-            self._decode_ms.append(elapsed_ms)
         self._snapshot = self._take_snapshot()
 
     def _take_snapshot(self) -> EngineStatistics:
         scheduler = self.scheduler
-        self._to_prefill = scheduler.prompt_tokens_to_prefill()  # for estimate_ttft_ms
-        self._decoding = scheduler.num_decoding
-        self._queued = len(scheduler.waiting)  # for _slot_wait_steps
-        self._steps_left = sorted(s.request.max_new_tokens - len(s.generated_ids)
-                                  for s in scheduler.running.values())
+        self._ttft.observe_boundary()
         return EngineStatistics(
             blocks_total=self.allocator.num_blocks,
             blocks_free=self.allocator.num_free,
@@ -503,7 +378,7 @@ class Engine:
             paused=scheduler.num_paused,
             admitted=scheduler.num_admitted,
             releases=self.allocator.num_releases,
-            steps=self._num_steps,
-            last_step_ms=self._last_step_ms,
-            median_decode_step_ms=stats.median(self._decode_ms) if self._decode_ms else None,
+            steps=self.timing.steps,
+            last_step_ms=self.timing.last_step_ms,
+            median_decode_step_ms=self.timing.median_decode_step_ms(),
         )

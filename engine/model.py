@@ -11,8 +11,10 @@ One setting names the model (``STREAMSCOPE_MODEL`` in the app):
   on a fixed corpus: tests need no files at all.
 * any other value: a local transformers folder (``from_pretrained(path)``).
 
-Every load passes ``local_files_only=True``; the package root also sets the
-offline switches, so nothing reaches a model hub at run time.
+Every load passes ``local_files_only=True``, and transformers is imported only inside
+the functions that build or load a model, each right after ``offline.hub_offline()``,
+so nothing reaches a model hub at run time and importing this module loads no
+transformers.
 """
 
 from __future__ import annotations
@@ -24,20 +26,20 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import safetensors.torch
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    GPT2Config,
-    GPT2LMHeadModel,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
-)
+
+from .offline import hub_offline
+
+if TYPE_CHECKING:
+    from transformers import (
+        GPT2LMHeadModel,
+        LlamaForCausalLM,
+        PreTrainedModel,
+        PreTrainedTokenizerBase,
+        PreTrainedTokenizerFast,
+    )
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +77,7 @@ def default_device() -> str:
 
 def load_model(name: str = "smollm2", device: str | None = None) -> LoadedModel:
     """Load ``name`` (see the module docstring) onto ``device`` as float32."""
+    hub_offline()  # before the first import of transformers below
     target = torch.device(device or default_device())
     if name == "smollm2":
         model, tokenizer = _load_smollm2()
@@ -120,6 +123,9 @@ def _load_smollm2() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     converted = converted_cache_dir() / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}"
     if converted.is_dir():
         return _load_folder(converted)
+    hub_offline()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     folder, file = str(path.parent), path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
@@ -139,6 +145,8 @@ def _save_converted(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path
 ) -> None:
     """Best effort: a read-only or full disk only costs the next start its speed."""
+    import safetensors.torch
+
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
@@ -157,6 +165,9 @@ def _save_converted(
 
 
 def _load_folder(folder: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    hub_offline()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
     return model, tokenizer
@@ -164,7 +175,9 @@ def _load_folder(folder: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer trained on ``TINY_CORPUS`` (deterministic)."""
+    hub_offline()
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
 
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -180,6 +193,9 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny_gpt2() -> GPT2LMHeadModel:
+    hub_offline()
+    from transformers import GPT2Config, GPT2LMHeadModel
+
     config = GPT2Config(
         vocab_size=384,
         n_positions=512,
@@ -196,6 +212,9 @@ def tiny_gpt2() -> GPT2LMHeadModel:
 
 
 def tiny_llama() -> LlamaForCausalLM:
+    hub_offline()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     config = LlamaConfig(
         vocab_size=384,
         hidden_size=64,

@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from . import sampling
-from .attention import ATTENTION_NAME, PagedBatch, decode_batch, mixed_batch, prefill_batch
+from .attention import (
+    ATTENTION_NAME,
+    PagedBatch,
+    decode_batch,
+    mixed_batch,
+    prefill_batch,
+    register_paged_attention,
+)
 from .kv_cache import PagedKVCache
 
 if TYPE_CHECKING:
@@ -39,6 +46,7 @@ class ModelRunner:
     def __init__(self, loaded: LoadedModel, *, num_blocks: int, block_size: int) -> None:
         self.model = loaded.model
         self.device = loaded.device
+        register_paged_attention()
         self.model.set_attn_implementation(ATTENTION_NAME)
         config = self.model.config
         num_heads = config.num_attention_heads

@@ -1,29 +1,29 @@
 """Who waits, who runs, what a step carries, and when a sequence ends.
 
-Theory of operation. Other threads only post wishes (``post_submit``, ``post``)
-into the inbox; the stepping thread applies them at the start of a step
-(``apply_inbox``): submits join the waiting queue, cancels finish a waiting
-sequence (never admitted) or a running one, pauses and resumes flip a flag. Then
-``expire_deadlines`` finishes (DEADLINE) each sequence past its ``ttft_deadline``
-whose prefill has not begun: a deadline never ends a sequence that has a token.
+Theory of operation. Other threads only post wishes into the ``inbox.Inbox``; the
+stepping thread applies them at the start of a step (``apply_inbox``): submits join
+the waiting queue, cancels finish a waiting sequence (never admitted) or a running
+one, pauses and resumes flip a flag. Then ``expire_deadlines`` finishes (DEADLINE)
+each sequence past its ``ttft_deadline`` whose prefill has not begun: a deadline
+never ends a sequence that has a token.
 
 ``schedule`` first gives every decode row the block its next position falls in
-(blocks on demand, ``KvAdmission.ON_DEMAND``, the default): a sequence holds the
-blocks of the positions it has written plus the one it writes next. When a row
-needs a block and none is free, the scheduler preempts by recompute: the victim is
-the most recently admitted running sequence (the one that has had the least
-service, as vLLM does; possibly the row itself), its blocks are released through
-the one release path, and it goes back to the head of the waiting queue holding
-its tokens; readmitted, it prefills its prompt plus the tokens it generated but
-the last (``Sequence.forget_cache``) and then decodes on, sampling nothing twice.
-In a step that preempted, nobody is admitted (the victim would only be evicted
-again). Then it admits waiting sequences in arrival order while there is a batch
-slot and free blocks for a sequence's prefill, with ``watermark`` of the blocks
-left over when others run (so that a new arrival does not at once cause a
-preemption); with ``KvAdmission.RESERVE`` (kept for comparison) admission takes
-every block a sequence can ever need (prompt plus max new tokens) and nothing is
-ever preempted. Admission stops at the first one that does not fit, so a long
-request is never overtaken forever by short ones. It takes the decode rows
+(blocks on demand, ``admission.OnDemandAdmission``): a sequence holds the blocks of
+the positions it has written plus the one it writes next. When a row needs a block
+and none is free, the scheduler preempts by recompute: the victim is the most
+recently admitted running sequence (the one that has had the least service, as vLLM
+does; possibly the row itself), its blocks are released through the one release
+path, and it goes back to the head of the waiting queue holding its tokens;
+readmitted, it prefills its prompt plus the tokens it generated but the last
+(``Sequence.forget_cache``) and then decodes on, sampling nothing twice. In a step
+that preempted, nobody is admitted (the victim would only be evicted again). Then it
+admits waiting sequences in arrival order while there is a batch slot and free blocks
+for a sequence's prefill, with ``watermark`` of the blocks left over when others run
+(so that a new arrival does not at once cause a preemption); how many positions a
+table covers at admission is the admission policy's (``admission.AdmissionPolicy``:
+an injected one that covers all a sequence can need is never preempted). Admission
+stops at the first one that does not fit, so a long request is never overtaken
+forever by short ones. It takes the decode rows
 (every running, unpaused sequence whose prefill is done) and then the prefills
 (fresh prompts and recomputes) of this step, in arrival order, within the
 step's prefill budget: ``max_prefill_tokens``, or fewer with a step-time target
@@ -52,40 +52,17 @@ no torch.
 
 from __future__ import annotations
 
-import enum
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .admission import DEFAULT_WATERMARK, ON_DEMAND, AdmissionPolicy
 from .block_manager import BlockAllocator
 from .costs import StepCosts, cost_tokens, tokens_within
-from .errors import DuplicateRequestId
+from .inbox import Inbox, Op
 from .sequence import Chunk, Sequence, SequenceState
 from .types import EngineEvent, FinishEvent, FinishReason, TokenEvent
-
-
-class KvAdmission(enum.Enum):
-    """How admission counts cache blocks."""
-
-    ON_DEMAND = "on_demand"  # the prefill's blocks; more as it writes; preempt when out
-    RESERVE = "reserve"  # prompt + max new tokens at once: never preempted (comparison)
-
-
-# Blocks kept free at admission while others run, as a share of the pool: room for the
-# running sequences to grow a while before a newcomer forces a preemption (vLLM's
-# watermark is also 1%).
-DEFAULT_WATERMARK = 0.01
-
-
-class Op(enum.Enum):
-    """A wish posted to the inbox, applied at the next step boundary."""
-
-    CANCEL = "cancel"  # end the request: finish it waiting or running
-    PAUSE = "pause"  # leave it out of the decode batch; it keeps blocks and slot
-    RESUME = "resume"  # take it back into the decode batch
-
 
 # The least a step prefills while a prompt waits, however full the step target is with
 # decoding: the prompt tokens that cost this share of the target (and at least
@@ -116,7 +93,7 @@ class Scheduler:
         max_step_ms: a step-time target: the prefill budget is what ``costs`` says
             fits beside the step's decode pass (at least MIN_PREFILL_SHARE of it).
         costs: the measured step costs (the engine feeds them).
-        kv_admission: blocks on demand with preemption, or reserved whole at admission.
+        admission: how many positions a table covers at admission (blocks on demand).
         watermark: share of the blocks an admission leaves free while others run.
         clock: what TTFT deadlines are read against (``time.monotonic`` seconds).
     """
@@ -130,7 +107,7 @@ class Scheduler:
         eos_token_ids: frozenset[int],
         max_step_ms: float | None = None,
         costs: StepCosts | None = None,
-        kv_admission: KvAdmission = KvAdmission.ON_DEMAND,
+        admission: AdmissionPolicy = ON_DEMAND,
         watermark: float = DEFAULT_WATERMARK,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -151,39 +128,20 @@ class Scheduler:
         self.costs = costs or StepCosts()
         self.mixed_step = False  # the engine's: a step's prefill and decode share one pass
         self.eos_token_ids = eos_token_ids
-        self.kv_admission = KvAdmission(kv_admission)
+        self.admission = admission
         self.watermark_blocks = int(watermark * allocator.num_blocks)
         self.num_preemptions = 0
         self.num_recomputed_tokens = 0  # positions prefilled again after a preemption
         self.waiting: deque[Sequence] = deque()
         self.running: dict[str, Sequence] = {}  # insertion order = admission order
         self.num_admitted = 0
-        self._inbox: list[Sequence | tuple[Op, str]] = []
-        self._live_ids: set[str] = set()  # submitted and not yet finished
-        self._inbox_lock = threading.Lock()  # guards _inbox, _live_ids and the count below
-        self._inbox_prompt_tokens = 0  # prompt tokens of the submits in the inbox
+        self.inbox = Inbox()  # the wishes of other threads: Engine.submit, cancel, ...
         self._resumed: list[Sequence] = []  # replayed by apply_inbox: see take_resumed
-
-    # -- wishes: any thread ------------------------------------------------------
-
-    def post_submit(self, seq: Sequence) -> None:
-        """Queue a new sequence. Raises DuplicateRequestId if its id is live."""
-        with self._inbox_lock:
-            if seq.request_id in self._live_ids:
-                raise DuplicateRequestId(f"request id {seq.request_id!r} is in use")
-            self._live_ids.add(seq.request_id)
-            self._inbox.append(seq)
-            self._inbox_prompt_tokens += seq.num_prompt_tokens
-
-    def post(self, op: Op, request_id: str) -> None:
-        with self._inbox_lock:
-            self._inbox.append((op, request_id))
 
     def has_work(self) -> bool:
         """Whether a step would do anything. For the step's caller, between steps."""
-        with self._inbox_lock:
-            if self._inbox:
-                return True
+        if not self.inbox.is_empty():
+            return True
         if any(_expired(s, self.clock()) for s in self.waiting):
             return True  # the next step finishes it (expire_deadlines): once, no spin
         can_admit = bool(self.waiting) and (
@@ -191,25 +149,12 @@ class Scheduler:
         )
         return can_admit or any(not s.is_paused for s in self.running.values())
 
-    def inbox_prompt_tokens(self) -> int:
-        """Prompt tokens of the submits not applied yet (any thread)."""
-        with self._inbox_lock:
-            return self._inbox_prompt_tokens
-
-    def inbox_submits(self) -> int:
-        """Submits not applied yet (any thread)."""
-        with self._inbox_lock:
-            return sum(isinstance(wish, Sequence) for wish in self._inbox)
-
     # -- the step's phases: the stepping thread only ------------------------------
 
     def apply_inbox(self) -> list[EngineEvent]:
         """Apply the posted wishes in order; return the finishes of cancels."""
-        with self._inbox_lock:
-            wishes, self._inbox = self._inbox, []
-            self._inbox_prompt_tokens = 0
         events: list[EngineEvent] = []
-        for wish in wishes:
+        for wish in self.inbox.take():
             if isinstance(wish, Sequence):
                 self.waiting.append(wish)
                 if wish.generated_ids:  # a stream rebuilt elsewhere (Engine.submit)
@@ -333,8 +278,7 @@ class Scheduler:
         elif seq.state is SequenceState.WAITING:
             self.waiting.remove(seq)
         seq.state = SequenceState.FINISHED
-        with self._inbox_lock:
-            self._live_ids.discard(seq.request_id)
+        self.inbox.retire(seq.request_id)
         return FinishEvent(
             seq.request_id,
             reason,
@@ -370,17 +314,11 @@ class Scheduler:
     def num_paused(self) -> int:
         return sum(s.is_paused for s in self.running.values())
 
-    def _admission_tokens(self, seq: Sequence) -> int:
-        """Positions a sequence's table covers at admission."""
-        if self.kv_admission is KvAdmission.RESERVE:
-            return seq.max_tokens
-        return seq.prefill_end
-
     def _fits(self, seq: Sequence) -> bool:
         """Whether ``seq`` can be admitted now. The watermark applies only while others
         run: alone, a sequence that fits the cache at all is admitted."""
         headroom = self.watermark_blocks if self.running else 0
-        return self.allocator.can_reserve(self._admission_tokens(seq), headroom)
+        return self.allocator.can_reserve(self.admission.positions_at_admission(seq), headroom)
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_batch:
@@ -389,7 +327,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             # Invariant: a table is never reused after its release: a new one each time.
-            head.block_table = self.allocator.reserve(head.request_id, self._admission_tokens(head))
+            positions = self.admission.positions_at_admission(head)
+            head.block_table = self.allocator.reserve(head.request_id, positions)
             head.state = SequenceState.RUNNING
             self.running[head.request_id] = head
             self.num_admitted += 1

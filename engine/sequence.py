@@ -71,7 +71,7 @@ class Sequence:
 
     @property
     def max_tokens(self) -> int:
-        """Positions this sequence can ever occupy: what admission reserves."""
+        """Positions this sequence can ever occupy: what a reserving admission takes."""
         return len(self.prompt_ids) + self.request.max_new_tokens
 
     @property

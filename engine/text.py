@@ -26,11 +26,14 @@ import copy
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
+from typing import TYPE_CHECKING
 
 import jinja2
-from transformers import PreTrainedTokenizerBase
 
 from .errors import ChatTemplateError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 REPLACEMENT_CHAR = "\ufffd"
 

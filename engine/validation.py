@@ -1,4 +1,9 @@
-"""Checks on a request before it is queued: plain Python, no torch."""
+"""Checks on a request before it is queued: plain Python, no torch.
+
+The sampling limits are defined here once and exported at the engine root, so that
+the HTTP schemas refuse exactly what the engine would refuse (a 422 there instead of
+an engine error later) without copying the numbers.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,20 @@ import math
 
 from .errors import InvalidMaxNewTokens, InvalidSampling
 from .types import GenerationRequest, SamplingParams
+
+MIN_TEMPERATURE = 0.0
+"""Temperature 0 means greedy; negative temperatures have no meaning."""
+MAX_TEMPERATURE = 100.0
+"""Beyond this the distribution is uniform for any practical purpose."""
+MIN_TOP_P = 0.0
+"""Exclusive: top_p must be greater than this (0 would keep no token)."""
+MAX_TOP_P = 1.0
+"""Inclusive: 1 keeps every token."""
+MIN_TOP_K = 0
+"""Inclusive: 0 means no top-k cut."""
+MIN_SEED = 0
+MAX_SEED = 2**63 - 1
+"""Inclusive: a seed must fit a signed 64-bit generator seed."""
 
 
 def validate_request(request: GenerationRequest) -> None:
@@ -19,13 +38,15 @@ def validate_request(request: GenerationRequest) -> None:
 def validate_sampling(params: SamplingParams) -> None:
     """Raise InvalidSampling for values no sampler can honour."""
     t, p, k, seed = params.temperature, params.top_p, params.top_k, params.seed
-    if not (isinstance(t, int | float) and math.isfinite(t) and 0.0 <= t <= 100.0):
+    if not (
+        isinstance(t, int | float) and math.isfinite(t) and MIN_TEMPERATURE <= t <= MAX_TEMPERATURE
+    ):
         raise InvalidSampling(f"temperature must be a number in [0, 100], got {t!r}")
-    if not (isinstance(p, int | float) and math.isfinite(p) and 0.0 < p <= 1.0):
+    if not (isinstance(p, int | float) and math.isfinite(p) and MIN_TOP_P < p <= MAX_TOP_P):
         raise InvalidSampling(f"top_p must be in (0, 1], got {p!r}")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+    if isinstance(k, bool) or not isinstance(k, int) or k < MIN_TOP_K:
         raise InvalidSampling(f"top_k must be an integer >= 0, got {k!r}")
     if seed is not None and (
-        isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63
+        isinstance(seed, bool) or not isinstance(seed, int) or not MIN_SEED <= seed <= MAX_SEED
     ):
         raise InvalidSampling(f"seed must be an integer in [0, 2**63), got {seed!r}")

@@ -13,10 +13,12 @@ uncancellable critical section that mutates the cache). In the worker thread a
 ``steps_ahead`` of them ahead of the routing, and posts each step's events to the Trio
 thread without waiting: the next step runs while the loop writes the last one's
 events. Each event goes to its stream through the stream's policy, synchronously: the
-loop never waits for a reader (except under ``naive``, kept to be measured: while a
-naive stream is open the thread returns after every step, and the loop waits for its
-reader). Events a prefill produces are posted as soon as that prefill is done, through
-``on_prefill`` (and before them the finishes of the cancels the step applied).
+loop never waits for a reader. (A ``StepGate``, which only the lab installs, selects
+streams it does wait for: while one is open the thread returns after every step, and the
+loop waits until its reader took every item: the lab's ``naive`` counter-example.)
+Events a prefill produces are posted as soon as that prefill is done, through
+``on_prefill`` (and before them the finishes of the cancels the step applied). The open
+streams, and the hub as they see it, are ``open_streams.py``'s.
 
     NEW ──run()──> RUNNING ──drain()──> DRAINING ──engine holds nothing──> STOPPED
                       └──────── a step raised ─────────> FAILED
@@ -34,11 +36,10 @@ hold the batch) it sleeps too, for at most ``EMPTY_STEP_BACKOFF_S``. Whatever ca
 give it work (open_stream, close, resume, a drop, shutdown) wakes it, and so does the
 next TTFT deadline of a request in the engine (one still waiting then is let go).
 
-Deadlines. A request with a ``ttft_deadline`` is refused at ``open_stream`` when the
-engine's estimate of its first token is later (``DeadlineUnmeetable``: before anything
-opens, without waiting for a step). One admitted but still unstarted at its deadline is
-let go by the engine (FinishReason.DEADLINE); its stream ends with StreamError
-``deadline_missed``. ``refused_deadline`` and ``deadline_misses`` count both.
+Deadlines (``deadlines.py``). A request with a ``ttft_deadline`` is refused at
+``open_stream`` when the engine's estimate of its first token is later; one admitted
+but still unstarted at its deadline is let go by the engine (FinishReason.DEADLINE); its
+stream ends with StreamError ``deadline_missed``.
 
 Invariants:
 - ``engine.submit``, ``cancel``, ``pause`` and ``resume`` are only wishes; the engine
@@ -61,7 +62,6 @@ the hub refuses new streams (FAILED, ``last_error``) and ``run`` re-raises it.
 from __future__ import annotations
 
 import math
-import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -71,12 +71,13 @@ from engine import (
     DuplicateRequestId,
     EngineEvent,
     FinishEvent,
-    FinishReason,
     GenerationRequest,
 )
 
-from .errors import DeadlineUnmeetable, NotAccepting, WaitingLimitReached
-from .hub_types import HubSettings, HubState, HubStatistics, RunStep, StepEngine
+from .deadlines import TtftDeadlines
+from .errors import NotAccepting, WaitingLimitReached
+from .hub_types import HubSettings, HubState, HubStatistics, RunStep, StepEngine, StepGate
+from .open_streams import OpenStreams
 from .policy import Policy, PolicyName
 from .stepper import Stepper
 from .stream import ErrorType, StreamEnd, StreamError, StreamState, TokenStream
@@ -85,10 +86,6 @@ from .stream import ErrorType, StreamEnd, StreamError, StreamState, TokenStream
 # sequences keep out), step again when woken or after this long: about one decode step on
 # the reference chapter's machine, so at most about one wasted step per step time.
 EMPTY_STEP_BACKOFF_S = 0.01
-
-# After a TTFT deadline, how long an idle step loop waits before it looks again: the
-# deadline is strict (``<``), and a timer may fire a hair early.
-DEADLINE_MARGIN_S = 0.001
 
 # How many engine finishes ``finished()`` remembers: enough for the reference
 # chapter's 300-stream leak test and for looking up a request a client just ran.
@@ -102,6 +99,8 @@ class Hub:
         engine: the engine; the hub is its only caller.
         settings: policy and limits.
         run_step: how to run one blocking step; tests pass one costing virtual time.
+        step_gate: selects streams whose readers the step loop waits for (the lab's
+            ``naive``); the service passes none.
     """
 
     def __init__(
@@ -110,32 +109,30 @@ class Hub:
         settings: HubSettings = HubSettings(),  # noqa: B008 - frozen, safe to share
         *,
         run_step: RunStep = trio.to_thread.run_sync,
+        step_gate: StepGate | None = None,
     ) -> None:
         self.settings = settings
         self._engine = engine
         self._run_step = run_step
+        self._step_gate = step_gate
         self._default_policy = self._policy(settings.policy)  # validates the policy's limits
-        self._owner = _Owner(self)
-        self._naive_open = 0  # open streams whose policy waits for the reader
-        self._writing: set[str] = set()  # streams whose reader has items to write
+        self._streams = OpenStreams(engine, wake=self._wake_up,
+                                    caught_up=lambda: self._stepper.caught_up())
         self._stepper = Stepper(engine, self._route,
-                                keep_stepping=lambda: self._naive_open == 0,
-                                hold=lambda: bool(self._writing))
+                                keep_stepping=lambda: not self._streams.any_gated,
+                                hold=lambda: self._streams.any_writing)
+        self._deadlines = TtftDeadlines(engine)
         self._state = HubState.NEW
-        self._streams: dict[str, TokenStream] = {}
         self._in_engine: set[str] = set()
         self._wake = trio.Event()
         self._stopped = trio.Event()
         self._draining = trio.Event()  # set by drain(); _drain_deadline is then valid
         self._drain_deadline = math.inf
-        self._watch_scope: trio.CancelScope | None = None
         self._last_error: str | None = None
-        self._opened = self._closes = self._refused_waiting = 0
-        self._refused_deadline = self._deadline_misses = 0
+        self._opened = self._refused_waiting = 0
         self._step_errors = self._slow_client_drops = 0
         self._events_routed = self._events_dropped = 0
         self._recent_finishes: OrderedDict[str, FinishEvent] = OrderedDict()
-        self._deadlines: dict[str, float] = {}  # in the engine, with a ttft_deadline
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -234,7 +231,7 @@ class Hub:
         """
         if self._state is not HubState.RUNNING:
             raise NotAccepting(self._state.value)
-        if self._num_waiting() >= self.settings.max_waiting:
+        if self._streams.num_waiting() >= self.settings.max_waiting:
             self._refused_waiting += 1
             raise WaitingLimitReached(
                 self.settings.max_waiting, self.settings.waiting_retry_after_s
@@ -245,12 +242,11 @@ class Hub:
             raise DuplicateRequestId(f"request id {request_id!r} is in use")
         prompt_tokens = self._engine.submit(request, resume_from)
         chosen = self._default_policy if policy is None else self._policy(policy)
-        stream = TokenStream(request_id, prompt_tokens, chosen, self._owner)
-        self._naive_open += chosen.waits_for_reader
-        self._streams[request_id] = stream
+        stream = TokenStream(request_id, prompt_tokens, chosen, self._streams)
+        gate = self._step_gate
+        self._streams.add(stream, gated=gate is not None and gate.waits_for(request, policy))
         self._in_engine.add(request_id)
-        if request.ttft_deadline is not None:
-            self._deadlines[request_id] = request.ttft_deadline
+        self._deadlines.submitted(request)
         self._opened += 1
         self._wake.set()
         return stream
@@ -264,7 +260,7 @@ class Hub:
         return self._recent_finishes.get(request_id)
 
     def statistics(self) -> HubStatistics:
-        streams = [s.statistics() for s in self._streams.values()]
+        streams = [s.statistics() for s in self._streams.all()]
         return HubStatistics(
             state=self._state,
             streams_open=len(streams),
@@ -272,10 +268,10 @@ class Hub:
             paused_streams=sum(s.is_paused for s in streams),
             engine_requests=len(self._in_engine),
             opened=self._opened,
-            closes=self._closes,
+            closes=self._streams.closes,
             refused_waiting=self._refused_waiting,
-            refused_deadline=self._refused_deadline,
-            deadline_misses=self._deadline_misses,
+            refused_deadline=self._deadlines.refused,
+            deadline_misses=self._deadlines.misses,
             steps=self._stepper.steps,
             step_errors=self._step_errors,
             last_error=self._last_error,
@@ -297,7 +293,7 @@ class Hub:
         while self._state is HubState.RUNNING or self._in_engine:
             has_work = self._engine.has_work()
             if idle or not has_work:
-                wait_s = EMPTY_STEP_BACKOFF_S if has_work else self._until_next_deadline()
+                wait_s = EMPTY_STEP_BACKOFF_S if has_work else self._deadlines.until_next()
                 with trio.move_on_after(wait_s):
                     await self._wake.wait()
                 if self._wake.is_set():
@@ -314,22 +310,18 @@ class Hub:
             except Exception as exc:  # Cancelled is a BaseException: it passes
                 self._record_failure(exc)
                 return exc
-            if self._naive_open:
-                for stream in list(self._streams.values()):
-                    if stream.policy.waits_for_reader:
-                        await stream._wait_settled()
+            for stream in self._streams.gated():
+                await stream.wait_settled()
         return None
 
     def _route(self, events: list[EngineEvent]) -> None:
         for event in events:
             if isinstance(event, FinishEvent):
                 self._in_engine.discard(event.request_id)
-                self._deadlines.pop(event.request_id, None)
+                self._deadlines.finished(event)
                 self._remember(event)
-                if event.reason is FinishReason.DEADLINE:
-                    self._deadline_misses += 1
             stream = self._streams.get(event.request_id)
-            if stream is not None and stream._deliver(event):
+            if stream is not None and stream.deliver(event):
                 self._events_routed += 1
             else:
                 self._events_dropped += 1
@@ -362,11 +354,12 @@ class Hub:
         paused. Cancellation: stops at once; a drop is synchronous, never half done.
         """
         while True:
-            with trio.CancelScope(deadline=self._earliest_stall()) as self._watch_scope:
+            with trio.CancelScope(deadline=self._streams.earliest_stall()) as scope:
+                self._streams.watch_scope = scope
                 await trio.sleep_forever()
             now = trio.current_time()
-            for stream in list(self._streams.values()):
-                if stream._drop_if_overdue(now):
+            for stream in self._streams.all():
+                if stream.drop_if_overdue(now):
                     self._slow_client_drops += 1
 
     # -- helpers -------------------------------------------------------------------
@@ -382,33 +375,12 @@ class Hub:
 
     def check_deadline(self, request: GenerationRequest) -> None:
         """Raise DeadlineUnmeetable if the engine's estimate says the first token cannot
-        come by ``request.ttft_deadline`` (time.monotonic() seconds; None: no check),
-        counting its ``prompt_token_ids`` (none given: none counted, a lower bound, so
-        a caller may check before encoding the prompt). Sync, never waits a step: it
-        reads the engine's last step boundary. ``open_stream`` checks again itself."""
-        deadline = request.ttft_deadline
-        if deadline is None:
-            return
-        left_ms = (deadline - time.monotonic()) * 1000
-        ids = request.prompt_token_ids
-        estimate = self._engine.estimate_ttft_ms(len(ids or ()))
-        if left_ms <= 0 or (estimate is not None and estimate > left_ms):
-            self._refused_deadline += 1
-            raise DeadlineUnmeetable(estimate, left_ms)
+        come by ``request.ttft_deadline`` (``TtftDeadlines.check``: sync, never waits a
+        step; without ``prompt_token_ids``, a lower bound). ``open_stream`` checks again."""
+        self._deadlines.check(request)
 
-    def _until_next_deadline(self) -> float:
-        """Seconds to the next TTFT deadline still ahead (inf: none), so that an idle loop
-        steps then: a request still waiting at its deadline makes has_work() True."""
-        now = time.monotonic()
-        ahead = [d for d in self._deadlines.values() if d > now]
-        return min(ahead) - now + DEADLINE_MARGIN_S if ahead else math.inf
-
-    def _num_waiting(self) -> int:
-        return sum(s.state is StreamState.WAITING for s in self._streams.values())
-
-    def _earliest_stall(self) -> float:
-        deadlines = (s.statistics().stall_deadline for s in self._streams.values())
-        return min((d for d in deadlines if d is not None), default=math.inf)
+    def _wake_up(self) -> None:
+        self._wake.set()
 
     def _record_failure(self, exc: Exception) -> None:
         self._state = HubState.FAILED
@@ -417,41 +389,6 @@ class Hub:
         self._end_all(ErrorType.ENGINE_ERROR, f"the engine failed: {exc!r}", StreamEnd.ERROR)
 
     def _end_all(self, error_type: ErrorType, message: str, end: StreamEnd) -> None:
-        for stream in list(self._streams.values()):
-            stream._fail(StreamError(error_type, message), end)
+        for stream in self._streams.all():
+            stream.fail(StreamError(error_type, message), end)
 
-
-class _Owner:
-    """The hub as its streams see it (``StreamOwner``): engine wishes and wake-ups."""
-
-    def __init__(self, hub: Hub) -> None:
-        self._hub = hub
-
-    def pause(self, request_id: str) -> None:
-        self._hub._engine.pause(request_id)
-
-    def resume(self, request_id: str) -> None:
-        self._hub._engine.resume(request_id)
-        self._hub._wake.set()
-
-    def cancel(self, request_id: str) -> None:
-        self._hub._engine.cancel(request_id)
-        self._hub._wake.set()
-
-    def watch(self, deadline: float) -> None:
-        scope = self._hub._watch_scope
-        if scope is not None and deadline < scope.deadline:
-            scope.deadline = deadline
-
-    def writing(self, stream: TokenStream) -> None:
-        self._hub._writing.add(stream.request_id)
-
-    def written(self, stream: TokenStream) -> None:
-        self._hub._writing.discard(stream.request_id)
-        if not self._hub._writing:  # the loop caught up: route what was held for it
-            self._hub._stepper.caught_up()
-
-    def unregister(self, stream: TokenStream) -> None:
-        del self._hub._streams[stream.request_id]
-        self._hub._naive_open -= stream.policy.waits_for_reader
-        self._hub._closes += 1

@@ -8,8 +8,6 @@ cancel) and the hub's watchdog asks ``is_overdue`` when a stall deadline passes.
 Each policy chooses who bears the cost of a slow reader (see the reference chapter,
 "A client that cannot keep up"):
 
-    naive       everyone: the step loop waits for the reader to take each event
-                (kept only as the measured counter-example)
     unbounded   memory: the queue grows without limit; bounded by max_new_tokens
     pause       the slow request's own slot: at ``queue_limit`` queued items the
                 sequence leaves the decode batch, keeping its cache blocks and slot
@@ -19,6 +17,9 @@ Each policy chooses who bears the cost of a slow reader (see the reference chapt
                 ``slow_client`` (the hub's watchdog acts at the deadline, even
                 while the step loop sleeps)
     pause-drop  pause at ``queue_limit``, drop if still behind after the timeout
+
+(The lab's ``naive``, where everyone pays because the step loop waits for the reader,
+is no policy of the service: ``tools/lab`` installs it through the hub's ``StepGate``.)
 
 "Behind" starts when the queue reaches ``queue_limit`` items and ends when the
 reader has caught up to ``low_water`` (``queue_limit // 2``) items. The gap between
@@ -40,7 +41,6 @@ from dataclasses import dataclass
 class PolicyName(enum.Enum):
     """The slow-reader policies; values are the names used in settings."""
 
-    NAIVE = "naive"
     UNBOUNDED = "unbounded"
     PAUSE = "pause"
     DROP = "drop"
@@ -90,11 +90,6 @@ class Policy:
     def low_water(self) -> int:
         """Queued items at or below which a reader has caught up."""
         return self.queue_limit // 2
-
-    @property
-    def waits_for_reader(self) -> bool:
-        """True for naive: the step loop waits until the reader took every item."""
-        return self.name is PolicyName.NAIVE
 
     def after_put(self, lag: Lag, queued: int, now: float) -> Lag:
         """The lag after an item was queued, leaving ``queued`` items."""

@@ -1,8 +1,8 @@
 """One request's endpoint: the queue the hub fills, one task reads, and one close() ends.
 
 A ``TokenStream`` owns a request's queue of items and its slow-reader state. It
-knows the engine only through its owner (the hub), and knows nothing of HTTP or
-SSE: turning items into bytes is the app's job.
+knows the engine only through its ``StreamControl`` (the hub's ``OpenStreams``), and
+knows nothing of HTTP or SSE: turning items into bytes is the app's job.
 
 Theory of operation
 -------------------
@@ -46,7 +46,7 @@ Invariants:
   cancelled ``receive()`` loses nothing.
 
 Writing. From an item queued until its reader comes back for more with the queue empty
-(or the stream closes), the stream tells its owner it is *writing*; the hub holds back
+(or the stream closes), the stream tells its control it is *writing*; the hub holds back
 further steps' events while streams are writing, so that a lagging loop coalesces
 (``stepper.py``). A reader a policy counts as behind is not waited for.
 """
@@ -109,8 +109,10 @@ class StreamStatistics:
     stall_deadline: float | None  # Trio time the reader is dropped unless it catches up
 
 
-class StreamOwner(Protocol):
-    """What a stream asks of the hub that registered it; each call is sync, no checkpoint."""
+class StreamControl(Protocol):
+    """The hub as a stream sees it: what a stream asks of the hub that registered it
+    (``open_streams.OpenStreams``); each call is sync, no checkpoint. Not the stream's
+    owner: that is whoever closes it."""
 
     def pause(self, request_id: str) -> None: ...
     def resume(self, request_id: str) -> None: ...
@@ -129,18 +131,18 @@ class TokenStream:
     """
 
     def __init__(
-        self, request_id: str, prompt_tokens: int, policy: Policy, owner: StreamOwner
+        self, request_id: str, prompt_tokens: int, policy: Policy, control: StreamControl
     ) -> None:
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens  # the engine's count, from submit()
         self.policy = policy
-        self._owner = owner
+        self._control = control
         self._state = StreamState.WAITING
         self._end: StreamEnd | None = None
         self._lag = CAUGHT_UP
         self._items: deque[StreamItem] = deque()
         self._readable = trio.lowlevel.ParkingLot()  # the reader, waiting for an item
-        self._settled = trio.lowlevel.ParkingLot()  # the naive step loop, waiting for the reader
+        self._settled = trio.lowlevel.ParkingLot()  # a gated step loop, waiting for the reader
         self._delivered = 0
         self._discarded = 0
         self._writing = False  # see "Writing" in the module docstring
@@ -219,9 +221,9 @@ class TokenStream:
         self._mark_written()
         try:
             if engine_holds_it:
-                self._owner.cancel(self.request_id)
+                self._control.cancel(self.request_id)
         finally:
-            self._owner.unregister(self)
+            self._control.unregister(self)
 
     async def aclose(self) -> None:
         """``close()``, then a checkpoint.
@@ -277,7 +279,7 @@ class TokenStream:
 
     # -- the hub's side: synchronous, in the Trio thread --------------------------
 
-    def _deliver(self, event: TokenEvent | FinishEvent) -> bool:
+    def deliver(self, event: TokenEvent | FinishEvent) -> bool:
         """Queue an engine event; False if the stream takes no more (the hub counts a drop)."""
         if self._state in (StreamState.ENDED, StreamState.CLOSED):
             return False
@@ -305,16 +307,16 @@ class TokenStream:
         self._mark_writing()
         return True
 
-    def _fail(self, error: StreamError, end: StreamEnd) -> bool:
+    def fail(self, error: StreamError, end: StreamEnd) -> bool:
         """End the stream with ``error`` in place of its backlog, and cancel it in the
         engine. False if it had already ended or closed."""
         if self._state in (StreamState.ENDED, StreamState.CLOSED):
             return False
-        self._owner.cancel(self.request_id)
+        self._control.cancel(self.request_id)
         self._end_with(error, end)
         return True
 
-    def _drop_if_overdue(self, now: float) -> bool:
+    def drop_if_overdue(self, now: float) -> bool:
         """Drop a reader that stayed behind past its stall deadline; True if dropped."""
         if not self.policy.is_overdue(self._lag, now):
             return False
@@ -322,11 +324,12 @@ class TokenStream:
             f"the reader stayed {self.policy.queue_limit} events behind "
             f"for {self.policy.stall_timeout_s} s"
         )
-        return self._fail(StreamError(ErrorType.SLOW_CLIENT, message), StreamEnd.ERROR)
+        return self.fail(StreamError(ErrorType.SLOW_CLIENT, message), StreamEnd.ERROR)
 
-    async def _wait_settled(self) -> None:
-        """Naive policy only: wait until the reader took every item, or the hub ended
-        the stream with an error, or it closed. May return without a checkpoint.
+    async def wait_settled(self) -> None:
+        """For a step gate (the hub waits for this stream's reader after each step): wait
+        until the reader took every item, or the hub ended the stream with an error, or
+        it closed. May return without a checkpoint.
 
         Cancellation: nothing changes; the step loop just stops waiting.
         """
@@ -353,18 +356,18 @@ class TokenStream:
     def _mark_writing(self) -> None:
         if not self._writing:
             self._writing = True
-            self._owner.writing(self)
+            self._control.writing(self)
 
     def _mark_written(self) -> None:
         if self._writing:
             self._writing = False
-            self._owner.written(self)
+            self._control.written(self)
 
     def _apply(self, lag: Lag) -> None:
         old, self._lag = self._lag, lag
         if lag.is_paused and not old.is_paused:
-            self._owner.pause(self.request_id)
+            self._control.pause(self.request_id)
         elif old.is_paused and not lag.is_paused:
-            self._owner.resume(self.request_id)
+            self._control.resume(self.request_id)
         if lag.stall_deadline is not None and lag.stall_deadline != old.stall_deadline:
-            self._owner.watch(lag.stall_deadline)
+            self._control.watch(lag.stall_deadline)

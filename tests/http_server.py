@@ -27,7 +27,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 
 from app.factory import StreamscopeApp, create_app
-from app.lifespan import Phase, ServingEngine
+from app.runtime import Phase, ServingEngine
 from app.settings import Settings
 from engine import (
     EngineEvent,

@@ -11,7 +11,7 @@ hub's message, "the server is shutting down"; a stream that hypercorn's graceful
 cut would say "the server is stopping", ``connection.py``'s farewell). The process must
 exit 0 after logging that its cache is whole.
 
-Two ways the signal arrives (``app/drain.py``): to the app's worker process (hypercorn
+Two ways the signal arrives (``app/edge/signals.py``): to the app's worker process (hypercorn
 keeps accepting, so new requests and ``/ready`` are answered 503 with Retry-After while
 the streams drain), and to hypercorn's main process, as ``docker stop`` does (hypercorn
 stops accepting at once; the app learns of it through hypercorn's shutdown Event).

@@ -167,3 +167,15 @@ async def test_metrics_is_the_text_format_without_created_series(server: Running
     assert "# TYPE streamscope_time_to_first_token_seconds histogram" in response.text
     assert "# TYPE streamscope_generation_tokens_total counter" in response.text
     assert "_created" not in response.text
+
+
+async def test_the_resume_store_s_writes_reach_stats_and_metrics(server: RunningServer) -> None:
+    samples, current = await scrape(server), await stats(server)
+
+    # No shared store in this server: every count is there, and 0 (with one, the
+    # registry reports its log's counts, ResumeRegistry.statistics).
+    for key in ("pending", "batches", "commands", "failed_batches"):
+        assert current[f"resume_store_{key}"] == 0
+    assert value(samples, "streamscope_resume_store_pending") == 0
+    assert value(samples, "streamscope_resume_store_batches_total") == 0
+    assert value(samples, "streamscope_resume_store_failed_batches_total") == 0

@@ -80,6 +80,7 @@ BAD_FIELDS = {
     "too many stop strings": stream_body(stop=["a"] * 9),
     "ignore_eos not a bool": stream_body(ignore_eos="yes"),
     "unknown policy": stream_body(policy="lifo"),
+    "the lab's naive, no policy of the service": stream_body(policy="naive"),
     "unknown field": stream_body(model="gpt-4"),
     "prompt over max_prompt_chars": stream_body(prompt="x" * 3001),
 }
@@ -94,13 +95,12 @@ async def test_bad_field_is_422_invalid_request(server: RunningServer, body: Any
 
 
 @pytest.mark.parametrize("path", ENDPOINTS)
-@pytest.mark.parametrize("policy", ["naive", "unbounded", "pause"])
+@pytest.mark.parametrize("policy", ["unbounded", "pause"])
 async def test_a_request_cannot_pick_a_policy_off_the_allow_list(
     server: RunningServer, path: str, policy: str
 ) -> None:
-    # naive would make the step loop wait for this client's reads: one client that stops
-    # reading would stall every stream. unbounded and pause hold memory or blocks for as
-    # long as the client likes. None is on the default list (drop, pause-drop).
+    # unbounded and pause hold memory or blocks for as long as the client likes. Neither
+    # is on the default list (drop, pause-drop).
     response = await post(server, path, json=stream_body(policy=policy))
 
     message = assert_envelope(response, 422, "invalid_request")
@@ -129,7 +129,8 @@ async def test_the_operator_may_widen_the_allow_list_but_never_to_naive(
 
     assert paused.status_code == 200, paused.text
     assert "pause" in assert_envelope(dropped, 422, "invalid_request")
-    with pytest.raises(SettingsError, match="STREAMSCOPE_REQUEST_POLICIES may not include naive"):
+    # naive is the lab's device (tools/lab/naive.py), no policy the service knows.
+    with pytest.raises(SettingsError, match="STREAMSCOPE_REQUEST_POLICIES='naive': expected"):
         Settings.from_env({"STREAMSCOPE_REQUEST_POLICIES": "drop,naive"})
 
 

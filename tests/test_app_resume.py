@@ -1,6 +1,6 @@
 """Resumable streams over real HTTP (issue 9, section 2): ids, resume, grace, DELETE, limits.
 
-The wire contract is in ``app/resumable.py``'s docstring. A client "drops" after k
+The wire contract is in ``app/routes/resumable.py``'s docstring. A client "drops" after k
 events by resetting its connection (RST) and counts only the first k events it parsed as
 received; the test waits until the server noticed (the stream is detached) before it
 resumes (a resume while the first reader is attached takes the stream over: tested
@@ -17,8 +17,9 @@ import pytest
 import trio
 
 from engine import FinishReason
-from streams import Holding, ServerSentEvent, SSEParser
-from streams.resumption import TAKEOVER_WAIT_S
+from streams import ServerSentEvent, SSEParser
+from streams.resume import Holding
+from streams.resume.reader import TAKEOVER_WAIT_S
 from tests.http_clients import RawClient, long_body, stream_body
 from tests.http_server import RunningServer, StartServer
 

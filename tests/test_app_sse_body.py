@@ -13,7 +13,8 @@ import trio
 import trio.testing
 
 from app.errors import ErrorType
-from app.sse_body import KEEPALIVE_COMMENT, EventStreamBody
+from app.routes.body import EventStreamBody
+from app.wire import KEEPALIVE_COMMENT, NativeEvents
 from engine import FinishEvent, FinishReason, TokenEvent
 from streams import SSEParser, StreamError, StreamItem
 
@@ -47,6 +48,12 @@ class ScriptedStream:
         self.closes += 1
 
 
+def native_body(stream: ScriptedStream) -> EventStreamBody[StreamItem]:
+    """The body of ``/v1/stream``: the stream's native events."""
+    return EventStreamBody(stream, NativeEvents(stream.request_id, stream.prompt_tokens),
+                           keepalive_s=KEEPALIVE_S)
+
+
 def token(index: int) -> TokenEvent:
     return TokenEvent("req-1", index, 100 + index, f"t{index}")
 
@@ -54,7 +61,7 @@ def token(index: int) -> TokenEvent:
 FINISH = FinishEvent("req-1", FinishReason.LENGTH, 4, 2)
 
 
-async def send_body(body: EventStreamBody, sent: list[tuple[float, bytes]]) -> None:
+async def send_body(body: EventStreamBody[StreamItem], sent: list[tuple[float, bytes]]) -> None:
     """What quart's ``_send_response`` does with a ResponseBody, with a timestamp."""
     async with body as chunks:
         async for chunk in chunks:
@@ -67,7 +74,7 @@ async def test_events_are_numbered_from_one_and_end_after_done() -> None:
         stream.send.send_nowait(item)
     sent: list[tuple[float, bytes]] = []
 
-    await send_body(EventStreamBody(stream, keepalive_s=KEEPALIVE_S), sent)
+    await send_body(native_body(stream), sent)
 
     events = SSEParser().feed(b"".join(chunk for _, chunk in sent))
     assert [(e.event, e.id) for e in events] == [
@@ -85,7 +92,7 @@ async def test_keepalive_goes_out_after_exactly_keepalive_s_of_quiet(
     sent: list[tuple[float, bytes]] = []
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(send_body, EventStreamBody(stream, keepalive_s=KEEPALIVE_S), sent)
+        nursery.start_soon(send_body, native_body(stream), sent)
         await trio.sleep(40.0)
         stream.send.send_nowait(token(0))
         await trio.sleep(1.0)
@@ -102,7 +109,7 @@ async def test_stream_error_is_an_error_event_and_the_last_one() -> None:
     stream.send.send_nowait(token(5))  # never read: the error ended the body
     sent: list[tuple[float, bytes]] = []
 
-    await send_body(EventStreamBody(stream, keepalive_s=KEEPALIVE_S), sent)
+    await send_body(native_body(stream), sent)
 
     events = SSEParser().feed(b"".join(chunk for _, chunk in sent))
     assert [e.event for e in events] == ["start", "error"]
@@ -116,7 +123,7 @@ async def test_cancelled_body_closes_its_stream_without_a_checkpoint(
     sent: list[tuple[float, bytes]] = []
 
     with trio.move_on_after(5.0) as scope:  # stands in for the client's disconnect
-        await send_body(EventStreamBody(stream, keepalive_s=KEEPALIVE_S), sent)
+        await send_body(native_body(stream), sent)
 
     assert scope.cancelled_caught
     assert stream.closes == 1
@@ -125,7 +132,7 @@ async def test_cancelled_body_closes_its_stream_without_a_checkpoint(
 
 async def test_body_closes_its_stream_when_a_send_raises() -> None:
     stream = ScriptedStream()
-    body = EventStreamBody(stream, keepalive_s=KEEPALIVE_S)
+    body = native_body(stream)
 
     with pytest.raises(OSError, match="socket gone"):
         async with body as chunks:
@@ -136,7 +143,7 @@ async def test_body_closes_its_stream_when_a_send_raises() -> None:
 
 
 async def test_exit_makes_no_checkpoint() -> None:
-    body = EventStreamBody(ScriptedStream(), keepalive_s=KEEPALIVE_S)
+    body = native_body(ScriptedStream())
     await body.__aenter__()
 
     with trio.testing.assert_no_checkpoints():
@@ -145,7 +152,7 @@ async def test_exit_makes_no_checkpoint() -> None:
 
 async def test_farewell_only_for_an_entered_unfinished_body() -> None:
     stream = ScriptedStream()
-    body = EventStreamBody(stream, keepalive_s=KEEPALIVE_S)
+    body = native_body(stream)
     assert body.farewell(ErrorType.SHUTDOWN, "bye") is None  # never entered: no status yet
 
     await body.__aenter__()

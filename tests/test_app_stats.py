@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 
 from engine import EngineStatistics
-from streams import HubStatistics, ResumeStatistics
+from streams import HubStatistics
+from streams.resume import ResumeStatistics
 from tests.http_server import RunningServer
 
 RENAMED = {"state": "hub_state", "waiting": "streams_waiting", "steps": "hub_steps",

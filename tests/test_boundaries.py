@@ -1,103 +1,94 @@
-"""The package boundaries of DESIGN.md, checked by what an import actually loads.
+"""The package boundaries of ``docs/architecture.md``, enforced as one table each.
 
-Each check imports in a fresh interpreter and lists ``sys.modules``: an import that
-crosses a boundary shows up there even when it hides in a function body run at import.
+What a package may LOAD is checked in a fresh interpreter per row (``sys.modules`` after the
+import: an import that hides in a function run at import time shows up there). What a package
+may IMPORT is read from the source by an AST walk over every import statement, function
+bodies included, so that an import deferred into a function cannot hide a cycle or a crossing.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 import json
+import re
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-HEAVY = ("torch", "transformers")
+SERVICE = ("app", "engine", "streams")
+TORCH = ("torch", "transformers")
 WEB = ("quart", "quart_trio", "hypercorn", "werkzeug")
-ENGINE_ROOT = {"engine", "engine.errors", "engine.types"}  # what ``import engine`` loads
+TOOLS_ONLY = ("matplotlib", "tqdm", "numpy")  # the `tools` extra (pyproject.toml)
+MAX_SERVICE_LINES = 400
+MAX_TEST_LINES = 600
+OUTSIDE = re.compile(r"shared/(DESIGN|reference)")  # the team's notes beside the checkout
+
+# -- what importing each package loads, in a fresh interpreter ---------------------------
+
+NEVER_LOADS: list[tuple[str, tuple[str, ...]]] = [
+    ("import engine", ("trio", "redis", "streams", "app", *WEB, *TORCH)),
+    ("import engine.scheduler", ("trio", "redis", "streams", "app", *WEB, *TORCH)),
+    ("import engine.block_manager", ("trio", "redis", "streams", "app", *WEB, *TORCH)),
+    ("import streams", ("redis", "app", *WEB, *TORCH)),
+    ("import streams.resume", ("redis", "app", *WEB, *TORCH)),
+    ("import streams.sse", ("trio", "redis", "app", *WEB, *TORCH)),
+    ("import streams.policy", ("trio", "redis", "app", *WEB, *TORCH)),
+    ("import app", ("trio", "redis", *WEB, *TORCH)),
+    ("import app.settings", ("redis", *WEB, *TORCH)),
+    ("import app.wire", ("trio", "redis", *WEB, *TORCH)),
+    ("import app.schemas", ("trio", "redis", *WEB, *TORCH)),
+    ("import app.runtime", ("redis", *WEB, *TORCH)),
+    ("import app.routes", ("redis", *TORCH)),
+    ("import app.factory", ("redis", "tests", "tools", *TORCH)),  # the whole service
+]
 
 
-def modules_after(statement: str) -> set[str]:
-    code = f"{statement}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+def loaded_after(statement: str) -> dict[str, object]:
+    code = (
+        f"{statement}\nimport json, sys\n"
+        "print(json.dumps({'modules': sorted(sys.modules), 'extra': globals().get('RESULT')}))"
+    )
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
-        timeout=60,
+        timeout=120,
     )
-    return set(json.loads(result.stdout.strip().splitlines()[-1]))
+    loaded: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
+    return loaded
 
 
-def top_level(modules: set[str], names: tuple[str, ...]) -> set[str]:
+def top_level(modules: object, names: tuple[str, ...]) -> set[str]:
+    assert isinstance(modules, list)
     return {m for m in modules if m.split(".")[0] in names}
 
 
-@pytest.fixture(scope="module")
-def after_streams_and_engine() -> set[str]:
-    return modules_after("import streams, engine")
-
-
-@pytest.fixture(scope="module")
-def after_app() -> set[str]:
-    return modules_after("import app")
-
-
-def test_streams_and_engine_load_no_torch_transformers_or_web_framework(
-    after_streams_and_engine: set[str],
+@pytest.mark.parametrize(("statement", "forbidden"), NEVER_LOADS, ids=[r[0] for r in NEVER_LOADS])
+def test_an_import_loads_nothing_across_its_boundary(
+    statement: str, forbidden: tuple[str, ...]
 ) -> None:
-    assert top_level(after_streams_and_engine, HEAVY + WEB) == set()
+    assert top_level(loaded_after(statement)["modules"], forbidden) == set()
 
 
-def test_engine_loads_no_trio() -> None:
-    modules = modules_after("import engine")
+def test_importing_the_app_reads_no_environment_builds_nothing_and_patches_nothing() -> None:
+    # A variable the settings refuse: reading the environment would raise.
+    statement = (
+        "import os; os.environ['STREAMSCOPE_NO_SUCH_SETTING'] = '1'\n"
+        "import app, app.settings, app.runtime, app.edge.http_fixes\n"
+        "import hypercorn.trio.run, hypercorn.trio.tcp_server\n"
+        "RESULT = [hypercorn.trio.run.TCPServer is hypercorn.trio.tcp_server.TCPServer,\n"
+        "          app.app._app is None]"
+    )
+    loaded = loaded_after(statement)
 
-    assert top_level(modules, ("trio", "streams", "app", *WEB, *HEAVY)) == set()
-
-
-def test_streams_never_imports_app(after_streams_and_engine: set[str]) -> None:
-    assert top_level(after_streams_and_engine, ("app",)) == set()
-
-
-def test_app_imports_only_the_engine_package_root(after_app: set[str]) -> None:
-    assert {m for m in after_app if m.split(".")[0] == "engine"} == ENGINE_ROOT
-    assert top_level(after_app, HEAVY) == set()
-
-
-def test_nothing_imports_tests_or_tools(after_app: set[str]) -> None:
-    assert top_level(after_app, ("tests", "tools")) == set()
+    assert loaded["extra"] == [True, True]  # hypercorn as it was; no app built
+    assert top_level(loaded["modules"], ("app",)) & {"app.factory", "app.routes"} == set()
 
 
-# -- the tools' dependencies, and import cycles, read from the source ---------------------
-
-TOOLS_ONLY = ("matplotlib", "tqdm", "numpy")  # the `tools` extra (pyproject.toml)
-SERVICE = ("app", "engine", "streams")
-
-
-def source_imports(path: Path) -> set[str]:
-    """Every module a file imports at module level (``if TYPE_CHECKING`` blocks included),
-    each ``from m import n`` also as ``m.n``; relative imports made absolute."""
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    package = parts[:-1]  # an __init__'s package is its folder too
-    found: set[str] = set()
-
-    def visit(statements: list[ast.stmt]) -> None:
-        for node in statements:
-            if isinstance(node, ast.Import):
-                found.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = package[: len(package) - node.level + 1] if node.level else []
-                name = ".".join([*base, *([node.module] if node.module else [])])
-                found.add(name)
-                found.update(f"{name}.{alias.name}" for alias in node.names)
-            elif isinstance(node, ast.If | ast.Try):
-                visit(node.body)
-                visit(node.orelse)
-                for handler in getattr(node, "handlers", []):
-                    visit(handler.body)
-
-    visit(ast.parse(path.read_text()).body)
-    return found
+# -- what the source imports, function bodies included -------------------------------------
 
 
 def module_of(path: Path) -> str:
@@ -105,21 +96,33 @@ def module_of(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def test_the_service_never_imports_the_tools_dependencies() -> None:
-    offenders = {
-        module_of(path): sorted(top_level(source_imports(path), TOOLS_ONLY))
-        for package in SERVICE
-        for path in sorted((ROOT / package).rglob("*.py"))
-        if top_level(source_imports(path), TOOLS_ONLY)
-    }
+@cache
+def imports_of(path: Path) -> frozenset[str]:
+    """Every module a file imports anywhere in it, each ``from m import n`` also as
+    ``m.n``; relative imports made absolute."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    package = parts[:-1]  # an __init__'s package is its folder too
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            name = ".".join([*base, *([node.module] if node.module else [])])
+            if node.module:  # ``from . import m`` imports the submodule, not its package
+                found.add(name)
+            found.update(f"{name}.{alias.name}" for alias in node.names)
+    return frozenset(found)
 
-    assert offenders == {}
+
+def service_files() -> list[Path]:
+    return sorted(path for package in SERVICE for path in (ROOT / package).rglob("*.py"))
 
 
-@pytest.mark.parametrize("package", [*SERVICE, "tools"])
-def test_no_module_imports_one_that_imports_it_back(package: str) -> None:
-    files = {module_of(path): path for path in (ROOT / package).rglob("*.py")}
-    graph = {name: {m for m in source_imports(path) if m in files and m != name}
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    files = {module_of(path): path for package in (*SERVICE, "tools")
+             for path in (ROOT / package).rglob("*.py")}
+    graph = {name: {m for m in imports_of(path) if m in files and m != name}
              for name, path in files.items()}
     cycles: list[list[str]] = []
 
@@ -134,3 +137,128 @@ def test_no_module_imports_one_that_imports_it_back(package: str) -> None:
         walk([name])
 
     assert cycles == []
+
+
+def crossings(rule: str) -> dict[str, list[str]]:
+    """Each service module's imports that break ``rule``."""
+    found: dict[str, list[str]] = {}
+    for path in service_files():
+        module = module_of(path)
+        bad = sorted(m for m in imports_of(path) if breaks(rule, module, m))
+        if bad:
+            found[module] = bad
+    return found
+
+
+def breaks(rule: str, importer: str, imported: str) -> bool:
+    top = imported.split(".")[0]
+    if rule == "hypercorn":
+        return top == "hypercorn" and not within(importer, "app.edge")
+    if rule == "roots":  # another package's internals: only its root (and streams.resume's)
+        for root in ("engine", "streams.resume", "streams"):
+            if within(imported, root) and not within(importer, root):
+                return imported not in roots_and_their_names(root)
+        return False
+    if rule == "tools":
+        return top in (*TOOLS_ONLY, "tests", "tools")
+    raise AssertionError(rule)
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+@cache
+def roots_and_their_names(root: str) -> frozenset[str]:
+    exported = getattr(importlib.import_module(root), "__all__", [])
+    return frozenset({root, *(f"{root}.{name}" for name in exported),
+                      *(["streams.resume"] if root == "streams" else [])})
+
+
+@pytest.mark.parametrize("rule", ["hypercorn", "roots", "tools"])
+def test_no_service_module_crosses_a_boundary(rule: str) -> None:
+    """hypercorn: only ``app.edge`` imports it. roots: other packages import ``engine``,
+    ``streams`` and ``streams.resume`` at their roots only. tools: the service never imports
+    the tools' extra, the tests or the tools."""
+    assert crossings(rule) == {}
+
+
+# -- public faces and sizes -----------------------------------------------------------------
+
+EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
+    "app": [
+        "app",
+    ],
+    "app.edge": [],
+    "app.routes": [
+        "make_blueprint", "make_openai_blueprint", "make_page_blueprint",
+        "make_resumable_blueprint",
+    ],
+    "app.runtime": [
+        "HANDOVER_LEAD_S", "LOADING_RETRY_AFTER_S", "SHUTDOWN_RETRY_AFTER_S",
+        "STORE_CHECK_TIMEOUT_S", "MakeEngine", "Phase", "Prepared", "Runtime", "ServingEngine",
+        "load_engine_from_settings", "stop_deadline_s",
+    ],
+    "app.schemas": [
+        "MAX_DEADLINE_MS", "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "OPENAI_DEFAULT_MAX_TOKENS",
+        "ChatBody", "ChatMessage", "CompletionsBody", "GenerateBody", "OpenAIBody",
+        "RequestLimits", "parse_generate_body",
+    ],
+    "app.wire": [
+        "CHAT", "COMPLETION", "DONE", "FINISH_REASONS", "KEEPALIVE_COMMENT", "RETRY_LINE",
+        "RETRY_MS", "TAKEN_OVER_EVENT", "ChatShape", "ChoiceShape", "CompletionShape",
+        "Encoder", "ErrorEnvelope", "NativeEvents", "OpenAIChunks", "ResumableEvents",
+        "encode_json_event", "error_data", "event_without_id", "item_event", "start_event",
+        "token_event", "usage", "whole_answer",
+    ],
+    "engine": [
+        "MAX_SEED", "MAX_TEMPERATURE", "MAX_TOP_P", "MIN_SEED", "MIN_TEMPERATURE", "MIN_TOP_K",
+        "MIN_TOP_P", "ChatTemplateError", "DoubleRelease", "DuplicateRequestId", "EmptyPrompt",
+        "EngineError", "EngineEvent", "EngineStatistics", "FinishEvent", "FinishReason",
+        "GenerationRequest", "InvalidMaxNewTokens", "InvalidRequest", "InvalidSampling",
+        "PromptTooLong", "SamplingParams", "StepReentered", "TokenEvent", "load_engine",
+        "validate_request", "validate_sampling",
+    ],
+    "streams": [
+        "DeadlineUnmeetable", "ErrorType", "Hub", "HubError", "HubSettings", "HubState",
+        "HubStatistics", "NotAccepting", "PolicyName", "SSEParser", "ServerSentEvent",
+        "StepEngine", "StepGate", "StreamEnd", "StreamError", "StreamItem", "StreamState",
+        "StreamStatistics", "TokenStream", "WaitingLimitReached", "encode_comment",
+        "encode_event",
+    ],
+    "streams.resume": [
+        "Adopt", "BadPosition", "Draining", "EventLog", "Holding", "LoggedEvent",
+        "MemoryEventLog", "NothingToResume", "Reader", "ReaderBusy", "Rebuild", "RedisEventLog",
+        "RemoteReader", "ResumeError", "ResumeRegistry", "ResumeStatistics", "SharedEventLog",
+        "StoreStatistics", "StoreUnavailable", "TakenOver", "WriterGone", "generated_ids",
+        "request_of", "spec_of", "with_seed",
+    ],
+}
+
+
+@pytest.mark.parametrize("package", sorted(EXPORTS))
+def test_each_package_exports_exactly_its_public_names(package: str) -> None:
+    module = importlib.import_module(package)
+
+    assert module.__all__ == EXPORTS[package]
+    assert [name for name in EXPORTS[package] if not hasattr(module, name)] == []
+
+
+def test_no_service_module_is_over_400_lines_and_no_test_file_over_600() -> None:
+    too_long = {
+        str(path.relative_to(ROOT)): lines
+        for path, limit in [*((p, MAX_SERVICE_LINES) for p in service_files()),
+                            *((p, MAX_TEST_LINES) for p in (ROOT / "tests").rglob("*.py"))]
+        if (lines := len(path.read_text().splitlines())) > limit
+    }
+
+    assert too_long == {}
+
+
+def test_nothing_in_the_repository_points_outside_it() -> None:
+    texts = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *service_files(),
+             *(ROOT / "tests").rglob("*.py")]
+    pointing_out = [str(path.relative_to(ROOT)) for path in texts
+                    if OUTSIDE.search(path.read_text())]
+
+    assert pointing_out == []

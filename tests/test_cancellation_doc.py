@@ -114,7 +114,7 @@ def test_every_worked_example_is_a_mock_clock_test_and_there_are_some() -> None:
     [
         ("`app.conection`", "not a module"),
         ("`app.conection:StreamingConnection`", "does not import"),
-        ("`app.connection:StreamingConnection.handle_mesages`", "has no"),
+        ("`app.edge.connection:StreamingConnection.handle_mesages`", "has no"),
         ("`streams.stream:TokenStream.close.nothing`", "has no"),
         ("`trio.Cancelled`", "not a module"),
         ("`tests/test_stream.py::test_no_such_test`", "defines no function"),
@@ -131,4 +131,5 @@ def test_a_misspelled_name_is_caught(line: str, expected: str) -> None:
 def test_prose_and_fenced_blocks_are_not_names() -> None:
     text = '`"http.disconnect"` `close()` `STREAMSCOPE_RESUME_GRACE_S`\n```\n`app.nope:X`\n```\n'
     assert problems(text) == []
-    assert problems("`trio:Cancelled` `app.connection` `streams.hub:_Owner.cancel`") == []
+    names = "`trio:Cancelled` `app.edge.connection` `streams.open_streams:OpenStreams.cancel`"
+    assert problems(names) == []

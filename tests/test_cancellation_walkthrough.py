@@ -30,7 +30,8 @@ import streams
 import streams.hub
 from app.factory import create_app
 from app.quart_app import StreamscopeApp
-from app.sse_body import EventStreamBody
+from app.routes.body import EventStreamBody
+from app.wire import NativeEvents
 from engine import EngineEvent, FinishReason, GenerationRequest, SamplingParams, TokenEvent
 from streams import Hub, SSEParser, StreamError, StreamItem, TokenStream
 from streams.stream import StreamEnd, StreamState
@@ -143,7 +144,7 @@ async def test_cancelled_at_the_bodys_receive_closes_the_stream_with_no_checkpoi
     sent: list[bytes] = []
     closes_at: list[float] = []
 
-    class TimedBody(EventStreamBody):
+    class TimedBody(EventStreamBody[StreamItem]):
         async def __aexit__(
             self, exc_type: type[BaseException] | None, exc: BaseException | None,
             tb: TracebackType | None,
@@ -157,7 +158,8 @@ async def test_cancelled_at_the_bodys_receive_closes_the_stream_with_no_checkpoi
         stream = hub.open_stream(request("a", LONG))
         with trio.CancelScope() as scope:  # the request's nursery scope, in the app
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(quart_sends, TimedBody(stream, keepalive_s=15.0), sent)
+                body = TimedBody(stream, native_events(stream), keepalive_s=15.0)
+                nursery.start_soon(quart_sends, body, sent)
                 await trio.sleep(3.5 * STEP_S)
                 scope.cancel(reason="client disconnected")
         assert stream.statistics().end is StreamEnd.CLIENT_GONE
@@ -170,7 +172,12 @@ async def test_cancelled_at_the_bodys_receive_closes_the_stream_with_no_checkpoi
     assert len(sent) == 1 + 3  # start, then the tokens of steps 1 to 3
 
 
-async def quart_sends(body: EventStreamBody, sent: list[bytes]) -> None:
+def native_events(stream: TokenStream) -> NativeEvents:
+    """``/v1/stream``'s encoder for ``stream``."""
+    return NativeEvents(stream.request_id, stream.prompt_tokens)
+
+
+async def quart_sends(body: EventStreamBody[StreamItem], sent: list[bytes]) -> None:
     """What ``quart.asgi:ASGIHTTPConnection._send_response`` does with a body."""
     async with body as chunks:
         async for chunk in chunks:
@@ -224,7 +231,7 @@ async def test_a_request_still_waiting_at_its_deadline_is_let_go_without_a_block
 # -- exercise 1: a close() that awaits -----------------------------------------------
 
 
-class AwaitingCloseBody(EventStreamBody):
+class AwaitingCloseBody(EventStreamBody[StreamItem]):
     """The mistake: tidy up "asynchronously" before closing the stream."""
 
     async def __aexit__(
@@ -232,7 +239,7 @@ class AwaitingCloseBody(EventStreamBody):
         tb: TracebackType | None,
     ) -> None:
         await trio.lowlevel.checkpoint()  # e.g. flush a log, notify someone
-        self.stream.close()
+        self.source.close()
 
 
 async def test_exercise_1_a_close_that_awaits_leaves_the_stream_running(
@@ -243,7 +250,8 @@ async def test_exercise_1_a_close_that_awaits_leaves_the_stream_running(
         stream = hub.open_stream(request("a", LONG))
         with trio.CancelScope() as scope:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(quart_sends, AwaitingCloseBody(stream, keepalive_s=15.0), [])
+                awaiting = AwaitingCloseBody(stream, native_events(stream), keepalive_s=15.0)
+                nursery.start_soon(quart_sends, awaiting, [])
                 await trio.sleep(3.5 * STEP_S)
                 scope.cancel(reason="client disconnected")
         # Cancelled was raised again at the checkpoint in __aexit__, before close():
@@ -253,7 +261,7 @@ async def test_exercise_1_a_close_that_awaits_leaves_the_stream_running(
         assert engine.cancelled == [] and engine.releases["a"] == 0
         assert hub.statistics().streams_open == 1
         # The guard (tests/test_app_sse_body.py::test_exit_makes_no_checkpoint) catches it.
-        body = AwaitingCloseBody(stream, keepalive_s=15.0)
+        body = AwaitingCloseBody(stream, native_events(stream), keepalive_s=15.0)
         await body.__aenter__()
         with pytest.raises(AssertionError), trio.testing.assert_no_checkpoints():
             await body.__aexit__(None, None, None)

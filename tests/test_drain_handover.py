@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import trio
 
-from app.lifespan import HANDOVER_LEAD_S
+from app.runtime import HANDOVER_LEAD_S
 from streams import ServerSentEvent, SSEParser
 from tests.http_clients import parse_sse
 from tests.test_failover import (

@@ -25,6 +25,7 @@ from engine import (
     SamplingParams,
     TokenEvent,
 )
+from engine.admission import ON_DEMAND
 from engine.engine import Engine
 from engine.sequence import Chunk, SequenceState
 from tests.engine_steps import run_until_idle
@@ -93,28 +94,6 @@ def test_a_table_grows_a_block_when_the_next_position_needs_one() -> None:
     # Positions 0-3 at the prefill; 4 at the first decode (a 2nd block), 8 (a 3rd),
     # then the finish. Position 12 (token 8's) is never written.
     assert held == [1, 2, 2, 2, 2, 3, 3, 3, 0]
-
-
-def test_the_reservation_scheme_holds_every_block_from_admission() -> None:
-    engine = scripted_engine(num_blocks=16, block_size=4, kv_admission="reserve")
-    _submit(engine, "a", "abcd", 9)
-    engine.step()
-    assert engine.statistics().blocks_reserved == 4
-    assert engine.statistics().blocks_filled == 1
-    run_until_idle(engine)
-
-
-def test_on_demand_admits_more_than_worst_case_reservations_would() -> None:
-    engines = {scheme: scripted_engine(num_blocks=16, block_size=4, kv_admission=scheme)
-               for scheme in ("reserve", "on_demand")}
-    for engine in engines.values():
-        for i in range(8):
-            _submit(engine, f"r{i}", "abcd", 20)  # 24 positions: 6 blocks reserved
-        engine.step()
-    assert engines["reserve"].statistics().running == 2
-    assert engines["on_demand"].statistics().running == 8
-    for engine in engines.values():
-        run_until_idle(engine)
 
 
 @pytest.mark.parametrize(("watermark", "admitted_beside_a"), [(0.05, False), (0.0, True)])
@@ -342,13 +321,13 @@ def test_the_cache_is_sized_from_a_memory_budget_and_the_model_config(
     assert share.allocator.num_blocks >= 1
 
 
-def test_the_settings_choose_the_cache_memory_and_the_admission_scheme() -> None:
-    from app.lifespan import load_engine_from_settings
+def test_the_settings_choose_the_cache_memory_and_refuse_an_admission_scheme() -> None:
+    from app.runtime import load_engine_from_settings
     from app.settings import Settings, SettingsError
 
     env = Settings.from_env
     assert env({}).cache_blocks is None
-    assert (env({}).cache_memory, env({}).kv_admission) == (0.1, "on_demand")
+    assert env({}).cache_memory == 0.1
     assert env({"STREAMSCOPE_CACHE_MEMORY": "512MiB"}).cache_memory == 512 * 2**20
     assert env({"STREAMSCOPE_CACHE_MEMORY": "2GB"}).cache_memory == 2 * 10**9
     assert env({"STREAMSCOPE_CACHE_MEMORY": "1048576"}).cache_memory == 2**20
@@ -356,13 +335,13 @@ def test_the_settings_choose_the_cache_memory_and_the_admission_scheme() -> None
     for bad in ("1.5", "0.0", "lots", "-1GiB"):
         with pytest.raises(SettingsError, match="STREAMSCOPE_CACHE_MEMORY"):
             env({"STREAMSCOPE_CACHE_MEMORY": bad})
-    with pytest.raises(SettingsError, match="STREAMSCOPE_KV_ADMISSION"):
-        env({"STREAMSCOPE_KV_ADMISSION": "greedy"})
+    for scheme in ("reserve", "on_demand"):  # reservation is the lab's (tools/lab)
+        with pytest.raises(SettingsError, match="STREAMSCOPE_KV_ADMISSION is not a setting"):
+            env({"STREAMSCOPE_KV_ADMISSION": scheme})
     built = load_engine_from_settings(Settings(
-        model="tiny-gpt2", device="cpu", block_size=4, cache_memory=2**20,
-        kv_admission="reserve"))
+        model="tiny-gpt2", device="cpu", block_size=4, cache_memory=2**20))
     engine = built  # the production path: the Engine itself
-    assert engine.scheduler.kv_admission.value == "reserve"  # type: ignore[attr-defined]
+    assert engine.scheduler.admission is ON_DEMAND  # type: ignore[attr-defined]
     assert engine.allocator.num_blocks > 1  # type: ignore[attr-defined]
 
 

@@ -73,7 +73,7 @@ def _requests(victim_sampling: SamplingParams = FIXED) -> list[GenerationRequest
 
 def _queued(engine: Engine, request_id: str) -> Sequence:
     """The Sequence a submit put in the inbox (before the step that applies it)."""
-    return next(s for s in engine.scheduler._inbox if isinstance(s, Sequence)
+    return next(s for s in engine.scheduler.inbox.pending() if isinstance(s, Sequence)
                 and s.request_id == request_id)
 
 

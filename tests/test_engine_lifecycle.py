@@ -1,4 +1,6 @@
-"""A request's life in the engine: validation, admission, cancel, pause, threads, loading.
+"""A request's life in the engine: validation, admission, cancel, pause, threads, on_prefill.
+
+Loading without a network: ``tests/test_engine_offline.py``.
 
 Every engine comes from ``make_tiny_engine``, which drains it at teardown and fails
 the test unless the cache is whole again (every block free, nothing running or
@@ -7,18 +9,11 @@ waiting): each test here also checks that blocks go back exactly once.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import random
-import subprocess
-import sys
-import textwrap
 import threading
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
-from typing import TypedDict
 
 import pytest
 import torch
@@ -41,9 +36,9 @@ from engine import (
 from engine.engine import Engine
 from engine.model_runner import ModelRunner
 from tests.engine_steps import run_until_idle
+from tools.lab.reservation import RESERVATION
 
 MakeEngine = Callable[..., Engine]
-REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXED = SamplingParams(ignore_eos=True)  # lengths do not depend on the random model's eos
 PROMPT = "The capital of France is"  # 8 tokens with the tiny tokenizer
 THREAD_WAIT_S = 60  # only reached if the engine deadlocks
@@ -280,7 +275,7 @@ def test_request_paused_before_admission_gets_no_token(make_tiny_engine: MakeEng
 def test_admission_keeps_arrival_order_when_blocks_run_short(
     make_tiny_engine: MakeEngine,
 ) -> None:
-    engine = make_tiny_engine(max_batch=4, num_blocks=8, block_size=4, kv_admission="reserve")
+    engine = make_tiny_engine(max_batch=4, num_blocks=8, block_size=4, admission=RESERVATION)
     engine.submit(_request("first", 4))  # 12 positions: 3 of the 8 blocks
     first_token_step: dict[str, int] = {}
     finish_step: dict[str, int] = {}
@@ -504,92 +499,3 @@ def test_on_prefill_error_leaves_no_request_stranded(make_tiny_engine: MakeEngin
         engine.step(on_prefill=broken)
     events = run_until_idle(engine)
     assert {e.request_id for e in events if isinstance(e, FinishEvent)} == {"r0", "r1", "r2"}
-
-
-# -- loading without a network --------------------------------------------------------------
-
-# Loads each model named on the command line in a process where any connection attempt
-# raises, and prints {"hf_hub_offline": ..., "ids": {model: token ids of PROMPT}}.
-OFFLINE_SCRIPT = textwrap.dedent(
-    """
-    import json, os, socket, sys
-
-    def refuse(*args, **kwargs):
-        raise OSError("network blocked by the test")
-
-    socket.socket.connect = socket.socket.connect_ex = refuse
-    socket.create_connection = socket.getaddrinfo = refuse
-
-    import engine
-
-    offline = os.environ.get("HF_HUB_OFFLINE")
-    import torch
-
-    torch.set_num_threads(1)
-    from engine import GenerationRequest, SamplingParams, TokenEvent
-    from engine.engine import Engine
-    from engine.model import load_model
-
-    prompt, ids = sys.argv[1], {}
-    for model in sys.argv[2:]:
-        e = Engine(load_model(model, "cpu"), max_batch=1, num_blocks=8, block_size=4)
-        e.submit(GenerationRequest("r", prompt, 4, sampling=SamplingParams(ignore_eos=True)))
-        events = []
-        while e.has_work():
-            events += e.step()
-        ids[model] = [event.token_id for event in events if isinstance(event, TokenEvent)]
-    print(json.dumps({"hf_hub_offline": offline, "ids": ids}))
-    """
-)
-
-
-class OfflineRun(TypedDict):
-    hf_hub_offline: str | None  # the variable as the child saw it after importing engine
-    ids: dict[str, list[int]]  # token ids of PROMPT per model name or folder
-    folder: str
-
-
-@pytest.fixture(scope="module")
-def offline_run(tmp_path_factory: pytest.TempPathFactory) -> OfflineRun:
-    """One child process (importing torch costs seconds) loading "tiny-llama" and a folder.
-
-    The folder holds the tiny GPT-2 model and tokenizer written with save_pretrained.
-    """
-    from engine.model import tiny_gpt2, tiny_tokenizer
-
-    folder = tmp_path_factory.mktemp("tiny-gpt2-folder")
-    tiny_gpt2().save_pretrained(folder)
-    tiny_tokenizer().save_pretrained(folder)
-    # Unset the offline switches this process set by importing engine: the child must
-    # get them from the package root itself.
-    unset = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    env = {k: v for k, v in os.environ.items() if k not in unset}
-    done = subprocess.run(
-        [sys.executable, "-c", OFFLINE_SCRIPT, PROMPT, "tiny-llama", str(folder)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return OfflineRun(**json.loads(done.stdout.splitlines()[-1]), folder=str(folder))
-
-
-def test_importing_engine_sets_hf_hub_offline(offline_run: OfflineRun) -> None:
-    assert offline_run["hf_hub_offline"] == "1"
-
-
-def test_tiny_model_loads_and_steps_without_network(
-    offline_run: OfflineRun, make_tiny_engine: MakeEngine
-) -> None:
-    expected = _solo_ids(lambda: make_tiny_engine("tiny-llama"), _request("r", 4))
-    assert offline_run["ids"]["tiny-llama"] == expected
-
-
-def test_local_transformers_folder_loads_without_network(
-    offline_run: OfflineRun, make_tiny_engine: MakeEngine
-) -> None:
-    expected = _solo_ids(make_tiny_engine, _request("r", 4))  # tiny-gpt2 in this process
-    assert offline_run["ids"][offline_run["folder"]] == expected

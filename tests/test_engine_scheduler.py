@@ -22,6 +22,7 @@ from engine.engine import Engine
 from engine.scheduler import Scheduler
 from tests.engine_steps import run_until_idle
 from tests.scripted_runner import ScriptedRunner, scripted_engine
+from tools.lab.reservation import RESERVATION
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -193,7 +194,7 @@ def test_an_engine_with_a_step_time_target_calibrates_at_once() -> None:
 
 def test_admission_waits_for_blocks_in_arrival_order() -> None:
     runner = ScriptedRunner()
-    engine = scripted_engine(runner, num_blocks=4, block_size=4, kv_admission="reserve")
+    engine = scripted_engine(runner, num_blocks=4, block_size=4, admission=RESERVATION)
     _submit(engine, "first", "abcd", 4)  # 8 positions: 2 of the 4 blocks
     _submit(engine, "big", "abcdefgh", 4)  # 12 positions: 3 blocks, only 2 free
     _submit(engine, "small", "a", 3)  # 4 positions: 1 block, would fit at once

@@ -26,7 +26,8 @@ import redis
 import trio
 
 from streams import ServerSentEvent, SSEParser
-from streams.redis_log import RedisEventLog, events_key, owner_key, spec_key
+from streams.resume import RedisEventLog
+from streams.resume.redis_keys import events_key, spec_key, writer_key
 from tests.http_clients import parse_sse
 from tests.test_replicas import redis_process, redis_url  # noqa: F401 (fixtures)
 from tools.cluster import Replica, free_port
@@ -219,7 +220,7 @@ async def test_the_owner_lease_is_renewed_while_the_owner_runs_and_taken_over_on
     # whenever the renewals come, instead of sleeping and hoping one came in time.
     def log() -> RedisEventLog:
         return RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=2.0, follow_wait_s=0.1,
-                                      owner_lease_s=OWNER_LEASE_RENEWED_S)
+                                      writer_lease_s=OWNER_LEASE_RENEWED_S)
 
     store = redis.Redis.from_url(redis_url)
     owner, others = log(), [log() for _ in range(8)]
@@ -229,19 +230,19 @@ async def test_the_owner_lease_is_renewed_while_the_owner_runs_and_taken_over_on
         owner.append("s1", 1, b"start")
         owner.append("s1", 2, b"token")
         await owner.flush()
-        expiries = [store.pexpiretime(owner_key("s1"))]  # Redis's clock, ms; -2 if gone
+        expiries = [store.pexpiretime(writer_key("s1"))]  # Redis's clock, ms; -2 if gone
         with trio.fail_after(WAIT_S):
             while len(expiries) < 3:  # two renewals, each moving the expiry forward
                 await trio.sleep(0.02)  # (Redis's clock: no event to wait on)
-                expiry = store.pexpiretime(owner_key("s1"))
+                expiry = store.pexpiretime(writer_key("s1"))
                 assert expiry > 0, "the owner lease lapsed while its owner ran"
                 if expiry > expiries[-1]:
                     expiries.append(expiry)
-        assert await owner.owner_alive("s1")
+        assert await owner.writer_alive("s1")
         assert not await others[0].take_over("s1")
         nursery.cancel_scope.cancel()  # the owner dies: nobody renews
     with trio.fail_after(WAIT_S):
-        while await others[0].owner_alive("s1"):  # noqa: ASYNC110 (Redis's clock)
+        while await others[0].writer_alive("s1"):  # noqa: ASYNC110 (Redis's clock)
             await trio.sleep(0.02)
     won: list[tuple[RedisEventLog, bool]] = []  # in the order the races end
 
@@ -261,11 +262,11 @@ async def test_the_owner_lease_is_renewed_while_the_owner_runs_and_taken_over_on
     assert await winner.tail("s1") == (3, True)
     # Ended: the owner key lives as long as the events (30 s, not the lease), and
     # nobody takes an ended stream over.
-    assert store.pttl(owner_key("s1")) > OWNER_LEASE_RENEWED_S * 1000
+    assert store.pttl(writer_key("s1")) > OWNER_LEASE_RENEWED_S * 1000
     assert not await others[0].take_over("s1")
     assert winner.expire("s1") > 0
     await winner.flush()
-    assert not store.exists(owner_key("s1"), events_key("s1"), spec_key("s1"))
+    assert not store.exists(writer_key("s1"), events_key("s1"), spec_key("s1"))
     store.close()
 
 
@@ -277,9 +278,9 @@ async def test_an_owner_that_lost_its_lease_to_a_takeover_is_told_and_leaves_the
     # The owner renews every 0.1 s; the other's lease (nobody renews it here) outlives the
     # test, so the keys are still the other's at the end however slow the machine.
     owner = RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=1.0, follow_wait_s=0.1,
-                                   owner_lease_s=0.3)
+                                   writer_lease_s=0.3)
     other = RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=1.0, follow_wait_s=0.1,
-                                   owner_lease_s=30.0)
+                                   writer_lease_s=30.0)
     store = redis.Redis.from_url(redis_url)
     lost = trio.Event()
     told: list[str] = []
@@ -294,7 +295,7 @@ async def test_an_owner_that_lost_its_lease_to_a_takeover_is_told_and_leaves_the
         owner.publish("s4", b"spec")
         owner.append("s4", 1, b"start")
         await owner.flush()
-        store.delete(owner_key("s4"))  # the lease lapsed while the owner stalled
+        store.delete(writer_key("s4"))  # the lease lapsed while the owner stalled
         assert await other.take_over("s4")
         with trio.fail_after(WAIT_S):
             await lost.wait()
@@ -302,7 +303,7 @@ async def test_an_owner_that_lost_its_lease_to_a_takeover_is_told_and_leaves_the
         await owner.flush()
         nursery.cancel_scope.cancel()
     assert told == ["s4"]
-    assert store.get(owner_key("s4")) == other.owner_token.encode()
+    assert store.get(writer_key("s4")) == other.writer_token.encode()
     assert store.exists(events_key("s4")) and store.exists(spec_key("s4"))
     store.close()
 
@@ -317,25 +318,25 @@ async def test_a_stalled_owner_that_finishes_before_it_learns_of_a_takeover_leav
     # Neither log runs (nobody renews): the other's lease outlives the test, so the keys
     # are still the other's when the owner expires the stream, however slow the machine.
     owner = RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=1.0, follow_wait_s=0.1,
-                                   owner_lease_s=0.3)
+                                   writer_lease_s=0.3)
     other = RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=1.0, follow_wait_s=0.1,
-                                   owner_lease_s=30.0)
+                                   writer_lease_s=30.0)
     store = redis.Redis.from_url(redis_url)
     owner.publish("s5", b"spec")
     owner.append("s5", 1, b"start")
     await owner.flush()
-    store.delete(owner_key("s5"))  # the lease lapsed while the owner stalled
+    store.delete(writer_key("s5"))  # the lease lapsed while the owner stalled
     assert await other.take_over("s5")
     other.adopt("s5", [(1, b"start", False)])
     owner.append("s5", 2, b"done", last=True)  # woken, it ends the stream at once
     await owner.flush()
     owner.expire("s5")  # its grace period is over
     await owner.flush()
-    assert store.get(owner_key("s5")) == other.owner_token.encode()
+    assert store.get(writer_key("s5")) == other.writer_token.encode()
     assert store.exists(events_key("s5")) and store.exists(spec_key("s5"))
     other.expire("s5")  # the new owner's own end deletes them
     await other.flush()
-    assert not store.exists(owner_key("s5"), events_key("s5"), spec_key("s5"))
+    assert not store.exists(writer_key("s5"), events_key("s5"), spec_key("s5"))
     store.close()
 
 
@@ -417,7 +418,7 @@ async def test_two_replicas_resuming_a_stalled_owners_stream_at_once_continue_it
         ((request_id, received),) = await open_and_kill(a, [SEEDED], k=10, stop=True)
         expected = await uninterrupted(b, SEEDED)
         with trio.fail_after(WAIT_S):
-            while store.exists(owner_key(request_id)):  # noqa: ASYNC110 (Redis's clock)
+            while store.exists(writer_key(request_id)):  # noqa: ASYNC110 (Redis's clock)
                 await trio.sleep(0.02)
         k = positions(received)[-1]
         async with trio.open_nursery() as nursery:

@@ -5,7 +5,7 @@ Over raw sockets against the real hypercorn server (``http_server.py``) and, onc
 their response (RFC 9112 section 9.6); a keep-alive connection whose response left the
 request body unread either is reused (the body drained) or says ``Connection: close``
 and closes; a next request on a reused connection is always answered. The fix is in
-``app/http_fixes.py`` (hypercorn 0.18, pgjones/hypercorn#330).
+``app/edge/http_fixes.py`` (hypercorn 0.18, pgjones/hypercorn#330).
 """
 
 from __future__ import annotations

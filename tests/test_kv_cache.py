@@ -116,16 +116,13 @@ def test_cache_tensors_are_allocated_once_per_layer() -> None:
 # -- the engine's use of the cache ----------------------------------------------------------
 
 
-@pytest.mark.parametrize(("kv_admission", "held"), [
-    ("reserve", [4, 4, 4, 4, 0]),
-    # On demand: the prompt's 2 blocks, a third when position 8 is written.
-    ("on_demand", [2, 3, 3, 3, 0]),
-])
-def test_engine_holds_blocks_by_its_admission_scheme_until_the_finish(
-    kv_admission: str, held: list[int], make_tiny_engine: MakeEngine,
+def test_engine_holds_blocks_as_it_writes_until_the_finish(
+    make_tiny_engine: MakeEngine,
 ) -> None:
-    engine = make_tiny_engine(num_blocks=16, block_size=4, kv_admission=kv_admission)
-    # 8 prompt tokens + 5 new = 13 positions: 4 blocks if reserved at admission.
+    """The lab's reservation holds all 4 from admission (tests/test_lab_reservation.py)."""
+    engine = make_tiny_engine(num_blocks=16, block_size=4)
+    # 8 prompt tokens + 5 new = 13 positions: the prompt's 2 blocks, a third when
+    # position 8 is written.
     engine.submit(
         GenerationRequest(
             "a", "The capital of France is", 5, sampling=SamplingParams(ignore_eos=True)
@@ -135,7 +132,7 @@ def test_engine_holds_blocks_by_its_admission_scheme_until_the_finish(
     while engine.has_work():
         engine.step()
         reserved.append(engine.statistics().blocks_reserved)
-    assert reserved == held
+    assert reserved == [2, 3, 3, 3, 0]
     assert engine.statistics().releases == 1
 
 

@@ -28,7 +28,7 @@ from tests.http_clients import long_body, parse_sse, parse_sse_with_httpx_sse, s
 from tests.http_server import RunningServer, StartServer
 from tools.lab._app import create_lab_app
 from tools.lab._flood import BLOCKED_AFTER_S
-from tools.lab._settings import LabSettings, LabSettingsError, lab_padding, take_lab_settings
+from tools.lab._settings import LabSettings, LabSettingsError, lab_padding, split_lab_environ
 
 
 async def start_lab(start_server: StartServer, **lab: Any) -> RunningServer:
@@ -158,8 +158,11 @@ def test_lab_settings_parse_refuse_bad_values_and_leave_the_environment() -> Non
     environ = {"STREAMSCOPE_LAB_PAD_BYTES": "65536", "STREAMSCOPE_LAB_DETECT_DISCONNECT": "off",
                "STREAMSCOPE_MAX_BATCH": "4"}
 
-    assert take_lab_settings(environ) == LabSettings(pad_bytes=65536, detect_disconnect=False)
-    assert environ == {"STREAMSCOPE_MAX_BATCH": "4"}  # what the service then reads
+    given = dict(environ)
+    lab, rest = split_lab_environ(environ)
+    assert lab == LabSettings(pad_bytes=65536, detect_disconnect=False)
+    assert rest == {"STREAMSCOPE_MAX_BATCH": "4"}  # what the service then reads
+    assert environ == given
     assert LabSettings.from_env({}) == LabSettings(pad_bytes=0, detect_disconnect=True)
     for bad in ("-1", "1", "2000000", "lots"):
         with pytest.raises(LabSettingsError, match="STREAMSCOPE_LAB_PAD_BYTES"):

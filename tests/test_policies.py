@@ -7,7 +7,7 @@ import trio
 import trio.testing
 
 from engine import FinishEvent, FinishReason, TokenEvent
-from streams import HubSettings, PolicyName, StreamEnd, StreamError, TokenStream
+from streams import HubSettings, PolicyName, StepGate, StreamEnd, StreamError, TokenStream
 from streams.policy import CAUGHT_UP, Lag, Policy
 from tests.fakes import STEP_S, ScriptedEngine, open_hub, request
 
@@ -27,9 +27,9 @@ def test_policy_rejects_out_of_range_limits() -> None:
         Policy(PolicyName.DROP, stall_timeout_s=0.0)
 
 
-@pytest.mark.parametrize("name", [PolicyName.NAIVE, PolicyName.UNBOUNDED])
-def test_non_limiting_policies_never_pause_or_start_a_stall(name: PolicyName) -> None:
-    assert Policy(name, queue_limit=LIMIT).after_put(CAUGHT_UP, 1000, now=5.0) == CAUGHT_UP
+def test_unbounded_never_pauses_or_starts_a_stall() -> None:
+    policy = Policy(PolicyName.UNBOUNDED, queue_limit=LIMIT)
+    assert policy.after_put(CAUGHT_UP, 1000, now=5.0) == CAUGHT_UP
 
 
 def test_pause_pauses_at_the_limit_and_not_before() -> None:
@@ -71,13 +71,16 @@ async def read_all(stream: TokenStream, pause_s: float, done: dict[str, float]) 
         done[stream.request_id] = trio.current_time()
 
 
-async def healthy_durations(policy: PolicyName, *, slow_readers: int) -> list[float]:
+async def healthy_durations(
+    policy: PolicyName, *, slow_readers: int, step_gate: StepGate | None = None
+) -> list[float]:
     """How long each of the 8 - slow_readers healthy streams took, from opening."""
     settings = HubSettings(policy=policy, queue_limit=LIMIT, stall_timeout_s=STALL_S)
     done: dict[str, float] = {}
     start = trio.current_time()
     engine = ScriptedEngine(batch_limit=8)
-    async with open_hub(engine, settings) as hub, trio.open_nursery() as readers:
+    async with (open_hub(engine, settings, step_gate=step_gate) as hub,
+                trio.open_nursery() as readers):
         for i in range(8):
             stream = hub.open_stream(request(f"r{i}", TOKENS))
             readers.start_soon(read_all, stream, SLOW_READ_S if i < slow_readers else 0, done)
@@ -93,17 +96,6 @@ async def test_one_slow_reader_does_not_delay_the_other_seven(
     # One prefill step, then TOKENS - 1 decode steps.
     assert await healthy_durations(policy, slow_readers=0) == [TOKENS * STEP_S] * 8
     assert await healthy_durations(policy, slow_readers=1) == [TOKENS * STEP_S] * 7
-
-
-async def test_one_slow_reader_delays_everyone_under_naive(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    assert await healthy_durations(PolicyName.NAIVE, slow_readers=0) == [TOKENS * STEP_S] * 8
-    # After each step the loop waits for the slow reader to take its token. It takes
-    # token 0 at once (it was waiting), then one every SLOW_READ_S; step k + 1 starts
-    # when it has taken token k - 1, so the last step ends 14 reads and 2 steps in.
-    durations = await healthy_durations(PolicyName.NAIVE, slow_readers=1)
-    assert durations == [(TOKENS - 2) * SLOW_READ_S + 2 * STEP_S] * 7
 
 
 # -- what each policy does to the slow stream --------------------------------------------

@@ -25,8 +25,9 @@ import redis
 import trio
 
 from engine import FinishReason
-from streams import Holding, ServerSentEvent, SSEParser
-from streams.redis_log import RedisEventLog, events_key, reader_key
+from streams import ServerSentEvent, SSEParser
+from streams.resume import Holding, RedisEventLog
+from streams.resume.redis_keys import events_key, reader_key
 from tests.http_clients import RawClient, long_body, stream_body
 from tests.http_server import RunningServer, StartServer
 
@@ -316,8 +317,9 @@ async def test_a_remote_reader_keeps_the_stream_past_the_grace_period(
         request_id = (await client.post("/v1/requests", json=body)).json()["id"]
     registry = a.app.runtime.resumption
     assert registry is not None
-    entry = registry._entries[request_id]  # tests may use internals: the grace's scope
-    first_grace = entry._holder_scope
+    entry = registry._local.get(request_id)  # tests may use internals: the grace's scope
+    assert entry is not None and entry.holder is not None
+    first_grace = entry.holder.scope
     answers: list[httpx.Response] = []
 
     async def follow_on_b() -> None:
@@ -326,8 +328,9 @@ async def test_a_remote_reader_keeps_the_stream_past_the_grace_period(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(follow_on_b)
         await a.wait_for(lambda: bool(store.exists(reader_key(request_id))), "B's lease")
-        assert entry._holder_scope is first_grace  # B came within the first grace period
-        await a.wait_for(lambda: entry._holder_scope is not first_grace
+        assert entry.holder is not None
+        assert entry.holder.scope is first_grace  # B came within the first grace period
+        await a.wait_for(lambda: (entry.holder and entry.holder.scope) is not first_grace
                          or entry.holding is Holding.GONE, "the grace period to run out")
         assert entry.holding is Holding.DETACHED  # not expired: another grace period
         a.recorder.release()

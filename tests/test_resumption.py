@@ -15,16 +15,14 @@ import trio
 import trio.testing
 
 from engine import FinishEvent, TokenEvent
-from streams import (
+from streams import Hub, StreamError, StreamItem
+from streams.resume import (
     BadPosition,
     Holding,
-    Hub,
     MemoryEventLog,
     NothingToResume,
     Reader,
     ResumeRegistry,
-    StreamError,
-    StreamItem,
     TakenOver,
 )
 from tests.fakes import STEP_S, ScriptedEngine, open_hub, request

@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 import trio
 
-from app.lifespan import HANDOVER_LEAD_S
+from app.runtime import HANDOVER_LEAD_S
 from streams import ServerSentEvent, SSEParser
 from tests.http_server import StartServer
 from tools.cluster import Cluster, ClusterError, binary, free_port, open_cluster

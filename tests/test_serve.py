@@ -1,4 +1,4 @@
-"""``streamscope serve`` (``app/cli.py``): a real process of the console script, real signals.
+"""``streamscope serve`` (``app/edge/cli.py``): a real process of the console script, real signals.
 
 The drain tests hold two streams open exactly as ``test_app_drain.py`` does against the
 hypercorn CLI (a short one that finishes with ``done``, a long one cut by the deadline)
@@ -26,8 +26,8 @@ import httpx
 import pytest
 import trio
 
-from app.cli import H11_MAX_INCOMPLETE_BYTES, LISTEN_BACKLOG, ServeError, make_config
-from app.drain import DRAIN_MARGIN_S
+from app.edge.cli import H11_MAX_INCOMPLETE_BYTES, LISTEN_BACKLOG, ServeError, make_config
+from app.edge.signals import DRAIN_MARGIN_S
 from app.settings import Settings
 from tests.http_clients import stream_body
 from tests.test_app_drain import (

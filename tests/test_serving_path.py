@@ -15,8 +15,9 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app import http_fixes
-from app.sse_body import EventStreamBody, encode_json_event, item_event, token_event
+from app.edge import http_fixes
+from app.routes.body import EventStreamBody
+from app.wire import NativeEvents, encode_json_event, item_event, token_event
 from engine import FinishEvent, TokenEvent
 from streams import Hub, HubSettings, PolicyName, SSEParser, StreamState
 from streams.stepper import DEFAULT_STEPS_AHEAD
@@ -42,7 +43,8 @@ async def test_a_body_writes_every_queued_item_in_one_chunk_each_its_own_event(
         stream = hub.open_stream(request("a", max_new_tokens=3))
         await trio.sleep(10 * STEP_S)  # every token made and queued; nobody read yet
         chunks = []
-        async with EventStreamBody(stream, keepalive_s=60.0) as body:
+        encoder = NativeEvents(stream.request_id, stream.prompt_tokens)
+        async with EventStreamBody(stream, encoder, keepalive_s=60.0) as body:
             async for chunk in body:
                 chunks.append(chunk)
     events = [SSEParser().feed(chunk) for chunk in chunks]
@@ -105,7 +107,7 @@ async def test_a_streamed_body_is_written_the_direct_way_in_valid_chunks(
     server: RunningServer,
 ) -> None:
     # httpx reads the body through h11, which refuses a malformed chunk; every event is
-    # there and in order, and the hot path wrote the body's messages (app/http_fixes.py).
+    # there and in order, and the hot path wrote the body's messages (app/edge/http_fixes.py).
     before = http_fixes.direct_writes
     async with server.client() as client:
         response = await client.post("/v1/stream", json=stream_body(max_new_tokens=12,

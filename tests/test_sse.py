@@ -15,7 +15,7 @@ from httpx_sse._decoders import SSEDecoder, SSELineDecoder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.sse import ServerSentEvent, SSEParser, encode_comment, encode_event
+from streams import ServerSentEvent, SSEParser, encode_comment, encode_event
 
 Parse = Callable[[bytes], tuple[list[ServerSentEvent], SSEParser]]
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import trio
 
+from app.edge.worker_guard import MESSAGE, TRIO_COMMAND
 from app.factory import create_app
-from app.worker_guard import MESSAGE, TRIO_COMMAND
 from tests.http_server import TEST_SETTINGS
 
 

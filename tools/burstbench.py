@@ -24,7 +24,8 @@ stepping thread, when ``step()`` hands an event out):
   are planned with the margin (``engine.costs``) the first one's steps left.
 
 Settings: ``serial`` (one prefill pass per prompt, 256 prompt tokens a step: the
-engine before issue 10, except that a long prompt is now chunked), ``whole`` (one
+engine before issue 10, except that a long prompt is now chunked; the engine's runner
+wrapped in ``tools.serial_prefill.SerialPrefill``), ``whole`` (one
 pass for every waiting prompt, whole: a 4096-token budget), ``budget-256``, and
 ``step-target`` (``max_step_ms``: ``--step-ms``, or by default twice the calibrated
 decode pass at batch 32), each with a step's prefill and decode in two forward
@@ -50,7 +51,9 @@ from engine import EngineEvent, GenerationRequest, SamplingParams, TokenEvent, c
 from engine.costs import PREFIX_POSITIONS
 from engine.engine import Engine
 from engine.model import LoadedModel, load_model
+from engine.model_runner import ModelRunner
 from tools.prompts import load_prompts
+from tools.serial_prefill import SerialPrefill
 
 FIXED = SamplingParams(ignore_eos=True)
 Options = dict[str, Any]
@@ -184,7 +187,7 @@ def settings(loaded: LoadedModel, step_ms: float | None) -> dict[str, Options]:
         assert decode is not None
         step_ms = round(2 * decode)
     return {
-        "serial": {"pack_prefill": False},
+        "serial": {"pack_prefill": False},  # this bench's own option: see bench_engine
         "whole": {"max_prefill_tokens": 4096, "mixed_step": False},
         "budget-256": {"mixed_step": False},
         "budget-256-mixed": {},
@@ -194,6 +197,17 @@ def settings(loaded: LoadedModel, step_ms: float | None) -> dict[str, Options]:
         "step-target-mixed-flat": {"max_prefill_tokens": 4096, "max_step_ms": step_ms,
                                    "prefix_positions": float("inf")},
     }
+
+
+def bench_engine(loaded: LoadedModel, options: Options) -> Engine:
+    """An engine of 32 slots and 1,024 blocks of 16 with a setting's engine options;
+    ``pack_prefill=False`` (not an engine option: the exact mode) prefills a prompt a
+    pass (``SerialPrefill``), and so without the mixed step."""
+    options = dict(options)
+    if not options.pop("pack_prefill", True):
+        runner = SerialPrefill(ModelRunner(loaded, num_blocks=1024, block_size=16))
+        options.update(runner=runner, mixed_step=False)
+    return Engine(loaded, max_batch=32, num_blocks=1024, block_size=16, **options)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         options = dict(options)
         costs.PREFIX_POSITIONS = options.pop("prefix_positions", PREFIX_POSITIONS)
         for scenario in args.scenarios:
-            engine = Engine(loaded, max_batch=32, num_blocks=1024, block_size=16, **options)
+            engine = bench_engine(loaded, options)
             if scenario in ("burst", "waves"):
                 got = burst(engine, prompts, args.burst_tokens, 1 if scenario == "burst" else 4)
                 got["of_ceiling"] = round(got["tokens_per_s"] / ceiling, 3)

@@ -22,7 +22,7 @@ because serial projects one row at a time to the vocabulary, and MKL computes a
 one- or two-row product by another path than a many-row one: the same reason a
 batched decode's logits differ from a solo decode's. The variants other than
 ``packed`` plug in their own attention functions here; the engine has only
-``packed`` (and ``serial``, with ``pack_prefill=False``).
+``packed`` (a runner wrapped in ``tools.serial_prefill.SerialPrefill`` gives ``serial``).
 """
 
 from __future__ import annotations

@@ -31,8 +31,7 @@ from typing import Any
 import redis
 import trio
 
-from streams import MemoryEventLog
-from streams.redis_log import RedisEventLog
+from streams.resume import MemoryEventLog, RedisEventLog
 
 EVENT = (b'event: token\nid: 0123456789abcdef0123456789abcdef:17\n'
          b'data: {"index":15,"id":11234,"text":" Paris"}\n\n')  # a typical token event

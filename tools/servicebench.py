@@ -26,7 +26,7 @@ largest level), two servers run side by side, started at once and idle while the
 is measured: ours (``hypercorn -k trio app:app``, or ``'tools.simulated:build_app()'``)
 and the peer (``tools/starlette_peer.py``: the same engine behind uvicorn and Starlette's
 ``StreamingResponse``, h11 and the asyncio loop as on ours), both with ``--backlog``
-2048 (``app/cli.py``'s LISTEN_BACKLOG: hypercorn's 100 drops part of a burst of
+2048 (``app/edge/cli.py``'s LISTEN_BACKLOG: hypercorn's 100 drops part of a burst of
 connections) and ``OMP_NUM_THREADS=1``. Inherited ``STREAMSCOPE_`` variables are
 dropped: the command defines the configuration. Each server is warmed up with two short
 streams first. The client is ``tools/servicebench_client.py``, a process of its own: N
@@ -102,7 +102,7 @@ QUICK_TOKENS = 32
 REPEATS = 2
 ENGINES = ("tiny", "simulated")
 PROMPT_WORDS = 4  # short prompts: a level is decode, not prefill
-BACKLOG = 2048  # app/cli.py's LISTEN_BACKLOG and uvicorn's default
+BACKLOG = 2048  # app/edge/cli.py's LISTEN_BACKLOG and uvicorn's default
 TINY_MODEL = "tiny-gpt2"
 OURS, PEER = "streamscope", "starlette"
 APPS = {"tiny": "app:app", "simulated": "tools.simulated:build_app()"}

@@ -13,7 +13,7 @@ loop in one ``loop.call_soon_threadsafe`` (a prefill's as soon as its pass is do
 through ``on_prefill``, as our hub does), where they go into per-request
 ``asyncio.Queue`` objects; each ``POST /v1/stream`` is a ``StreamingResponse`` over an
 async generator that reads its queue and yields the same SSE events as our
-``/v1/stream`` (``start``, ``token``, ``done``; the bytes come from ``app/sse_body.py``'s
+``/v1/stream`` (``start``, ``token``, ``done``; the bytes come from ``app.wire``'s
 own encoders), so the same client counts both. The body fields are the ones our route
 takes (``prompt``, ``max_new_tokens``, ``ignore_eos``; greedy). It has none of the
 service's guards (slow-reader policies, limits, drain): a queue grows without bound for
@@ -24,10 +24,10 @@ Settings (environment, read by ``create_app``): ``STARLETTE_PEER_ENGINE`` (``tin
 ``tools/simulated.py``'s runner at ``STARLETTE_PEER_SIM_STEP_MS``),
 ``STARLETTE_PEER_MAX_BATCH`` (default 32). The engine is built at startup in a worker
 thread, then every object alive is frozen out of the garbage collector's reach, as our
-lifespan does (``app/lifespan.py``'s ``_build_and_freeze``). ``GET /ready`` answers once
+lifespan does (``app/runtime/loading.py``'s ``build_and_freeze``). ``GET /ready`` answers once
 it runs; ``GET /stats`` is the engine's statistics (the same fields as ours).
-Importing ``app.sse_body`` imports the ``app`` package, which builds the service's own
-app object from the environment (unused: it is never served here).
+Importing ``app.wire`` imports the ``app`` package, which builds nothing (the
+service's app is built on first access to ``app.app``, never here).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from app.sse_body import encode_json_event, item_event, start_event
+from app.wire import encode_json_event, item_event, start_event
 from engine import (
     EngineEvent,
     FinishEvent,
@@ -60,7 +60,7 @@ from engine.engine import Engine
 
 PREFIX = "STARLETTE_PEER_"
 DEFAULT_MAX_NEW_TOKENS = 64  # our STREAMSCOPE_DEFAULT_MAX_NEW_TOKENS's default
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # as app/serving.py
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # as app/routes/serving.py
 
 
 def build_engine(environ: dict[str, str]) -> Engine:

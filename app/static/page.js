@@ -1,7 +1,7 @@
 // streamscope's page: one request at a time, read through EventSource, resumable.
 //
 // Start POSTs the form to /v1/requests (201 {id, stream_url}) and opens an EventSource
-// on stream_url (GET /v1/stream/<id>, app/resumable.py). Every event's id is
+// on stream_url (GET /v1/stream/<id>, app/routes/resumable.py). Every event's id is
 // "<id>:<n>". When the connection drops, EventSource reconnects by itself after the
 // server's `retry` (1 s) and sends Last-Event-ID: the server replays what was missed,
 // then follows live, taking the stream over from the old connection even if the server

@@ -18,11 +18,17 @@ by ``create_lab_app``: ``app.factory.create_app()`` as a user runs it, then
 * ``STREAMSCOPE_LAB_DETECT_DISCONNECT=false``: a stream never learns that its client
   left: the connection notes ``http.disconnect`` and does not cancel the request's scope
   (hypercorn drops the bytes written after that without an error). The disconnect
-  experiment's control.
+  experiment's control;
+* ``STREAMSCOPE_LAB_KV_ADMISSION=reserve``: the engine reserves every block a request
+  may need at admission (``reservation.py``, injected through ``Engine(admission=...)``):
+  the capacity experiment's comparison;
+* ``STREAMSCOPE_LAB_NAIVE=true``: the step loop waits for the reader of every stream on
+  the default policy after each step (``naive.py``, injected through the hub's
+  ``StepGate``: ``create_app(step_gate=...)``): the slowclient experiment's ``naive``.
 
 The lab's settings are its own ``STREAMSCOPE_LAB_*`` variables. The service refuses them
-(they are not its settings), so ``_asgi.py`` takes them out of the environment before the
-service reads it.
+(they are not its settings), so ``_asgi.py`` and ``_serve.py`` give the service the
+environment without them (``_settings.split_lab_environ``).
 """
 
 from __future__ import annotations
@@ -38,32 +44,47 @@ from quart import Blueprint, Response, request
 from quart.asgi import ASGIHTTPConnection
 from quart.wrappers import Request
 
-from app.connection import StreamingConnection
+from app.edge.connection import StreamingConnection
 from app.errors import ApiError, ErrorType
 from app.factory import StreamscopeApp, create_app
-from app.lifespan import MakeEngine, Runtime, ServingEngine, load_engine_from_settings
-from app.serving import json_response
+from app.routes.body import EventStreamBody
+from app.routes.serving import json_response
+from app.runtime import MakeEngine, Runtime, ServingEngine, load_engine_from_settings
 from app.settings import Settings
-from app.sse_body import EventStreamBody
+from app.wire import NativeEvents
 from engine import EngineEvent, FinishEvent, TokenEvent
 from streams import StreamItem
 from tools.lab._flood import make_flood_blueprint
 from tools.lab._settings import LabSettings, lab_padding
+from tools.lab.naive import NaiveGate
+from tools.lab.reservation import load_reserving_engine
 
 RECENT_FINISH_TIMES = 4096  # finish times kept for GET /v1/lab/requests/<id>
 
 
-class PaddedEventStreamBody(EventStreamBody):
-    """``/v1/stream``'s body with each token event followed by the lab's padding. It takes
-    the place of the view's body before Quart enters it (same stream, same timer)."""
+class PaddedEvents:
+    """``/v1/stream``'s events (``NativeEvents``) with each token event followed by the
+    lab's padding: the encoder of the view's body, swapped before Quart enters it."""
 
-    def __init__(self, body: EventStreamBody, pad_bytes: int) -> None:
-        super().__init__(body.stream, keepalive_s=body.keepalive_s, timer=body.timer)
+    def __init__(self, events: NativeEvents, pad_bytes: int) -> None:
+        self._events = events
         self._padding = lab_padding(pad_bytes)
 
-    def _encode(self, item: StreamItem) -> bytes:
-        event = super()._encode(item)
-        return event + self._padding if isinstance(item, TokenEvent) else event
+    def opening(self) -> bytes:
+        return self._events.opening()
+
+    def encode(self, items: list[StreamItem]) -> bytes:
+        return b"".join(
+            self._events.encode([item]) + self._padding if isinstance(item, TokenEvent)
+            else self._events.encode([item])
+            for item in items
+        )
+
+    def error(self, error_type: str, message: str) -> bytes:
+        return self._events.error(error_type, message)
+
+    def keepalive(self) -> bytes:
+        return self._events.keepalive()
 
 
 class UnheedingConnection(StreamingConnection):
@@ -160,9 +181,11 @@ def create_lab_app(
     """
     lab = LabSettings() if lab is None else lab
     clock = FinishClock()
-    build = make_engine or load_engine_from_settings
+    loader = load_reserving_engine if lab.kv_admission == "reserve" else load_engine_from_settings
+    build = make_engine or loader
     app = create_app(settings, make_engine=lambda s: clock.attach(build(s)),
-                     drain_on_sigterm=drain_on_sigterm)
+                     drain_on_sigterm=drain_on_sigterm,
+                     step_gate=NaiveGate() if lab.naive else None)  # the hub's seam (naive.py)
     app.register_blueprint(make_flood_blueprint())
     app.register_blueprint(make_lab_blueprint(app.runtime, clock))
     if not lab.detect_disconnect:
@@ -174,8 +197,12 @@ def create_lab_app(
         async def pad_token_events(response: Response) -> Response:
             """Pad a plain ``/v1/stream`` body. Cancellation: no checkpoint."""
             body = response.response
-            if request.path == "/v1/stream" and type(body) is EventStreamBody:
-                response.response = PaddedEventStreamBody(body, lab.pad_bytes)
+            if (request.path == "/v1/stream" and isinstance(body, EventStreamBody)
+                    and type(body.encoder) is NativeEvents):
+                response.response = EventStreamBody(
+                    body.source, PaddedEvents(body.encoder, lab.pad_bytes),
+                    keepalive_s=body.keepalive_s, timer=body.timer,
+                )
             return response
 
     return app

@@ -31,7 +31,7 @@ Bounds: a flood ends after ``max_bytes`` accepted or ``max_seconds``, checked be
 write. A write that is blocked is not interrupted by either (hypercorn's socket write is
 shielded and has no timeout, as for every stream): it ends when its client reads or
 goes. When the client goes, hypercorn's blocked write fails (an RST) or the reader sees
-EOF, ``http.disconnect`` cancels the request's scope (``app/connection.py``), and the cancel
+EOF, ``http.disconnect`` cancels the request's scope (``app/edge/connection.py``), and the cancel
 reaches the flood at its next checkpoint: ``__aexit__`` then ends it (``end``:
 ``cancelled``) and moves it from the open floods to the recent ones, which GET still
 answers (the last ``RECENT_FLOODS``). A flood is registered when Quart enters its body
@@ -57,7 +57,7 @@ from quart import Blueprint, Response
 from quart.wrappers.response import ResponseBody
 
 from app.errors import ApiError, ErrorType
-from app.serving import read_body, sse_response
+from app.routes.serving import read_body, sse_response
 
 # A write handed out this long ago and not accepted is blocked: a loopback write that is
 # merely slow (a busy 2-core machine) returns in milliseconds.

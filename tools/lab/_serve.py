@@ -1,19 +1,33 @@
-"""``python -m tools.lab._serve serve [--bind ...]``: ``streamscope serve`` (``app/cli.py``)
-serving the lab's app (``_app.py``), with its ``STREAMSCOPE_LAB_*`` devices.
-
-The lab's variables are read, then taken out of the environment before ``app`` is
-imported, as in ``_asgi.py``.
+"""``python -m tools.lab._serve serve [--bind ...]``: ``streamscope serve``
+(``app/edge/cli.py``) serving the lab's app (``_app.py``), with its ``STREAMSCOPE_LAB_*``
+devices: the same arguments, defaults, signals and exit statuses.
 """
 
 import os
 import sys
+from collections.abc import Sequence
 
-from tools.lab._settings import take_lab_settings
+from app.edge.cli import ServeError, configure_logging, make_config, parse_args, run_until_drained
+from app.settings import Settings, SettingsError
+from tools.lab._app import create_lab_app
+from tools.lab._settings import LabSettingsError, split_lab_environ
 
-lab_settings = take_lab_settings(os.environ)
 
-from app.cli import main  # noqa: E402
-from tools.lab._app import create_lab_app  # noqa: E402
+def main(argv: Sequence[str] | None = None) -> int:
+    """As ``app.edge.cli.main``, with the lab's app. Exit status: 0 after a drain, 2 when
+    it cannot start as asked."""
+    args = parse_args(argv)
+    configure_logging()
+    try:
+        lab_settings, service_environ = split_lab_environ(os.environ)
+        settings = Settings.from_env(service_environ)
+        config = make_config(settings, args.config, args.bind)
+    except (LabSettingsError, SettingsError, ServeError) as exc:
+        print(f"streamscope serve: {exc}", file=sys.stderr)
+        return 2
+    run_until_drained(create_lab_app(settings, lab_settings), config)
+    return 0
+
 
 if __name__ == "__main__":
-    sys.exit(main(make_app=lambda settings: create_lab_app(settings, lab_settings)))
+    sys.exit(main())

@@ -10,8 +10,8 @@ Procedure. Three servers with the same model, one after another, each receiving
 ``--clients`` requests (default 64; quick 16) at once:
 
 * ``on_demand`` and ``reserve``: the same cache (``--blocks``, default 512 blocks of 16
-  positions, the issue's setting; quick 16), ``STREAMSCOPE_KV_ADMISSION`` on_demand or
-  reserve;
+  positions, the issue's setting; quick 16), the service's admission (blocks on demand)
+  or the lab's reservation (``STREAMSCOPE_LAB_KV_ADMISSION=reserve``: ``reservation.py``);
 * ``small``: on demand with a cache far too small for the batch (``--small-blocks``,
   default 64; quick 6; ``max_tokens`` capped at ``--small-max-tokens``, default 256, quick
   48, so that one request fits the cache), so that running sequences are preempted and
@@ -93,7 +93,7 @@ async def capacity(lab: Lab) -> Report:
                                "small_max_tokens": small_max_tokens}
     raw: dict[str, Any] = {}
     for name, (num_blocks, scheme) in conditions.items():
-        async with lab.server(cache_blocks=num_blocks, kv_admission=scheme) as url:
+        async with lab.server(cache_blocks=num_blocks, lab_kv_admission=scheme) as url:
             solo = []
             burst = small_bodies if name == "small" else bodies
             if name == "small":

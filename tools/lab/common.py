@@ -66,6 +66,7 @@ import httpx
 import numpy as np
 import trio
 
+from tools.lab.naive import NAIVE, NAIVE_QUEUE_POLICY
 from tools.prompts import load_prompts
 from tools.server import open_server
 
@@ -208,10 +209,20 @@ class Lab:
             yield url
 
 
+def lab_server_settings(settings: Mapping[str, object]) -> dict[str, object]:
+    """``settings`` as the lab's server takes them: ``policy="naive"``, no policy of the
+    service, becomes the lab's device (``naive.py``: ``STREAMSCOPE_LAB_NAIVE``, on
+    unbounded queues); the rest as given."""
+    if settings.get("policy") == NAIVE:
+        return {**settings, "policy": NAIVE_QUEUE_POLICY.value, "lab_naive": "true"}
+    return dict(settings)
+
+
 def open_lab_server(settings: Mapping[str, object]) -> AbstractAsyncContextManager[str]:
-    """``open_server`` with the lab's settings: ``threads`` (torch's intra-op threads)
-    goes to the process as ``OMP_NUM_THREADS``, the rest as ``STREAMSCOPE_*``; the server
-    is the lab's (``LAB_APP``)."""
+    """``open_server`` with the lab's settings (``lab_server_settings``): ``threads``
+    (torch's intra-op threads) goes to the process as ``OMP_NUM_THREADS``, the rest as
+    ``STREAMSCOPE_*``; the server is the lab's (``LAB_APP``)."""
+    settings = lab_server_settings(settings)
     threads = settings.get("threads")
     env = {} if threads is None else {"OMP_NUM_THREADS": str(threads)}
     return open_server({k: v for k, v in settings.items() if k != "threads"}, env=env,

@@ -1,7 +1,7 @@
 """``disconnect``: from a client's close to the release of its cache blocks.
 
 The chapter's "When the client goes away". A stream owns what it holds; its client's
-disconnect cancels the request's scope (``app/connection.py``), the stream's ``close()``
+disconnect cancels the request's scope (``app/edge/connection.py``), the stream's ``close()``
 asks the engine to cancel, and the engine applies that at its next step boundary and
 releases the blocks once. So the release should come within about one decode step of
 the close, with at most one token made that nobody reads, and a request still waiting

@@ -14,8 +14,9 @@ timeout 0.25 s, as in the chapter (``STREAMSCOPE_QUEUE_LIMIT``,
 must have been started so.
 
 Procedure. For each policy, on a server of its own started with that policy
-(``STREAMSCOPE_POLICY``: a request may not pick ``naive``, nor by default ``unbounded``
-or ``pause``, see ``STREAMSCOPE_REQUEST_POLICIES``), and k = 0, 1, 2, 4 slow
+(``STREAMSCOPE_POLICY``; ``naive`` is no policy of the service but the lab's device,
+``naive.py``, which the lab installs in its server; a request may not pick ``unbounded``
+or ``pause`` by default, see ``STREAMSCOPE_REQUEST_POLICIES``), and k = 0, 1, 2, 4 slow
 readers: eight streams of 64 tokens (greedy, ``ignore_eos``, the first eight prompts),
 each on its own raw socket, connected first and sent together. Streams 0..k-1 are slow:
 read one chunk (one ``recv`` of at most 16 KiB), sleep 0.25 s, repeat; the others read
@@ -58,11 +59,11 @@ from typing import Any
 
 import trio
 
-from streams import PolicyName
 from tools.lab._raw import RawStream, finish_record
 from tools.lab.common import Lab, Report, experiment, median, ms, pct, spread
+from tools.lab.naive import LAB_POLICIES
 
-POLICIES = tuple(p.value for p in PolicyName)  # naive, unbounded, pause, drop, pause-drop
+POLICIES = LAB_POLICIES  # naive (the lab's), unbounded, pause, drop, pause-drop
 SLOW_READERS = (0, 1, 2, 4)
 STREAMS = 8
 PAD_BYTES = 65536

@@ -37,8 +37,7 @@ from typing import Any
 import httpx
 import httpx_sse
 
-from streams import ServerSentEvent, SSEParser
-from streams.sse import encode_event
+from streams import ServerSentEvent, SSEParser, encode_event
 from tools.lab.common import Lab, Report, experiment
 from tools.load import StreamRecord, StreamRequest, run_streams
 

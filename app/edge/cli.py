@@ -1,0 +1,298 @@
+"""``streamscope serve``: the app under hypercorn's Trio worker, with defaults for this job.
+
+::
+
+    streamscope serve                                 # http://127.0.0.1:8000
+    streamscope serve --bind 0.0.0.0:8000 --bind [::]:8000 --config hypercorn.toml
+
+The same app as ``hypercorn -k trio app:app`` (``create_app``, the ``STREAMSCOPE_*``
+settings from the environment, ``http_fixes`` installed as it is built), served in this
+process by ``hypercorn.trio.serve``. Why a command of our own: hypercorn's defaults
+are a web server's, and one of them loses clients here. Its listen backlog of 100 is
+what a burst of clients opening streams at the same moment overflows: of 1,000 clients at
+once against ``hypercorn -k trio app:app``, 464-564 got a connection reset from the kernel
+and no HTTP answer; none under this command (docs/results.md, "A burst of 1,000
+clients"). The defaults below (``serving_defaults``)
+each say why; a ``--config`` file (hypercorn's own TOML or Python format, any setting
+hypercorn has) overrides them, and ``--bind`` overrides the file's ``bind``.
+
+Stopping: SIGTERM or SIGINT (Ctrl-C) starts the same drain as under the hypercorn CLI
+(``Runtime.drain``: new requests get 503 ``shutdown`` with ``Retry-After`` while the open
+streams finish, until ``STREAMSCOPE_SHUTDOWN_GRACE_S``); hypercorn keeps accepting and
+answering meanwhile. ``Runtime.wait_drained`` is hypercorn's ``shutdown_trigger``: once
+the engine holds none of our requests, hypercorn stops accepting, closes the idle
+connections, and the process exits 0. A second signal during the drain is only logged,
+as under the CLI: the drain has a deadline of its own (``signals.drain_on_signals``).
+
+No ``--workers``: one process holds one model (its weights, its KV cache, its engine
+thread); hypercorn's workers would each load their own and share nothing, not even the
+admission limits. Several replicas behind a balancer are the scale-out's job.
+
+argparse, not a CLI library: one subcommand and two options, and no dependency to pin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import resource
+import sys
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any, cast
+
+import hypercorn.trio
+import trio
+from hypercorn.config import Config
+
+from ..factory import StreamscopeApp, create_app
+from ..runtime import Phase, Runtime
+from ..settings import Settings, SettingsError
+from .signals import DRAIN_MARGIN_S, drain_on_signals
+
+log = logging.getLogger("streamscope.app")
+
+DEFAULT_BIND = "127.0.0.1:8000"  # hypercorn's; a public address is the operator's choice
+# The listen backlog: connections the kernel completes and holds until the server
+# accepts them. A burst of clients opening streams at once arrives faster than one
+# event loop accepts; past the backlog the kernel drops their packets (the clients wait for
+# retransmits) or resets them (a SYN-cookie connection whose first segment it dropped), and
+# those clients get no HTTP answer at all, not even a 429. 2048 is uvicorn's and gunicorn's default;
+# Linux caps it at net.core.somaxconn (4096 since 5.4): the server warns when that is less.
+LISTEN_BACKLOG = 2048
+# h11's limit on an incomplete event: a request head (request line and headers) still
+# being received. A head still incomplete past it gets 431 (Request Header Fields Too
+# Large) and the connection closes, so it bounds what a client that never finishes its
+# head makes us hold, and the size of a head that arrives in pieces. (h11 checks it only
+# while a head is incomplete: one that arrives whole in one read, up to hypercorn's
+# 64 KiB, passes.) Our largest heads (a bearer key, a cookie, a proxy's forwarding
+# headers) are under 4 KiB; 16 KiB (h11's own default) leaves room, and 2,048 half-sent
+# heads then hold 32 MiB at most. How long a head may take is keep_alive_timeout's to
+# bound (below).
+H11_MAX_INCOMPLETE_BYTES = 16 * 1024
+# The soft limit on open files below which the server warns: each connection is a file,
+# and a full backlog is LISTEN_BACKLOG of them besides the open streams.
+ENOUGH_OPEN_FILES = 2 * LISTEN_BACKLOG
+
+
+class ServeError(Exception):
+    """The command cannot start as asked; the message says why (exit status 2)."""
+
+
+def serving_defaults(settings: Settings) -> dict[str, Any]:
+    """hypercorn settings that differ from hypercorn's defaults, for this job."""
+    return {
+        "backlog": LISTEN_BACKLOG,
+        # hypercorn cuts the connections still open this long after it starts to stop.
+        # Under this command it starts only after the drain, so the streams are over by
+        # then; but a stop hypercorn starts itself (max_requests) would give open
+        # streams this long, which must cover the drain deadline and its last steps
+        # (hypercorn's default, 3 s, is shorter than the default grace of 5 s).
+        "graceful_timeout": settings.shutdown_grace_s + DRAIN_MARGIN_S,
+        # How long a connection with no request in flight stays open: before its first
+        # request head is complete, and between requests. The SSE keep-alive interval is
+        # the server's measure of a silence that is still normal on a connection, so an
+        # idle one gets as long: long enough for an SDK client, a proxy's pool or a
+        # resuming EventSource to reuse it (hypercorn's 5 s drops many of them), short
+        # enough that a client trickling a head (slowloris) holds a file only that long.
+        # A streaming response never meets this timer: hypercorn stops it while a
+        # request is in flight, and the SSE comments keep intermediaries' timers off.
+        "keep_alive_timeout": settings.keepalive_s,
+        # None (hypercorn's default, kept on purpose): hypercorn's read timeout runs
+        # during a response too, and a stream's client sends nothing while it reads, so
+        # any finite value would cut every stream longer than it. Idle and half-sent
+        # heads are bounded by keep_alive_timeout above instead.
+        "read_timeout": None,
+        "h11_max_incomplete_size": H11_MAX_INCOMPLETE_BYTES,
+        "worker_class": "trio",  # what serves here, whatever a config file says
+    }
+
+
+def make_config(
+    settings: Settings, config_file: Path | None = None, binds: Sequence[str] = ()
+) -> Config:
+    """hypercorn's ``Config``: ``serving_defaults``, then ``config_file`` (TOML, or Python
+    if it ends in ``.py``, read by hypercorn's ``from_toml``/``from_pyfile``), then
+    ``binds``.
+
+    Raises:
+        ServeError: the file cannot be read, or it asks for more than one worker.
+    """
+    # A subclass whose class attributes are our defaults: hypercorn's loaders build
+    # ``cls()`` and set only what the file has, so the file overrides exactly those.
+    layered = cast(type[Config], type("StreamscopeConfig", (Config,), serving_defaults(settings)))
+    if config_file is None:
+        config = layered()
+    else:
+        try:
+            if config_file.suffix == ".py":
+                config = layered.from_pyfile(config_file)
+            else:
+                config = layered.from_toml(config_file)
+        except Exception as exc:
+            raise ServeError(f"--config {config_file}: {exc}") from exc
+        unknown = sorted(k for k in vars(config) if not hasattr(Config, k))
+        if unknown:
+            log.warning("--config %s: not hypercorn settings, ignored: %s", config_file,
+                        ", ".join(unknown))
+    if config.workers != 1:
+        raise ServeError(f"workers = {config.workers}: streamscope serve runs one process, "
+                         "which holds one model; run several servers for more")
+    if binds:
+        config.bind = list(binds)
+    _warn_about(config, settings)
+    return config
+
+
+def _warn_about(config: Config, settings: Settings) -> None:
+    needed = settings.shutdown_grace_s + DRAIN_MARGIN_S
+    if config.graceful_timeout < needed:
+        log.warning("graceful_timeout (%.1f s) is shorter than STREAMSCOPE_SHUTDOWN_GRACE_S "
+                    "+ %.1f s: a stop that hypercorn starts may cut streams before the drain "
+                    "deadline", config.graceful_timeout, DRAIN_MARGIN_S)
+    if config.read_timeout is not None:
+        log.warning("read_timeout = %s: a stream whose client sends nothing for that long "
+                    "is cut (a stream's client sends nothing while it reads)",
+                    config.read_timeout)
+    somaxconn = _read_int(Path("/proc/sys/net/core/somaxconn"))
+    if somaxconn is not None and somaxconn < config.backlog:
+        log.warning("the kernel caps the listen backlog at net.core.somaxconn = %d (asked: "
+                    "%d); raise it (sysctl) for bursts of clients", somaxconn, config.backlog)
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit (each connection
+    is a file; many systems start with a soft limit of 1,024); return the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < ENOUGH_OPEN_FILES:
+        log.warning("open files are limited to %d (ulimit -n): a connection is a file, so "
+                    "a burst of clients may be refused at accept", soft)
+    return soft
+
+
+async def serve(
+    app: StreamscopeApp,
+    config: Config,
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` until a SIGTERM or SIGINT has drained it (see the module docstring).
+
+    ``task_status`` gets the addresses hypercorn listens on.
+
+    Cancellation: hypercorn is cancelled as a whole (no drain); the signal handlers
+    are restored.
+    """
+    async with trio.open_nursery() as nursery:
+        await nursery.start(drain_on_signals, app.runtime)
+        binds = await nursery.start(_serve_then_stop, app, config, nursery)
+        task_status.started(binds)
+
+
+async def _serve_then_stop(
+    app: StreamscopeApp,
+    config: Config,
+    nursery: trio.Nursery,
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    await hypercorn.trio.serve(app, config, shutdown_trigger=app.runtime.wait_drained,
+                               task_status=task_status)
+    nursery.cancel_scope.cancel(reason="hypercorn has stopped")
+
+
+async def _announce(app: StreamscopeApp, config: Config) -> None:
+    """Serve, saying where, with which model on which device, and when it is ready."""
+    settings = app.runtime.settings
+    device = settings.device or "auto (cuda if available, else cpu)"
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(serve, app, config)
+        print(f"streamscope serve: listening on {', '.join(binds)}; model {settings.model}, "
+              f"device {device}; backlog {config.backlog}, graceful timeout "
+              f"{config.graceful_timeout:g} s, keep-alive {config.keep_alive_timeout:g} s",
+              flush=True)
+        phase = await app.runtime.wait_settled()
+        if phase is Phase.READY:
+            print(f"streamscope serve: ready: model {settings.model} on device "
+                  f"{_loaded_device(app.runtime) or device}", flush=True)
+        else:
+            print(f"streamscope serve: not serving streams ({phase.value}): "
+                  f"{app.runtime.failure or 'stopped while loading'}", flush=True)
+
+
+def _loaded_device(runtime: Runtime) -> str | None:
+    """The device the engine's model is on: ``engine.Engine.loaded.device``, where the
+    engine has one (duck-typed: the app knows the engine only by its protocol)."""
+    device = getattr(getattr(runtime.engine, "loaded", None), "device", None)
+    return None if device is None else str(device)
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def configure_logging() -> None:
+    """Our log lines on stderr beside hypercorn's, in its format."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(
+        "[%(asctime)s] [%(process)d] [%(levelname)s] %(message)s", "%Y-%m-%d %H:%M:%S %z"))
+    streamscope = logging.getLogger("streamscope")
+    streamscope.addHandler(handler)
+    streamscope.setLevel(logging.INFO)
+    streamscope.propagate = False
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="streamscope", description="Stream a language model's tokens over HTTP (SSE).")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_parser = commands.add_parser(
+        "serve", help="serve the app (hypercorn's Trio worker, in this process)",
+        description="Serve streamscope. Settings: the STREAMSCOPE_* environment variables "
+        "(README, Settings). No --workers: one process holds one model.")
+    serve_parser.add_argument(
+        "--bind", action="append", metavar="HOST:PORT", default=[],
+        help=f"an address to listen on (repeatable; default {DEFAULT_BIND}, or the config "
+        "file's bind)")
+    serve_parser.add_argument(
+        "--config", type=Path, metavar="FILE",
+        help="hypercorn settings, any of them: a TOML file, or Python if it ends in .py "
+        "(hypercorn's Config.from_toml / from_pyfile); they override this command's defaults")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``streamscope`` console script. Exit status: 0 after a drain, 2 when it
+    cannot start as asked."""
+    args = parse_args(argv)
+    configure_logging()
+    try:
+        settings = Settings.from_env()
+        config = make_config(settings, args.config, args.bind)
+    except (SettingsError, ServeError) as exc:
+        print(f"streamscope serve: {exc}", file=sys.stderr)
+        return 2
+    run_until_drained(create_app(settings), config)
+    return 0
+
+
+def run_until_drained(app: StreamscopeApp, config: Config) -> None:
+    """Serve ``app`` in this process, announced, until a signal has drained it: what
+    ``main`` does once the settings are read (the lab's ``tools/lab/_serve.py`` serves
+    its own app with it)."""
+    raise_open_files_limit()
+    trio.run(partial(_announce, app, config))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

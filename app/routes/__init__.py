@@ -1,0 +1,29 @@
+"""The HTTP views, one family a module, each view a screenful; and the one SSE body.
+
+* ``native``: ``/v1/stream``, ``/v1/generate``, ``GET /v1/requests/<id>``; with
+  ``health``: ``/health``, ``/ready``, ``/stats``;
+* ``openai``: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (errors
+  and model names in ``openai_errors``);
+* ``resumable``: ``POST /v1/requests``, ``GET /v1/stream/<id>``, ``DELETE
+  /v1/requests/<id>`` (a reader as a source: ``resume_source``; a dead replica's stream
+  rebuilt here: ``failover``);
+* ``page``: ``GET /`` and ``/page.js``, the browser page.
+
+Every streaming answer is ``body.EventStreamBody``: a source (a ``TokenStream``, or a
+resumable stream's reader), an encoder (``app.wire``), the keep-alive, one farewell.
+What every view does to serve a request is in ``serving``.
+"""
+
+from __future__ import annotations
+
+from .native import make_blueprint
+from .openai import make_openai_blueprint
+from .page import make_page_blueprint
+from .resumable import make_resumable_blueprint
+
+__all__ = [
+    "make_blueprint",
+    "make_openai_blueprint",
+    "make_page_blueprint",
+    "make_resumable_blueprint",
+]

@@ -1,0 +1,128 @@
+"""The OpenAI-compatible routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``.
+
+A blueprint of its own, so that its error handler answers every refusal of these routes
+in OpenAI's shape (``openai_errors.OpenAIError``), the API key's 401 included; the other
+routes keep our envelope. A request is read and validated (``app.schemas``), its
+``model`` checked, chat messages rendered by the model's own chat template and encoded
+in one call (``Runtime.prepare_chat``), and then it runs exactly like ``/v1/stream`` or
+``/v1/generate``: the same ``Runtime.open``, closer, timer and disconnect path
+(``docs/cancellation.md`` walks through it); only the bytes differ (``app.wire``:
+``OpenAIChunks`` in the route's ``ChoiceShape``, ``whole_answer``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from quart import Blueprint, Response, request
+
+from engine import GenerationRequest
+
+from ..edge.connection import own
+from ..error_handlers import error_response
+from ..metrics import Metrics, RequestTimer
+from ..runtime import Prepared, Runtime
+from ..schemas import ChatBody, CompletionsBody, OpenAIBody, RequestLimits
+from ..wire import CHAT, COMPLETION, ChoiceShape, OpenAIChunks, whole_answer
+from .body import EventStreamBody
+from .openai_errors import ServedModels, openai_error_envelope, openai_error_for
+from .serving import collect, json_response, read_body, sse_response, submitted, ttft_deadline
+
+
+class OpenAIViews:
+    """The views, bound to one app's runtime; each request reports to ``metrics``."""
+
+    def __init__(self, runtime: Runtime, metrics: Metrics) -> None:
+        self.runtime = runtime
+        self.metrics = metrics
+        settings = runtime.settings
+        self.limits = RequestLimits.from_settings(settings)
+        self.models = ServedModels(settings.model, settings.model_name, created=int(time.time()))
+
+    def deadline_of(self, timer: RequestTimer, body: OpenAIBody) -> float | None:
+        return ttft_deadline(timer, body.deadline_ms, self.runtime.settings.ttft_deadline_ms)
+
+    async def list_models(self) -> Response:
+        """The served model and its alias. Cancellation: no checkpoint."""
+        return json_response(self.models.listing())
+
+    async def retrieve_model(self, model_id: str) -> Response:
+        """One model's card, or 404 model_not_found. Cancellation: no checkpoint."""
+        self.models.check(model_id)
+        return json_response(self.models.card(model_id))
+
+    async def completions(self) -> Response:
+        """A prompt, continued. Cancellation: see ``answer``."""
+        timer = self.metrics.start_request()
+        body = CompletionsBody.model_validate_json(await read_body(), context=self.limits)
+        model = self.models.check(body.model)
+        generation = body.generation_request(body.prompt, self.limits,
+                                             ttft_deadline=self.deadline_of(timer, body))
+        prepared = await self.runtime.prepare(generation, None)
+        return await self.answer(prepared, timer, body, model, COMPLETION)
+
+    async def chat_completions(self) -> Response:
+        """Messages, rendered by the model's chat template, answered by the assistant.
+
+        Cancellation: while the template renders and encodes (never abandoned;
+        milliseconds), nothing was made; then see ``answer``.
+        """
+        timer = self.metrics.start_request()
+        body = ChatBody.model_validate_json(await read_body(), context=self.limits)
+        model = self.models.check(body.model)
+
+        def build(text: str, prompt_ids: tuple[int, ...]) -> GenerationRequest:
+            return body.generation_request(text, self.limits, prompt_ids,
+                                           ttft_deadline=self.deadline_of(timer, body))
+
+        prepared = await self.runtime.prepare_chat(
+            body.template_input(), body.add_generation_prompt, build, None
+        )
+        return await self.answer(prepared, timer, body, model, CHAT)
+
+    async def answer(self, prepared: Prepared, timer: RequestTimer, body: OpenAIBody,
+                     model: str, shape: ChoiceShape) -> Response:
+        """Open the stream (no checkpoint between the open and its closer taking it) and
+        answer it as chunks or as one document.
+
+        Cancellation: a whole answer's at the stream's receive (``with stream`` closes
+        it); a streaming one's in the body, or the connection's backstop, closes it.
+        """
+        stream = self.runtime.open(prepared)
+        own(request.scope, stream)
+        submitted(timer, stream)
+        if body.is_streaming:
+            chunks = OpenAIChunks(shape, stream.request_id, model,
+                                  error_envelope=openai_error_envelope,
+                                  include_usage=body.include_usage)
+            return sse_response(
+                EventStreamBody(stream, chunks, keepalive_s=self.runtime.settings.keepalive_s,
+                                timer=timer),
+                stream.request_id,
+            )
+        with stream:
+            text, _, finish = await collect(stream, timer)
+        return json_response(
+            whole_answer(shape, stream.request_id, model, text, finish),
+            headers={"X-Request-ID": stream.request_id},
+        )
+
+    async def refuse(self, exc: Exception) -> Response:
+        """Every error of these routes, in OpenAI's shape. Cancellation: no checkpoint."""
+        error = openai_error_for(exc)
+        self.metrics.refused(error)
+        return error_response(error)
+
+
+def make_openai_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
+    """The OpenAI routes, bound to one app's runtime; each request reports to ``metrics``."""
+    bp = Blueprint("openai", __name__)
+    views = OpenAIViews(runtime, metrics)
+    bp.add_url_rule("/v1/models", view_func=views.list_models, methods=["GET"])
+    bp.add_url_rule("/v1/models/<path:model_id>", view_func=views.retrieve_model,
+                    methods=["GET"])
+    bp.add_url_rule("/v1/completions", view_func=views.completions, methods=["POST"])
+    bp.add_url_rule("/v1/chat/completions", view_func=views.chat_completions,
+                    methods=["POST"])
+    bp.register_error_handler(Exception, views.refuse)
+    return bp

@@ -1,0 +1,155 @@
+"""The OpenAI-compatible protocol's errors and model names: ``OpenAIError``,
+``openai_error_for``, ``ServedModels``.
+
+Errors are OpenAI's object ``{"error": {"message", "type", "param", "code"}}``: ``code``
+is our ``ErrorType`` value (``model_not_found``, ``too_many_waiting``, ...), ``type``
+OpenAI's class of error, ``param`` the offending field or null. A request the server
+cannot accept is a 400 here (OpenAI's status), where our own routes answer 422. Every
+429 and 503 carries ``Retry-After``; ``x-should-retry: false`` (a header the SDKs obey)
+marks the answers a retry cannot change: a client error, a server that failed, a bug.
+A failure after a stream's first byte is the same object in a ``data:`` line
+(``openai_error_envelope``), then ``data: [DONE]``, as vLLM sends it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pydantic
+
+from ..error_handlers import api_error_for
+from ..errors import STATUS, ApiError, ErrorType
+
+OWNED_BY = "streamscope"
+
+# OpenAI answers a request it cannot accept with 400, where our routes say 422.
+_OPENAI_STATUS = {
+    ErrorType.INVALID_JSON: 400,
+    ErrorType.INVALID_REQUEST: 400,
+    ErrorType.PROMPT_TOO_LONG: 400,
+}
+_OPENAI_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
+# Retry-After for the 429 and 503 answers that come without one: a model still loading
+# takes seconds; a failed engine needs its process restarted (by then, a new one).
+_DEFAULT_RETRY_AFTER_S = {
+    ErrorType.NOT_READY: 5.0,
+    ErrorType.UNAVAILABLE: 30.0,
+}
+# Statuses a retry may change: the SDK retries them by default, and should.
+_RETRYABLE_STATUS = frozenset({408, 409, 429})
+# 500 and 503 that a retry of this request on this server cannot change.
+_NOT_RETRYABLE = frozenset({ErrorType.UNAVAILABLE, ErrorType.INTERNAL_ERROR})
+
+
+class OpenAIError(ApiError):
+    """An ``ApiError`` answered in OpenAI's shape and status (see the module docstring).
+
+    Args:
+        param: the request field at fault, or None.
+    """
+
+    def __init__(self, error: ApiError, *, param: str | None = None) -> None:
+        retry_after_s = error.retry_after_s
+        if retry_after_s is None:
+            retry_after_s = _DEFAULT_RETRY_AFTER_S.get(error.type)
+        super().__init__(error.type, error.message, retry_after_s=retry_after_s,
+                         allow=error.allow, detail=error.detail)
+        self.param = param
+
+    @property
+    def status(self) -> int:
+        return _OPENAI_STATUS.get(self.type, STATUS[self.type])
+
+    def envelope(self) -> dict[str, Any]:
+        status = self.status
+        kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500
+                                 else "invalid_request_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param,
+                          "code": self.type.value, **self.detail}}
+
+    def headers(self) -> dict[str, str]:
+        headers = super().headers()
+        if "Retry-After" not in headers and self.status in (429, 503):
+            headers["Retry-After"] = "1"
+        if self.status not in _RETRYABLE_STATUS and (
+            self.status < 500 or self.type in _NOT_RETRYABLE
+        ):
+            headers["x-should-retry"] = "false"
+        return headers
+
+
+def openai_error_envelope(error_type: ErrorType, message: str) -> dict[str, Any]:
+    """The error object of a failure after a stream's first byte (no param)."""
+    return OpenAIError(ApiError(error_type, message)).envelope()
+
+
+def openai_error_for(exc: BaseException) -> OpenAIError:
+    """The OpenAI-shaped answer to ``exc`` (``api_error_for`` chooses its type)."""
+    if isinstance(exc, OpenAIError):
+        return exc
+    param = _param(exc) if isinstance(exc, pydantic.ValidationError) else None
+    return OpenAIError(api_error_for(exc), param=param)
+
+
+def _param(exc: pydantic.ValidationError) -> str | None:
+    """The first problem's field, written as OpenAI does: ``messages[0].content``."""
+    problems = exc.errors(include_url=False, include_input=False)
+    if not problems or problems[0]["type"] == "json_invalid" or not problems[0]["loc"]:
+        return None
+    parts = []
+    for part in problems[0]["loc"]:
+        if isinstance(part, str) and (part in _UNION_TAGS or "[" in part):
+            break  # pydantic names the union member it tried: not a field
+        parts.append(f"[{part}]" if isinstance(part, int) else f".{part}")
+    return "".join(parts).removeprefix(".")
+
+
+# The loc entries pydantic adds for the members of a union (``str | list[TextPart]``).
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "none", "list", "dict"})
+
+
+@dataclass(frozen=True)
+class ServedModels:
+    """The model names the OpenAI routes answer to (``STREAMSCOPE_MODEL_NAME``).
+
+    Args:
+        name: the model setting's value, always served.
+        alias: another name clients may use; ``*`` accepts any name.
+        created: the Unix time ``/v1/models`` reports (the server's start).
+    """
+
+    name: str
+    alias: str | None
+    created: int
+
+    @property
+    def ids(self) -> list[str]:
+        extra = [self.alias] if self.alias not in (None, "*", self.name) else []
+        return [self.name, *extra]
+
+    def listing(self) -> dict[str, Any]:
+        """``GET /v1/models``."""
+        return {"object": "list", "data": [self.card(i) for i in self.ids]}
+
+    def card(self, model_id: str) -> dict[str, Any]:
+        return {"id": model_id, "object": "model", "created": self.created,
+                "owned_by": OWNED_BY}
+
+    def check(self, requested: str | None) -> str:
+        """The name the answer carries: the requested one if served, the model's own if
+        none was given.
+
+        Raises:
+            OpenAIError: model_not_found (404).
+        """
+        if not requested:
+            return self.name
+        if self.alias == "*" or requested in self.ids:
+            return requested
+        raise OpenAIError(
+            ApiError(ErrorType.MODEL_NOT_FOUND,
+                     f"the model {requested[:128]!r} does not exist here; this server "
+                     f"serves {', '.join(self.ids)} (GET /v1/models)"),
+            param="model",
+        )

@@ -1,0 +1,250 @@
+"""Resumable streams over HTTP (opt-in): ids that name the stream, a resume route, DELETE.
+
+The wire contract (a browser page builds on it; keep it exactly):
+
+* ``POST /v1/stream`` with ``"resumable": true``: the usual SSE events, but every id is
+  ``<request_id>:<n>`` (n counts events from 1, as on a plain stream), and the response
+  says where to resume in ``X-Resume-URL: /v1/stream/<request_id>``. Without
+  ``resumable`` nothing changes.
+* ``POST /v1/requests``, the same body: the request is created with no reader (the grace
+  period runs until one attaches) and answered 201 ``{"id", "stream_url"}`` with
+  ``Location``; refusals as for ``/v1/stream``. With a shared store the 201 waits until
+  the stream is in it (any replica then finds it; 503 ``unavailable`` if it does not
+  answer). With an API key set, ``stream_url``
+  carries the stream's read token (``?token=``, ``auth.stream_token``), which opens its
+  ``GET`` without the key (EventSource sends no headers).
+* ``GET /v1/stream/<request_id>`` with ``Last-Event-ID: <request_id>:<n>`` (or
+  ``?last_event_id=``; the header wins; none means from the start): the events after n
+  from the log, then live, each exactly once; the first line is ``retry: 1000`` (once).
+  204 for a stream unknown or expired, or ended with n its last event (EventSource stops
+  reconnecting on a 204). 400 ``bad_request`` for an id of another stream; 422
+  ``invalid_request`` for a malformed one or an n the stream has not reached; 503
+  ``unavailable`` (Retry-After) when the stream is another replica's and the shared log
+  does not answer, or (503 ``shutdown``) when it is another replica's and this one is
+  draining. One reader at a time, the newest: a GET while another reader holds
+  the stream takes it over (the server cannot tell a silently dead connection from a
+  live one); the old reader gets no more events, and its body ends with one ``error``
+  event ``taken_over`` without an id (not part of the stream: an EventSource keeps its
+  Last-Event-ID, and a page that sees it stops instead of taking the stream back). 409
+  ``stream_busy`` only if the old reader did not let go within a bound (try again).
+* ``DELETE /v1/requests/<request_id>``: ends a resumable stream at once (the engine is
+  asked to cancel it; its log is dropped): 204, or 404 ``not_found``.
+
+Ownership: the stream belongs to the resume registry from the moment it opens
+(``adopt``, right after ``Runtime.open``, no checkpoint between); a response's
+connection owns its ``Reader``, whose ``close()`` hands the stream back to the registry
+when the response ends, however it ends. ``streams.resume`` tells the hand-over and what
+happens when nobody comes back. With ``STREAMSCOPE_RESUME_STORE=redis://...`` the GET works on
+any replica: one that does not own the stream serves the shared log (a
+``RemoteReader``). Keep-alive comments as on any stream (the one body, ``body.py``, with
+``resume_source.ResumeSource``); no lab padding.
+"""
+
+from __future__ import annotations
+
+import trio
+from quart import Blueprint, Response, request
+
+from engine import GenerationRequest
+from streams import PolicyName, TokenStream
+from streams.resume import (
+    BadPosition,
+    Draining,
+    NothingToResume,
+    Reader,
+    ReaderBusy,
+    ResumeRegistry,
+    StoreUnavailable,
+    spec_of,
+    with_seed,
+)
+
+from ..auth import STREAM_TOKEN_PARAM, stream_token
+from ..edge.connection import own
+from ..errors import ApiError, ErrorType
+from ..metrics import Metrics, RequestTimer
+from ..runtime import SHUTDOWN_RETRY_AFTER_S, Prepared, Runtime
+from ..schemas import RequestLimits, parse_generate_body
+from ..wire import RETRY_MS, ResumableEvents
+from .body import EventStreamBody
+from .failover import Rebuilder
+from .resume_source import LoggedEvents, ResumeSource
+from .serving import json_response, read_body, sse_response, ttft_deadline
+
+# n in an event id has at most this many digits: far more events than max_new_tokens allows.
+MAX_POSITION_DIGITS = 9
+# With a shared store, how long ``POST /v1/requests`` waits for the new stream to be in
+# it before its 201 (a write takes milliseconds; a store away that long: 503).
+STORED_WAIT_S = 2.0
+
+
+def resume_url(request_id: str) -> str:
+    return f"/v1/stream/{request_id}"
+
+
+def adopt(registry: ResumeRegistry, stream: TokenStream, timer: RequestTimer, *,
+          attach: bool, spec: bytes | None) -> Reader | None:
+    """The registry takes a stream just opened (``Runtime.open``), and its timer (closed
+    when the registry forgets the stream); with ``attach``, the request's connection
+    owns its first reader. Sync, never a checkpoint: call it right after the open."""
+    timer.submitted(stream.prompt_tokens)
+    events = ResumableEvents(stream.request_id, stream.prompt_tokens)
+    reader = registry.adopt(stream, events, events.opening(), observer=timer, attach=attach,
+                            spec=spec)
+    if reader is not None:
+        own(request.scope, reader)
+    return reader
+
+
+async def open_resumable(
+    runtime: Runtime,
+    generation: GenerationRequest,
+    policy: PolicyName | None,
+    timer: RequestTimer,
+) -> Response:
+    """``POST /v1/stream`` with ``resumable``: open the stream in the registry and answer
+    it with its first reader.
+
+    Cancellation: before the stream opens, nothing to undo; after, the connection owns
+    the reader and the registry the stream.
+    """
+    prepared, spec = await _prepare(runtime, generation, policy)
+    registry = runtime.resume_registry()
+    stream = runtime.open(prepared)
+    reader = adopt(registry, stream, timer, attach=True, spec=spec)
+    assert reader is not None  # attach=True
+    body = EventStreamBody(ResumeSource(reader), LoggedEvents(send_retry=False),
+                           keepalive_s=runtime.settings.keepalive_s)
+    return sse_response(body, stream.request_id,
+                        headers={"X-Resume-URL": resume_url(stream.request_id)})
+
+
+async def _prepare(
+    runtime: Runtime, generation: GenerationRequest, policy: PolicyName | None
+) -> tuple[Prepared, bytes | None]:
+    """The request prepared (``Runtime.prepare``) and, with a shared store, seeded, with
+    its failover spec (``streams.resume.spec_of``); else None for the spec.
+    Cancellation: nothing opened yet."""
+    if runtime.settings.resume_store is None:
+        return await runtime.prepare(generation, policy), None
+    prepared = await runtime.prepare(with_seed(generation), policy)
+    return prepared, spec_of(prepared.request, policy)
+
+
+async def _wait_stored(runtime: Runtime, request_id: str) -> None:
+    """With a shared store, return once the stream just opened is in it (spec, owner
+    lease, event 1), so that a resume on any replica finds it: a 201 promises that (a
+    replica that does not know the stream answers 204, and an EventSource stops). A
+    store that does not take it within ``STORED_WAIT_S``: the stream is cancelled and
+    the request refused with 503 ``unavailable`` (``Retry-After``), as a resume of
+    another replica's stream is then. Without a shared store, at once.
+
+    Raises: ApiError 503. Cancellation: the registry holds the stream (its grace period
+    runs), as when a client leaves right after its 201.
+    """
+    registry = runtime.resume_registry()
+    with trio.move_on_after(STORED_WAIT_S):
+        try:
+            await registry.stored()
+            return
+        except StoreUnavailable:
+            pass
+    registry.cancel(request_id)
+    raise ApiError(ErrorType.UNAVAILABLE, "the shared stream log does not answer; try again",
+                   retry_after_s=RETRY_MS / 1000)
+
+
+def parse_position(value: str | None, request_id: str) -> int:
+    """The n of a ``Last-Event-ID`` (``<request_id>:<n>``); 0 for none.
+
+    Raises: ApiError 400 (another stream's id), 422 (malformed).
+    """
+    if not value:
+        return 0
+    stream_id, colon, n = value.rpartition(":")
+    if not colon or not (n.isascii() and n.isdigit()) or len(n) > MAX_POSITION_DIGITS:
+        raise ApiError(ErrorType.INVALID_REQUEST,
+                       "Last-Event-ID must be <request_id>:<n>, as the events' ids are")
+    if stream_id != request_id:
+        raise ApiError(ErrorType.BAD_REQUEST, "Last-Event-ID names another stream")
+    return int(n)
+
+
+class ResumableViews:
+    """The views, bound to one app's runtime; each request reports to ``metrics``."""
+
+    def __init__(self, runtime: Runtime, metrics: Metrics) -> None:
+        self.runtime = runtime
+        self.metrics = metrics
+        self.limits = RequestLimits.from_settings(runtime.settings)
+
+    async def create_request(self) -> Response:
+        """Open a resumable stream with no reader; 201 with where to read it.
+
+        Cancellation: before the stream opens, nothing to undo; after, the registry
+        owns it (while the 201 waits for a shared store, its grace period runs).
+        """
+        settings = self.runtime.settings
+        timer = self.metrics.start_request()
+        body = parse_generate_body(await read_body(), self.limits)
+        deadline = ttft_deadline(timer, body.deadline_ms, settings.ttft_deadline_ms)
+        prepared, spec = await _prepare(self.runtime, body.to_generation_request(deadline),
+                                        body.policy)
+        registry = self.runtime.resume_registry()
+        stream = self.runtime.open(prepared)
+        adopt(registry, stream, timer, attach=False, spec=spec)
+        await _wait_stored(self.runtime, stream.request_id)
+        url = resume_url(stream.request_id)
+        if settings.api_key is not None:
+            url += f"?{STREAM_TOKEN_PARAM}={stream_token(settings.api_key, stream.request_id)}"
+        return json_response({"id": stream.request_id, "stream_url": url}, status=201,
+                             headers={"Location": url, "X-Request-ID": stream.request_id})
+
+    async def resume(self, request_id: str) -> Response:
+        """Replay after Last-Event-ID, then follow live (see the module docstring).
+
+        Cancellation: while attaching, nothing changes (the wait for the holder is
+        shielded); after, the connection owns the reader.
+        """
+        registry = self.runtime.resume_registry()
+        last = request.headers.get("Last-Event-ID") or request.args.get("last_event_id")
+        after = parse_position(last, request_id)
+        try:
+            reader = await registry.attach(request_id, after)
+        except NothingToResume:
+            return Response(b"", status=204)
+        except ReaderBusy:
+            raise ApiError(ErrorType.STREAM_BUSY,
+                           "the stream's previous reader did not let go in time; "
+                           "try again") from None
+        except BadPosition as exc:
+            raise ApiError(ErrorType.INVALID_REQUEST, str(exc)) from None
+        except StoreUnavailable:
+            raise ApiError(ErrorType.UNAVAILABLE, "the shared stream log does not answer; "
+                           "try again", retry_after_s=RETRY_MS / 1000) from None
+        except Draining:
+            raise ApiError(ErrorType.SHUTDOWN, "this replica is stopping: resume the stream "
+                           "on another", retry_after_s=SHUTDOWN_RETRY_AFTER_S) from None
+        own(request.scope, reader)
+        body = EventStreamBody(ResumeSource(reader, registry), LoggedEvents(send_retry=True),
+                               keepalive_s=self.runtime.settings.keepalive_s)
+        return sse_response(body, request_id, headers={"X-Resume-URL": resume_url(request_id)})
+
+    async def cancel_request(self, request_id: str) -> Response:
+        """End a resumable stream now: 204, or 404. Cancellation: no checkpoint."""
+        if not self.runtime.resume_registry().cancel(request_id):
+            raise ApiError(ErrorType.NOT_FOUND,
+                           f"no resumable request {request_id[:64]!r}: unknown or over")
+        return Response(b"", status=204)
+
+
+def make_resumable_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
+    """``POST /v1/requests``, ``GET /v1/stream/<id>``, ``DELETE /v1/requests/<id>``."""
+    bp = Blueprint("resumable", __name__)
+    runtime.rebuild = Rebuilder(runtime, metrics)  # a dead replica's streams go on here
+    views = ResumableViews(runtime, metrics)
+    bp.add_url_rule("/v1/requests", view_func=views.create_request, methods=["POST"])
+    bp.add_url_rule("/v1/stream/<request_id>", view_func=views.resume, methods=["GET"])
+    bp.add_url_rule("/v1/requests/<request_id>", view_func=views.cancel_request,
+                    methods=["DELETE"])
+    return bp

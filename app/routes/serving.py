@@ -1,0 +1,115 @@
+"""What every route does to serve a request, in one place each.
+
+* ``read_body``: the request body, read once (at most ``MAX_BODY_BYTES``); the only
+  place a view reads a body.
+* ``submitted``: a stream just opened (``Runtime.open``) and owned by the request's
+  connection (``app.edge.connection``, its closer; ``docs/cancellation.md`` tells the
+  disconnect path) starts its metrics timer, which the connection closes too.
+* ``ttft_deadline``: when a request's first token is due.
+* ``sse_response``: every ``text/event-stream`` answer, with its headers and no
+  response timeout.
+* ``collect`` and ``json_response``: a whole answer.
+
+Knows Quart's request context; knows no route.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from quart import Response, request
+from quart.wrappers.response import ResponseBody
+
+from engine import FinishEvent, TokenEvent
+from streams import StreamError, TokenStream
+
+from ..edge.connection import own
+from ..errors import ApiError, ErrorType
+from ..metrics import RequestTimer
+
+SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
+SSE_HEADERS = {
+    "Cache-Control": "no-cache",  # no cache may hold an event back
+    "X-Accel-Buffering": "no",  # nor a buffering proxy (nginx honours this header)
+}
+
+
+async def read_body() -> bytes:
+    """The request's body, at most MAX_BODY_BYTES (Quart's MAX_CONTENT_LENGTH).
+
+    Raises: RequestEntityTooLarge (413).
+    Cancellation: while the body arrives; nothing is open yet.
+    """
+    return await request.get_data(cache=False, as_text=False, parse_form_data=False)
+
+
+def ttft_deadline(
+    timer: RequestTimer, deadline_ms: float | None, default_ms: float | None
+) -> float | None:
+    """When the request's first token is due, in ``time.monotonic()`` seconds: its
+    ``deadline_ms`` (else the server's ``STREAMSCOPE_TTFT_DEADLINE_MS``) after its
+    arrival (the timer's start, when its head arrived), or None for no deadline.
+
+    The hub refuses it (429 ``deadline_unmeetable``, before any byte) if the engine's
+    estimate is later; once its stream has opened (``start`` sent), a deadline that
+    passes before its prefill began ends it with an ``error`` event ``deadline_missed``
+    (a whole answer: a 503 with that type).
+    """
+    chosen = default_ms if deadline_ms is None else deadline_ms
+    return None if chosen is None else timer.arrival + chosen / 1000
+
+
+def submitted(timer: RequestTimer, stream: TokenStream) -> None:
+    """The engine accepted the request: start its timer's queue time; the connection
+    closes the timer (``cancelled`` unless the stream ended) however the request ends.
+    Sync, never a checkpoint: a route calls it right after owning the stream."""
+    timer.submitted(stream.prompt_tokens)
+    own(request.scope, timer)
+
+
+def sse_response(
+    body: ResponseBody, request_id: str | None, *, headers: dict[str, str] | None = None
+) -> Response:
+    """A ``text/event-stream`` response around ``body``, which owns what it reads.
+
+    No response timeout: Quart's RESPONSE_TIMEOUT (60 s) would cut the stream; the
+    stream's own limits (max_new_tokens, the drain deadline) bound it.
+    """
+    all_headers = dict(SSE_HEADERS)
+    if request_id is not None:
+        all_headers["X-Request-ID"] = request_id
+    all_headers.update(headers or {})
+    response = Response(body, status=200, content_type=SSE_CONTENT_TYPE, headers=all_headers)
+    response.timeout = None
+    return response
+
+
+async def collect(
+    stream: TokenStream, timer: RequestTimer
+) -> tuple[str, list[int], FinishEvent]:
+    """Read a stream to its end: (text, token ids, finish), or ApiError for a StreamError.
+
+    Cancellation: at ``stream.receive()``; the stream is unchanged.
+    """
+    text: list[str] = []
+    token_ids: list[int] = []
+    async for item in stream:
+        timer.observe(item)
+        match item:
+            case TokenEvent():
+                text.append(item.text)
+                token_ids.append(item.token_id)
+            case FinishEvent():
+                return "".join(text), token_ids, item
+            case StreamError():
+                raise ApiError(item.type, item.message)
+    raise ApiError(ErrorType.INTERNAL_ERROR, "the stream ended without a result")
+
+
+def json_response(
+    data: dict[str, Any], *, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    """One JSON document."""
+    return Response(json.dumps(data), status=status, content_type="application/json",
+                    headers=headers)

@@ -1,0 +1,100 @@
+"""The limits every request body shares, written once for the native and OpenAI bodies.
+
+Two kinds of limit:
+
+* fixed ones, as pydantic field types (``Prompt``, ``NewTokens``, ``Temperature``,
+  ``TopP``, ``Seed``, ``StopStrings``, ``DeadlineMs``): the sampling ranges are the engine's own
+  (``engine.MAX_TEMPERATURE``, ``engine.MAX_SEED``, ...), so a value the engine would
+  refuse is a 422 naming the field before anything reaches the engine;
+* the server's, from settings (``RequestLimits``, passed as pydantic's validation
+  context): the prompt's length and the number of new tokens, checked by
+  ``check_prompt_chars`` and ``check_new_tokens``, whose messages are worded here only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated
+
+from pydantic import Field, ValidationInfo
+from pydantic_core import PydanticCustomError
+
+from engine import (
+    MAX_SEED,
+    MAX_TEMPERATURE,
+    MAX_TOP_P,
+    MIN_SEED,
+    MIN_TEMPERATURE,
+    MIN_TOP_P,
+)
+from streams import PolicyName
+
+if TYPE_CHECKING:
+    from app.settings import Settings
+
+# Stop strings are matched against every token's text; a few short ones cover real use
+# (OpenAI allows 4) and keep the matcher's per-token work small.
+MAX_STOP_STRINGS = 8
+MAX_STOP_CHARS = 64
+# The longest TTFT deadline a request may give: ten minutes is already no deadline.
+MAX_DEADLINE_MS = 600_000.0
+
+Prompt = Annotated[str, Field(min_length=1)]  # the server's length limit: check_prompt_chars
+NewTokens = Annotated[int, Field(ge=1)]  # the server's limit: check_new_tokens
+Temperature = Annotated[
+    float, Field(ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE, allow_inf_nan=False)
+]
+TopP = Annotated[float, Field(gt=MIN_TOP_P, le=MAX_TOP_P, allow_inf_nan=False)]
+Seed = Annotated[int, Field(ge=MIN_SEED, le=MAX_SEED)]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+StopStrings = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
+# The first token is due this long after the request arrived, or it is refused
+# (429 deadline_unmeetable) or let go (deadline_missed).
+DeadlineMs = Annotated[float, Field(gt=0.0, le=MAX_DEADLINE_MS, allow_inf_nan=False)]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """The server's limits on one request, from settings."""
+
+    max_prompt_chars: int
+    max_new_tokens_limit: int
+    default_max_new_tokens: int
+    # The policies a request may pick (STREAMSCOPE_REQUEST_POLICIES).
+    request_policies: frozenset[PolicyName]
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RequestLimits:
+        return cls(
+            max_prompt_chars=settings.max_prompt_chars,
+            max_new_tokens_limit=settings.max_new_tokens_limit,
+            default_max_new_tokens=settings.default_max_new_tokens,
+            request_policies=settings.request_policies,
+        )
+
+
+def limits_of(info: ValidationInfo, how: str) -> RequestLimits:
+    """The ``RequestLimits`` a body was validated with; ``how`` says, in the error
+    raised without them, how that body is meant to be validated."""
+    if not isinstance(info.context, RequestLimits):
+        raise TypeError(how)
+    return info.context
+
+
+def check_prompt_chars(length: int, limits: RequestLimits) -> None:
+    """Refuse a prompt (or the messages' text) longer than the server allows."""
+    limit = limits.max_prompt_chars
+    if length > limit:
+        raise PydanticCustomError(
+            "over_limit",
+            "the prompt has {length} characters, over the limit of {limit}",
+            {"length": length, "limit": limit},
+        )
+
+
+def check_new_tokens(value: int | None, limits: RequestLimits) -> int | None:
+    """Refuse more new tokens than the server allows; None (the default) passes."""
+    limit = limits.max_new_tokens_limit
+    if value is not None and value > limit:
+        raise PydanticCustomError("over_limit", "must be at most {limit}", {"limit": limit})
+    return value

@@ -1,0 +1,113 @@
+"""The request body of ``/v1/stream`` and ``/v1/generate``, validated by pydantic.
+
+Owns the JSON shape a client may send and every check that needs no engine: types
+(strict: ``"5"`` is not a number, ``true`` is not an integer), unknown fields (refused),
+ranges, and the server's limits (``RequestLimits``, from settings, passed as the
+validation context; the limits themselves are in ``limits.py``). What only the engine
+can tell (the prompt's token count against the cache and the model's context) is
+checked by ``engine.submit``.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
+
+from engine import MIN_TOP_K, GenerationRequest, SamplingParams
+from streams import PolicyName
+
+from .limits import (
+    DeadlineMs,
+    NewTokens,
+    Prompt,
+    RequestLimits,
+    Seed,
+    StopStrings,
+    Temperature,
+    TopP,
+    check_new_tokens,
+    check_prompt_chars,
+    limits_of,
+)
+
+_HOW = "validate a GenerateBody with parse_generate_body(raw, limits)"
+
+
+class GenerateBody(BaseModel):
+    """``{"prompt", "max_new_tokens", "stop", "temperature", "top_p", "top_k", "seed",
+    "ignore_eos", "policy", "resumable", "deadline_ms"}``; only ``prompt`` is required.
+
+    Validate with ``parse_generate_body`` (the limits are its context).
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    prompt: Prompt
+    max_new_tokens: NewTokens | None = Field(default=None, validate_default=True)
+    stop: StopStrings = Field(default_factory=list)
+    temperature: Temperature = 0.0
+    top_p: TopP = 1.0
+    top_k: int = Field(default=0, ge=MIN_TOP_K)
+    seed: Seed | None = None
+    ignore_eos: bool = False
+    policy: PolicyName | None = None  # the slow-reader policy for this stream only
+    resumable: bool = False  # /v1/stream: ids <request_id>:<n>, resumable
+    deadline_ms: DeadlineMs | None = None  # None: the server's default
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_within_limit(cls, value: str, info: ValidationInfo) -> str:
+        check_prompt_chars(len(value), limits_of(info, _HOW))
+        return value
+
+    @field_validator("max_new_tokens")
+    @classmethod
+    def _max_new_tokens_within_limit(cls, value: int | None, info: ValidationInfo) -> int:
+        limits = limits_of(info, _HOW)
+        if value is None:
+            return limits.default_max_new_tokens
+        check_new_tokens(value, limits)
+        return value
+
+    @field_validator("policy")
+    @classmethod
+    def _policy_allowed(cls, value: PolicyName | None, info: ValidationInfo) -> PolicyName | None:
+        allowed = limits_of(info, _HOW).request_policies
+        if value is not None and value not in allowed:
+            raise PydanticCustomError(
+                "policy_not_allowed",
+                "this server lets a request pick only {allowed}",
+                {"allowed": ", ".join(sorted(p.value for p in allowed)) or "no policy"},
+            )
+        return value
+
+    def to_generation_request(self, ttft_deadline: float | None = None) -> GenerationRequest:
+        """The engine's request, under a fresh id (which the client sees as ``id``);
+        ``ttft_deadline``: see ``serving.ttft_deadline``."""
+        assert self.max_new_tokens is not None  # the validator filled in the default
+        return GenerationRequest(
+            request_id=uuid.uuid4().hex,
+            prompt=self.prompt,
+            max_new_tokens=self.max_new_tokens,
+            stop=tuple(self.stop),
+            sampling=SamplingParams(
+                temperature=self.temperature,
+                top_p=self.top_p,
+                top_k=self.top_k,
+                seed=self.seed,
+                ignore_eos=self.ignore_eos,
+            ),
+            ttft_deadline=ttft_deadline,
+        )
+
+
+def parse_generate_body(raw: bytes, limits: RequestLimits) -> GenerateBody:
+    """Parse and validate a request body.
+
+    Raises:
+        pydantic.ValidationError: the body is not JSON (type ``json_invalid``), not an
+            object, or a field is missing, unknown, mistyped or out of range.
+    """
+    return GenerateBody.model_validate_json(raw, context=limits)

@@ -1,0 +1,224 @@
+"""The request bodies of the OpenAI-compatible routes, validated by pydantic.
+
+Owns what a client may send to ``/v1/completions`` and ``/v1/chat/completions`` and
+every check that needs no engine; the wire shapes of the answers are in ``app.wire``.
+Three kinds of field:
+
+* honoured: ``model``, ``max_tokens`` (chat also ``max_completion_tokens``, which wins),
+  ``temperature``, ``top_p``, ``stop``, ``seed``, ``stream``,
+  ``stream_options.include_usage``, and the extensions vLLM accepts ``ignore_eos`` and
+  ``top_k`` (``-1`` or ``0``: no cut), and streamscope's ``deadline_ms`` (a TTFT deadline,
+  as on ``/v1/stream``); chat also ``messages`` and ``add_generation_prompt``;
+* unsupported (``UNSUPPORTED``, in ``unsupported.py``): accepted at their neutral value
+  (``n: 1``, ``frequency_penalty: 0``, ``logit_bias: {}``, null, ...), refused otherwise
+  with a 400 whose ``param`` names the field. ``min_tokens`` is one: the engine has no
+  minimum length (it would need the end-of-sequence token masked until then);
+* any other field is ignored, as OpenAI's clients send many (``user``, ``metadata``).
+
+Defaults follow OpenAI: ``temperature`` 1, ``top_p`` 1; ``max_tokens`` 16 for
+completions, and for chat (where OpenAI's default is "up to the context") the server's
+``STREAMSCOPE_DEFAULT_MAX_NEW_TOKENS``. A JSON ``null`` means the default. The ranges
+and the server's limits are the native body's (``limits.py``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from engine import GenerationRequest, SamplingParams
+
+from .limits import (
+    DeadlineMs,
+    NewTokens,
+    Prompt,
+    RequestLimits,
+    Seed,
+    StopString,
+    StopStrings,
+    Temperature,
+    TopP,
+    check_new_tokens,
+    check_prompt_chars,
+    limits_of,
+)
+from .unsupported import (
+    CHAT_UNSUPPORTED,
+    COMMON_UNSUPPORTED,
+    COMPLETIONS_UNSUPPORTED,
+    neutral_validator,
+)
+
+OPENAI_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for completions
+
+_HOW = "validate an OpenAI body with the request limits as its context"
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+
+    include_usage: bool | None = None
+
+
+class OpenAIBody(BaseModel):
+    """What both routes share: the model, sampling, stopping, streaming, extensions."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+    UNSUPPORTED: ClassVar[dict[str, tuple[object, ...]]] = COMMON_UNSUPPORTED
+
+    model: str | None = None
+    max_tokens: NewTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    stop: StopString | StopStrings | None = None
+    seed: Seed | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool | None = None  # vLLM
+    top_k: int | None = Field(default=None, ge=-1)  # vLLM: -1 (and 0) for no cut
+    # streamscope: a TTFT deadline, as on /v1/stream (429 deadline_unmeetable if missed)
+    deadline_ms: DeadlineMs | None = None
+    # Unsupported: see UNSUPPORTED; checked by the subclasses' _neutral.
+    n: Any = None
+    frequency_penalty: Any = None
+    presence_penalty: Any = None
+    repetition_penalty: Any = None
+    logit_bias: Any = None
+    min_tokens: Any = None
+    best_of: Any = None
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _within_limit(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return check_new_tokens(value, limits_of(info, _HOW))
+
+    @property
+    def is_streaming(self) -> bool:
+        return bool(self.stream)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def new_tokens(self, limits: RequestLimits) -> int:
+        return self.max_tokens or OPENAI_DEFAULT_MAX_TOKENS
+
+    def generation_request(
+        self, prompt: str, limits: RequestLimits, prompt_ids: tuple[int, ...] | None = None,
+        ttft_deadline: float | None = None,
+    ) -> GenerationRequest:
+        """The engine's request for ``prompt`` (and its ids, if already encoded), due
+        its first token by ``ttft_deadline`` (see ``serving.ttft_deadline``)."""
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return GenerationRequest(
+            request_id=uuid.uuid4().hex,
+            prompt=prompt,
+            max_new_tokens=self.new_tokens(limits),
+            stop=tuple(stops),
+            sampling=SamplingParams(
+                temperature=1.0 if self.temperature is None else self.temperature,
+                top_p=1.0 if self.top_p is None else self.top_p,
+                top_k=max(self.top_k or 0, 0),
+                seed=self.seed,
+                ignore_eos=bool(self.ignore_eos),
+            ),
+            prompt_token_ids=prompt_ids,
+            ttft_deadline=ttft_deadline,
+        )
+
+
+class CompletionsBody(OpenAIBody):
+    """``POST /v1/completions``: a prompt string and the shared fields."""
+
+    UNSUPPORTED: ClassVar[dict[str, tuple[object, ...]]] = COMPLETIONS_UNSUPPORTED
+
+    prompt: Prompt
+    logprobs: Any = None
+    echo: Any = None
+    suffix: Any = None
+
+    _neutral = neutral_validator(list(COMPLETIONS_UNSUPPORTED))
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_within_limit(cls, value: str, info: ValidationInfo) -> str:
+        check_prompt_chars(len(value), limits_of(info, _HOW))
+        return value
+
+
+class TextPart(BaseModel):
+    """One part of a message's content in the list form; only text parts are served."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One message. ``developer`` is OpenAI's newer name for ``system``. The fields an
+    assistant message gets back from the SDK (``refusal``, ``tool_calls``, ...) are
+    accepted when empty; ``name`` is ignored (chat templates do not show it)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    tool_calls: Annotated[list[Any], Field(max_length=0)] | None = None
+    function_call: None = None
+    audio: None = None
+    refusal: None = None
+
+    def as_template_input(self) -> dict[str, str]:
+        """``{"role", "content"}`` as a chat template expects it: text parts joined by
+        newlines (as vLLM does), ``developer`` as ``system``."""
+        content = self.content
+        text = content if isinstance(content, str) else "\n".join(p.text for p in content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+class ChatBody(OpenAIBody):
+    """``POST /v1/chat/completions``: messages, rendered by the model's chat template."""
+
+    UNSUPPORTED: ClassVar[dict[str, tuple[object, ...]]] = CHAT_UNSUPPORTED
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True  # vLLM; false to continue the last message
+    max_completion_tokens: NewTokens | None = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: Any = None
+    modalities: Any = None
+    audio: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    web_search_options: Any = None
+    store: Any = None
+
+    _neutral = neutral_validator(list(CHAT_UNSUPPORTED))
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _completion_within_limit(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return check_new_tokens(value, limits_of(info, _HOW))
+
+    @field_validator("messages")
+    @classmethod
+    def _messages_within_limit(
+        cls, value: list[ChatMessage], info: ValidationInfo
+    ) -> list[ChatMessage]:
+        text = sum(len(m.as_template_input()["content"]) for m in value)
+        check_prompt_chars(text, limits_of(info, _HOW))
+        return value
+
+    def template_input(self) -> list[dict[str, str]]:
+        return [m.as_template_input() for m in self.messages]
+
+    def new_tokens(self, limits: RequestLimits) -> int:
+        return self.max_completion_tokens or self.max_tokens or limits.default_max_new_tokens

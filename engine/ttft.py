@@ -1,0 +1,90 @@
+"""How long until a request submitted now gets its first token: ``Engine.estimate_ttft_ms``.
+
+The deadline gate (``streams``) refuses at once a request whose ``deadline_ms`` this
+estimate says cannot be met, so it must be cheap, callable from any thread while a
+step runs, and honest about what a busy server adds. It models what will happen from
+now on with the measured step costs (``costs.StepCosts``):
+
+* the step in flight ends first (as long as the last step took);
+* then every prompt token queued ahead of this request, and its own, is prefilled, at
+  most a step's prefill budget a step, each step also decoding the sequences that decode
+  now; a step costs its passes, or the period between step starts measured while
+  sequences ran, if that is longer (``step_timing``: the caller's own work between steps
+  counts);
+* if every batch slot is taken, the decode steps until one frees are added
+  (``slot_wait_steps``); a wait for blocks is not in it.
+
+It reads the scheduler's state as the last step boundary left it (``Boundary``, taken
+by the stepping thread and replaced whole), and the inbox, which is thread-safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .scheduler import Scheduler
+from .step_timing import StepTiming
+
+
+@dataclass(frozen=True, slots=True)
+class Boundary:
+    """What the estimate reads of the scheduler, at a step boundary."""
+
+    to_prefill: int  # positions to prefill of every waiting and admitted sequence
+    decoding: int  # sequences that decode in a step
+    queued: int  # waiting sequences
+    steps_left: tuple[int, ...]  # tokens each running sequence may still make, ascending
+
+    @classmethod
+    def of(cls, scheduler: Scheduler) -> Boundary:
+        """Take it now (the stepping thread, between steps)."""
+        return cls(
+            to_prefill=scheduler.prompt_tokens_to_prefill(),
+            decoding=scheduler.num_decoding,
+            queued=len(scheduler.waiting),
+            steps_left=tuple(sorted(s.request.max_new_tokens - len(s.generated_ids)
+                                    for s in scheduler.running.values())),
+        )
+
+
+class TtftEstimator:
+    """The estimate over one scheduler and its step clock (see the module docstring)."""
+
+    def __init__(self, scheduler: Scheduler, timing: StepTiming) -> None:
+        self._scheduler = scheduler
+        self._timing = timing
+        self._boundary = Boundary.of(scheduler)
+
+    def observe_boundary(self) -> None:
+        """The stepping thread is at a step boundary: take the scheduler's state."""
+        self._boundary = Boundary.of(self._scheduler)
+
+    def estimate_ms(self, prompt_tokens: int) -> float | None:
+        """Milliseconds until a request of ``prompt_tokens`` submitted now gets its first
+        token; None before any step cost was measured. Any thread."""
+        scheduler, at = self._scheduler, self._boundary
+        costs = scheduler.costs
+        line = costs.step_line(at.decoding, scheduler.mixed_step)
+        decode = costs.decode_ms(at.decoding)
+        if line is None or decode is None:
+            return None
+        fixed, per_token = line  # a mixed step's fixed: only what it adds to the decode
+        ahead = at.to_prefill + scheduler.inbox.prompt_tokens() + prompt_tokens
+        steps = -(-ahead // max(scheduler.prefill_budget(at.decoding), 1))
+        in_flight = self._timing.last_step_ms or 0.0
+        period = self._timing.busy_period_ms or 0.0  # a step as paced, if longer
+        waits = self.slot_wait_steps(at, scheduler.inbox.submits()) * max(decode, period)
+        return in_flight + waits + steps * max(decode + fixed, period) + per_token * ahead
+
+    def slot_wait_steps(self, at: Boundary, inbox_submits: int) -> int:
+        """Decode steps until a batch slot frees for a request submitted now (0 if one is
+        free): the k-th soonest end among the running sequences, k its place in the
+        queue for slots, counting each as running to its max_new_tokens (an upper
+        bound: eos ends one sooner), plus a round of the longest for each full batch
+        queued ahead."""
+        left = at.steps_left
+        k = at.queued + inbox_submits + 1 - (self._scheduler.max_batch - len(left))
+        if k <= 0 or not left:
+            return 0
+        rounds, index = divmod(k - 1, len(left))
+        return left[index] + rounds * left[-1]

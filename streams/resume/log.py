@@ -1,0 +1,207 @@
+"""The event log of resumable streams: what a reader that comes back replays.
+
+Owns the encoded events of each resumable stream, numbered from 1 in the order they
+were made, and nothing else: it knows no engine and no HTTP (``MemoryEventLog`` no
+Trio either). ``EventLog`` is the interface the resume registry (``registry.py``)
+uses; ``MemoryEventLog``, a dict of lists in this process, is the default. A shared
+store (``redis_log.RedisEventLog``: Redis streams, for several replicas serving one
+client population, issue 11) implements the same three operations for the replica that
+writes a stream (its engine generates it), and ``SharedEventLog``'s async ones for a
+reader on any replica.
+
+Synchronous on purpose: a live event is taken from its stream and logged with no
+checkpoint between (``entry.py``), so no cancel can lose one. A networked store
+keeps that property by appending to a local copy and a queue that a task of its own
+writes out in order (``redis_writer.py``); the writer's ``read_after`` reads the local copy.
+
+Bounds: the log does not limit itself. The registry gives each stream at most its own
+events (a start, at most ``max_new_tokens`` tokens, one last event) and caps the bytes
+of the streams no reader holds (``resume_max_bytes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import trio
+
+
+class EventLog(Protocol):
+    """Encoded events per stream id, numbered 1, 2, ...; every method sync, no checkpoint."""
+
+    def append(self, stream_id: str, n: int, data: bytes, *, last: bool = False) -> None:
+        """Store event ``n`` of ``stream_id`` (a new stream starts at 1); ``last``: the
+        stream's last event (a reader on another replica stops after it).
+
+        Raises:
+            ValueError: ``n`` is not the stream's next number (the log never has a gap
+                or a duplicate).
+        """
+        ...
+
+    def read_after(self, stream_id: str, n: int) -> list[bytes] | None:
+        """Events ``n+1``, ``n+2``, ... of ``stream_id`` in order; None for a stream the
+        log does not hold (never appended to, or expired)."""
+        ...
+
+    def expire(self, stream_id: str) -> int:
+        """Forget ``stream_id``'s events; return the bytes freed (0 if none). Idempotent."""
+        ...
+
+
+class StoreUnavailable(Exception):
+    """A shared log's store did not answer (its async methods raise it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStatistics:
+    """A shared log's writes to its store; counters count since construction."""
+
+    pending: int  # commands queued, not yet written
+    batches: int  # batches written
+    commands: int  # commands written
+    failed_batches: int  # batches that failed to reach the store (then tried again)
+
+
+@runtime_checkable
+class SharedEventLog(EventLog, Protocol):
+    """An ``EventLog`` that other replicas read: what a reader there needs, async.
+
+    The writer replica (the one whose engine generates the stream) appends; a reader on
+    any replica follows the log (``read_remote``) until the event appended ``last``.
+    One reader at a time across replicas, the newest: every reader, on the writer or
+    elsewhere, holds the stream's lease (a token with a time to live, renewed while it
+    reads); a new reader takes it over, and the old one learns it when it renews. The
+    writer also checks it before it ends a stream whose grace period ran out.
+
+    The async methods raise ``StoreUnavailable`` when the store does not answer; the
+    sync ones never wait for it (the writer tries a batch again until it is written).
+    """
+
+    lease_s: float  # a remote reader's lease lives this long unless renewed
+    writer_lease_s: float  # the writer's lease on a stream it generates (failover)
+
+    def statistics(self) -> StoreStatistics:
+        """What the log wrote to its store so far (for /stats)."""
+        ...
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Write what ``append``/``expire`` queued, in order, until cancelled."""
+        ...
+
+    async def tail(self, stream_id: str) -> tuple[int, bool] | None:
+        """(n of the last event in the store, whether it is the last), or None."""
+        ...
+
+    async def ping(self) -> None:
+        """Return once the store answered (``StoreUnavailable`` if it does not)."""
+        ...
+
+    async def stored(self) -> None:
+        """Return once everything queued before the call is in the store
+        (``StoreUnavailable`` if the log stopped writing). Writes nothing itself."""
+        ...
+
+    async def read_remote(
+        self, stream_id: str, after: int, *, wait_s: float
+    ) -> list[tuple[int, bytes, bool]] | None:
+        """Events after ``after`` as (n, data, last), waiting up to ``wait_s`` for one
+        (empty: none came); None: the store no longer holds the stream."""
+        ...
+
+    async def claim_reader(self, stream_id: str, token: str) -> None:
+        """Take the stream's reader lease for ``token``, from whoever holds it."""
+        ...
+
+    async def renew_reader(self, stream_id: str, token: str) -> bool:
+        """Extend ``token``'s lease; False if it is not ``token``'s any more (taken over,
+        or lapsed). A new stream's lease whose SET is still queued counts as held."""
+        ...
+
+    def release_reader(self, stream_id: str, token: str) -> None:
+        """Let the lease go (queued, sync, never a checkpoint)."""
+        ...
+
+    def hold_local_reader(self, stream_id: str, token: str, *, claimed: bool) -> None:
+        """A reader on this replica (the writer) holds the lease as ``token`` (``claimed``:
+        by ``claim_reader``; else it is set, queued: a stream just opened); the log
+        renews it until ``release_local_reader`` or ``expire``. Sync, no checkpoint."""
+        ...
+
+    def release_local_reader(self, stream_id: str) -> None:
+        """Let this replica's reader's lease go (queued). Sync, never a checkpoint."""
+        ...
+
+    async def reader_held(self, stream_id: str) -> bool:
+        """Whether a reader (on any replica) holds the stream's lease now."""
+        ...
+
+    # Failover: the writer holds a lease on each stream it generates (renewed by ``run``
+    # until the stream's last event); once it lapses, another replica may take over.
+
+    def publish(self, stream_id: str, spec: bytes) -> None:
+        """A new stream this replica generates: store ``spec`` (what a rebuild needs)
+        and take its writer lease, both before its first event. Sync, no checkpoint."""
+        ...
+
+    async def writer_alive(self, stream_id: str) -> bool:
+        """Whether the stream's writer lease is held (by any replica)."""
+        ...
+
+    async def take_over(self, stream_id: str) -> bool:
+        """Atomically take the writer lease of a stream whose writer's lapsed, unless its
+        last event ended it or it has no spec: True for exactly one caller."""
+        ...
+
+    async def read_for_rebuild(
+        self, stream_id: str
+    ) -> tuple[bytes, list[tuple[int, bytes, bool]]] | None:
+        """(spec, every event as (n, data, last)) of a stream, or None if gone."""
+        ...
+
+    def adopt(self, stream_id: str, events: list[tuple[int, bytes, bool]]) -> None:
+        """This replica generates the stream from now on: its local copy starts with
+        ``events`` (already in the store); the next ``append`` is the one after."""
+        ...
+
+    def release_writer(self, stream_id: str) -> None:
+        """Let this replica's writer lease go if it is still this replica's (queued,
+        after everything queued before; a rebuild that failed, a drain's hand-over)."""
+        ...
+
+    on_lost: Callable[[str], None] | None  # told of a stream another replica took over
+
+    def disown(self, stream_id: str) -> int:
+        """Forget a stream another replica took over, locally only (its keys in the store
+        are the new writer's); the bytes freed. Sync, no checkpoint."""
+        ...
+
+
+class MemoryEventLog:
+    """``EventLog`` in this process's memory: one list of bytes per stream."""
+
+    def __init__(self) -> None:
+        self._events: dict[str, list[bytes]] = {}
+        self._bytes: dict[str, int] = {}
+
+    def append(self, stream_id: str, n: int, data: bytes, *, last: bool = False) -> None:
+        events = self._events.setdefault(stream_id, [])
+        if n != len(events) + 1:
+            raise ValueError(f"event {n} of {stream_id!r} follows {len(events)}")
+        events.append(data)
+        self._bytes[stream_id] = self._bytes.get(stream_id, 0) + len(data)
+
+    def read_after(self, stream_id: str, n: int) -> list[bytes] | None:
+        events = self._events.get(stream_id)
+        return None if events is None else events[max(n, 0):]
+
+    def expire(self, stream_id: str) -> int:
+        self._events.pop(stream_id, None)
+        return self._bytes.pop(stream_id, 0)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes held for every stream."""
+        return sum(self._bytes.values())

@@ -1,0 +1,251 @@
+"""Resumable streams: a stream whose reader left is held, and the next reader takes it.
+
+The registry keeps, for each resumable stream, its ``TokenStream`` and a log of its
+encoded events (``log.EventLog``), so a reader that comes back with the number of the
+last event it got replays the rest and then follows live. It knows nothing of HTTP: the
+app gives it an encoder (``(n, item) -> bytes``) and serves its readers. It is the
+owner of its streams (it closes them); the jobs live apart:
+
+- ``entry.py``: one stream, its numbering and logging; ``byte_cap.py``: the cap on the
+  bytes of detached streams;
+- ``local.py``: detach and attach on this replica, and the holder task between
+  (``reader.py``: the reader here);
+- ``replicas.py``: readers through a shared log (``remote_reader.py``), with
+  ``failover.py`` (a dead writer's stream continued here) and ``handover.py`` (a
+  draining replica's streams left to another);
+- ``log.py``, ``redis_log.py``: the logs; ``spec.py``: what a rebuild needs.
+
+Numbering: event 1 is the opening (the app's ``start``); each item taken is the next
+number, assigned and logged with no checkpoint between taking and logging, so the log
+has every event exactly once, in order.
+
+Memory: a stream's log holds at most its own events (the opening, at most
+``max_new_tokens`` tokens, one last event). The bytes of detached streams (running or
+finished) are capped server-wide (``max_detached_bytes``): a detached stream whose next
+event would pass the cap is ended instead, with a StreamError ``resume_log_full`` as its
+last event (the one event allowed past the cap) and the engine asked to cancel it; a
+finished log that would pass the cap when its reader leaves is expired at once (later
+readers get nothing). Only the first is counted, in ``overflows``. A log is kept after
+the stream ended until the grace period after its last reader left, for a reader whose
+connection broke before the last event reached it.
+
+Cancellation: the holders run in the registry's nursery (``run``); cancelling ``run``
+cancels them, and each closes its stream (the engine is asked to cancel) and expires
+its log on the way out.
+
+Failover. The writer (the replica whose engine generates a stream) publishes, with a new
+stream's first event, what a rebuild needs (``adopt(spec=...)``: the app's request,
+prompt token ids and seed) and holds a writer lease that its log renews until the
+stream's last event. A remote reader whose read comes back empty while the writer lease
+is gone raises ``WriterGone`` with its position; the app attaches again there, in the
+same response, which takes the stream over (``failover.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+
+import trio
+
+from ..stream import TokenStream
+from .byte_cap import ByteCap
+from .handover import hand_over
+from .local import LocalStreams
+from .log import EventLog, SharedEventLog, StoreUnavailable
+from .reader import Reader
+from .records import Encode, Holding, Observer, Rebuild, ResumeStatistics
+from .remote_reader import RemoteReader
+from .replicas import Replicas
+
+
+class ResumeRegistry:
+    """The resumable streams of one server and the nursery that holds detached ones.
+
+    Args:
+        log: where the events go (``MemoryEventLog`` by default in the app).
+        grace_s: how long a stream without a reader is kept (and generates).
+        max_detached_bytes: the cap on log bytes of streams without a reader.
+        rebuild: with a shared log, how a stream whose writer died is continued here
+            (failover); None: it is not (its readers follow the log until it expires).
+    """
+
+    def __init__(self, log: EventLog, *, grace_s: float, max_detached_bytes: int,
+                 rebuild: Rebuild | None = None) -> None:
+        # A detached stream must end some time: the grace period is finite.
+        if not 0 <= grace_s < math.inf or max_detached_bytes < 0:
+            raise ValueError("grace_s must be finite and >= 0, max_detached_bytes >= 0")
+        self.grace_s = grace_s
+        self.max_detached_bytes = max_detached_bytes
+        self.rebuild = rebuild
+        self._shared = log if isinstance(log, SharedEventLog) else None
+        self._cap = ByteCap(max_detached_bytes)
+        self._local = LocalStreams(log, self._shared, self._cap, grace_s=grace_s)
+        self._replicas = None if self._shared is None else Replicas(self._shared, self._local)
+        self._cancels = self._handed_over = 0
+        if self._shared is not None:
+            self._shared.on_lost = self._local.lost
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the holders of detached streams. Never returns unless cancelled.
+
+        Cancellation: every holder is cancelled; each closes its stream (the engine is
+        asked to cancel) and expires its log. Streams attached then are closed by their
+        readers' owners as usual.
+        """
+        if self._local.running:
+            raise RuntimeError("the registry runs once")
+        try:
+            async with trio.open_nursery() as nursery:
+                if self._shared is not None:
+                    await nursery.start(self._shared.run)
+                self._local.start(nursery)
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._local.stop()
+
+    def drain(self) -> None:
+        """This replica is going away: end its remote readers, refuse new ones
+        (``replicas.py``). Sync, idempotent, never a checkpoint."""
+        if self._replicas is not None:
+            self._replicas.drain()
+
+    async def hand_over(self) -> int:
+        """This replica drains and its deadline is near: leave each of its streams that
+        has not ended to another replica (``handover.py``); how many. Returns once the
+        store has every event they logged and their writer leases are let go.
+
+        Sync up to that wait: each stream is closed (the engine is asked to cancel it:
+        the one close path, blocks released once) and forgotten here only (the store's
+        keys stay, for the replica that takes it over); its reader here, if any, ends
+        without a final event. Without a shared log or without failover (``rebuild``),
+        or for a stream without a published spec, nothing is handed over: the hub's
+        drain ends them with ``shutdown`` as before.
+
+        Raises:
+            StoreUnavailable: the log stopped writing (the leases may stay until they
+                lapse; a resume elsewhere then takes the streams over).
+
+        Cancellation: only the wait for the store; the streams are handed over already.
+        """
+        log = self._shared
+        if log is None or self.rebuild is None:
+            await trio.lowlevel.checkpoint()
+            return 0
+        handed = hand_over(log, self._local)
+        self._handed_over += handed
+        await log.stored()
+        return handed
+
+    async def stored(self) -> None:
+        """With a shared log, return once everything logged so far is in the store (a
+        stream just adopted: its spec, writer lease and first event, so that any replica
+        finds it); without one, at once.
+
+        Raises:
+            StoreUnavailable: the log stopped writing.
+
+        Cancellation: nothing changes (the log's writer goes on).
+        """
+        if self._shared is None:
+            await trio.lowlevel.checkpoint()
+            return
+        await self._shared.stored()
+
+    async def store_answers(self) -> bool:
+        """Whether the shared log's store answers (True without one). Cancellation:
+        the answer is not waited for."""
+        if self._shared is None:
+            await trio.lowlevel.checkpoint()
+            return True
+        try:
+            await self._shared.ping()
+        except StoreUnavailable:
+            return False
+        return True
+
+    def adopt(
+        self, stream: TokenStream, encode: Encode, opening: bytes, *,
+        observer: Observer | None = None, attach: bool, spec: bytes | None = None,
+    ) -> Reader | None:
+        """Take a just-opened stream, log its opening (event 1), and either return its
+        first reader (``attach``, positioned before event 1) or hold it detached for
+        the grace period. Sync, never a checkpoint: the caller's ``open_stream`` hands
+        the stream over before any. With a shared log, ``spec`` (what ``rebuild``
+        needs) is published with the writer lease before event 1 (failover).
+
+        Raises:
+            RuntimeError: the registry is not running (the stream is closed first).
+        """
+        shared = self._shared
+        token = secrets.token_hex(8) if shared is not None and attach else None
+        publish = shared is not None and spec is not None
+        reader = self._local.add(stream, encode, observer, token=token, published=publish)
+        if shared is not None and spec is not None:
+            shared.publish(reader.request_id, spec)
+        reader.entry.log_opening(opening)
+        if not attach:
+            reader.close()
+            return None
+        if shared is not None and token is not None:
+            shared.hold_local_reader(reader.request_id, token, claimed=False)
+        return reader
+
+    async def attach(self, request_id: str, after: int) -> Reader | RemoteReader:
+        """The stream's reader from event ``after + 1`` on (0: from the start): a
+        ``Reader`` if this replica generates the stream, else (with a shared log) a
+        ``RemoteReader`` of the shared log.
+
+        Raises:
+            NothingToResume: unknown or expired, or ended with ``after`` its last event.
+            BadPosition: ``after`` is past the last event made.
+            ReaderBusy: the reader it takes over did not let go in time (``local.py``).
+            StoreUnavailable: the stream is not this replica's and the shared log's
+                store did not answer.
+            Draining: the stream is not this replica's, and this replica drains.
+
+        Cancellation: the only checkpoint is the wait for the holder to exit, shielded:
+        the holder has nothing left to do but exit, so it takes one scheduling round.
+        With a shared log, also the claim of the lease (it is taken over from the
+        old reader; a claim that lands after a cancel is released, or lapses).
+        A reader attached now is taken over (``local.py``).
+        """
+        if self._replicas is None:
+            return await self._local.attach(request_id, after)
+        return await self._replicas.attach(request_id, after, self.rebuild)
+
+    def cancel(self, request_id: str) -> bool:
+        """End a stream at once (the engine is asked to cancel it unless it finished)
+        and forget it; False if unknown. Its reader, if any, sees it closed.
+        Sync, never a checkpoint."""
+        if not self._local.cancel(request_id):
+            return False
+        self._cancels += 1
+        return True
+
+    def holding(self, request_id: str) -> Holding:
+        """Who holds the stream now (GONE for one unknown or forgotten)."""
+        entry = self._local.get(request_id)
+        return Holding.GONE if entry is None else entry.holding
+
+    def statistics(self) -> ResumeStatistics:
+        entries, local, replicas = self._local.entries(), self._local, self._replicas
+        store = None if self._shared is None else self._shared.statistics()
+        return ResumeStatistics(
+            streams=len(entries),
+            detached=sum(e.holding is Holding.DETACHED for e in entries),
+            log_bytes=self._cap.log_bytes,
+            detached_bytes=self._cap.detached_bytes,
+            resumes=local.resumes + (0 if replicas is None else replicas.resumes),
+            expiries=local.expiries,
+            overflows=self._cap.overflows,
+            cancels=self._cancels,
+            failovers=0 if replicas is None else replicas.failovers,
+            disowned=local.disowned,
+            handed_over=self._handed_over,
+            store_pending=0 if store is None else store.pending,
+            store_batches=0 if store is None else store.batches,
+            store_commands=0 if store is None else store.commands,
+            store_failed_batches=0 if store is None else store.failed_batches,
+        )
