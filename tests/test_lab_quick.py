@@ -155,8 +155,7 @@ def test_fuzz_quick_sends_every_kind_and_finds_no_5xx_hang_or_leak(
     assert summary["protocol_errors"] == 0
     assert summary["blocks_leaked"] == summary["double_releases"] == 0
     assert summary["streams_registered_after"] == 0
-    # server_deaths is not asserted: a body that ends early can still crash the server
-    # (tests/test_fuzz_http.py, the xfail test); assert it is 0 once that is fixed.
+    assert summary["server_deaths"] == 0  # a body that ends early no longer kills it
 
 
 def test_admission_quick_gates_by_deadline_and_accounts_for_every_request(
