@@ -231,7 +231,7 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
         "MemoryEventLog", "NothingToResume", "Reader", "ReaderBusy", "Rebuild", "RedisEventLog",
         "RemoteReader", "ResumeError", "ResumeRegistry", "ResumeStatistics", "SharedEventLog",
         "StoreStatistics", "StoreUnavailable", "TakenOver", "WriterGone", "generated_ids",
-        "request_of", "spec_of", "with_seed",
+        "policy_of", "request_of", "spec_of", "with_seed",
     ],
 }
 

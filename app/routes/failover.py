@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 
-from streams.resume import Adopt, generated_ids, request_of
+from streams.resume import Adopt, generated_ids, policy_of, request_of
 
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics
@@ -41,13 +41,14 @@ class Rebuilder:
         try:
             parsed = json.loads(spec)
             request = request_of(request_id, parsed)
+            policy = policy_of(parsed)
             tokens = generated_ids(events)
         except (ValueError, KeyError, TypeError) as exc:
             raise ApiError(ErrorType.UNAVAILABLE,
                            f"cannot continue this stream here: {exc}") from None
         timer = self._metrics.start_request()
         try:
-            prepared = await self._runtime.prepare(request, parsed["policy"],
+            prepared = await self._runtime.prepare(request, policy,
                                                    resume_from=tokens)
             stream = self._runtime.open(prepared)
             timer.submitted(stream.prompt_tokens)

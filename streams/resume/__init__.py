@@ -30,6 +30,7 @@ from .records import ResumeStatistics as ResumeStatistics
 from .registry import ResumeRegistry as ResumeRegistry
 from .remote_reader import RemoteReader as RemoteReader
 from .spec import generated_ids as generated_ids
+from .spec import policy_of as policy_of
 from .spec import request_of as request_of
 from .spec import spec_of as spec_of
 from .spec import with_seed as with_seed
@@ -69,6 +70,7 @@ __all__ = [
     "TakenOver",
     "WriterGone",
     "generated_ids",
+    "policy_of",
     "request_of",
     "spec_of",
     "with_seed",

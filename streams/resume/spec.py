@@ -4,9 +4,10 @@ replica can continue the stream identically if this one dies.
 ``spec_of`` writes the request as the engine got it (its prompt's token ids, and the
 seed of a sampled request, chosen by ``with_seed`` when the client gave none, so that
 even an unseeded stream continues identically); ``request_of`` reads it back on the
-replica that takes the stream over, and ``generated_ids`` recovers the token ids the
-logged ``token`` events carry, which the rebuilt stream continues after. Kept beside
-the registry (not in ``app``) because the spec is part of the store's stored data.
+replica that takes the stream over (``policy_of`` its policy), and ``generated_ids``
+recovers the token ids the logged ``token`` events carry, which the rebuilt stream
+continues after. Kept beside the registry (not in ``app``) because the spec is part of
+the store's stored data.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def spec_of(request: GenerationRequest, policy: PolicyName | None) -> bytes:
         "stop": list(request.stop),
         "sampling": {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
                      "seed": s.seed, "ignore_eos": s.ignore_eos},
-        "policy": policy,
+        "policy": None if policy is None else policy.value,  # JSON holds the name
     }, separators=(",", ":")).encode()
 
 
@@ -60,6 +61,14 @@ def request_of(request_id: str, spec: dict[str, Any]) -> GenerationRequest:
         sampling=SamplingParams(**spec["sampling"]),
         prompt_token_ids=tuple(spec["prompt_token_ids"]),
     )
+
+
+def policy_of(spec: dict[str, Any]) -> PolicyName | None:
+    """The policy a published spec names, read back through ``PolicyName`` so that the
+    rebuilt stream pauses or drops as the first one did (``ValueError`` for a name this
+    replica does not know)."""
+    name = spec["policy"]
+    return None if name is None else PolicyName(name)
 
 
 def generated_ids(events: list[tuple[int, bytes, bool]]) -> list[int]:
