@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import engine
 import streams
@@ -36,8 +36,10 @@ class ServingEngine(streams.StepEngine, Protocol):
 MakeEngine = Callable[[Settings], ServingEngine]
 
 
-def load_engine_from_settings(settings: Settings) -> ServingEngine:
-    """The production ``make_engine``: load the model (imports torch, blocks for seconds)."""
+def load_engine_from_settings(settings: Settings, **engine_options: Any) -> ServingEngine:
+    """The production ``make_engine``: load the model (imports torch, blocks for seconds).
+    ``engine_options`` go to the Engine as well: the lab's seam for its devices (e.g. the
+    reservation admission, ``tools/lab/reservation.py``)."""
     return engine.load_engine(
         settings.model,
         settings.device,
@@ -47,6 +49,7 @@ def load_engine_from_settings(settings: Settings) -> ServingEngine:
         num_blocks=settings.cache_blocks,
         block_size=settings.block_size,
         cache_memory=settings.cache_memory,
+        **engine_options,
     )
 
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import engine
-
 if TYPE_CHECKING:  # the lab's server passes them; importing this module loads no app
     from app.runtime import ServingEngine
     from app.settings import Settings
@@ -40,14 +38,6 @@ RESERVATION = ReservationAdmission()
 def load_reserving_engine(settings: Settings) -> ServingEngine:
     """``app.runtime.load_engine_from_settings`` with reservation admission: the same
     model, batch, prefill and cache settings (loads the model: imports torch)."""
-    return engine.load_engine(
-        settings.model,
-        settings.device,
-        max_batch=settings.max_batch,
-        max_prefill_tokens=settings.max_prefill_tokens,
-        max_step_ms=settings.max_step_ms,
-        num_blocks=settings.cache_blocks,
-        block_size=settings.block_size,
-        cache_memory=settings.cache_memory,
-        admission=RESERVATION,
-    )
+    from app.runtime import load_engine_from_settings  # here: importing this loads no app
+
+    return load_engine_from_settings(settings, admission=RESERVATION)
