@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .hub_types import HubStatistics as HubStatistics
     from .hub_types import StepEngine as StepEngine
     from .hub_types import StepGate as StepGate
+    from .keepalive import Keepalives as Keepalives
     from .policy import PolicyName as PolicyName
     from .sse import ServerSentEvent as ServerSentEvent
     from .sse import SSEParser as SSEParser
@@ -47,6 +48,7 @@ _HOMES = {  # the module that defines each exported name
     "HubSettings": "hub_types",
     "HubState": "hub_types",
     "HubStatistics": "hub_types",
+    "Keepalives": "keepalive",
     "NotAccepting": "errors",
     "PolicyName": "policy",
     "SSEParser": "sse",
@@ -86,6 +88,7 @@ __all__ = [
     "HubSettings",
     "HubState",
     "HubStatistics",
+    "Keepalives",
     "NotAccepting",
     "PolicyName",
     "SSEParser",

@@ -142,6 +142,7 @@ class TokenStream:
         self._lag = CAUGHT_UP
         self._items: deque[StreamItem] = deque()
         self._readable = trio.lowlevel.ParkingLot()  # the reader, waiting for an item
+        self._nudged = False  # nudge() woke the reader: a receive_batch returns no items
         self._settled = trio.lowlevel.ParkingLot()  # a gated step loop, waiting for the reader
         self._delivered = 0
         self._discarded = 0
@@ -167,10 +168,24 @@ class TokenStream:
             Safe at every checkpoint: an item leaves the queue only when it is
             returned, so ``move_on_after(...)`` around this call loses nothing.
         """
+        item = await self._receive(nudgeable=False)
+        assert item is not None  # only a nudgeable receive returns None
+        return item
+
+    def nudge(self) -> None:
+        """Wake a reader waiting in ``receive_batch`` with nothing for it: it returns no
+        items (``streams.keepalive``: its writer sends a keep-alive). Sync, never a
+        checkpoint; a no-op when no reader waits."""
+        if self._readable.statistics().tasks_waiting:
+            self._nudged = True
+            self._readable.unpark_all()
+
+    async def _receive(self, *, nudgeable: bool) -> StreamItem | None:
         if self._items or self._state in (StreamState.ENDED, StreamState.CLOSED):
             await trio.lowlevel.checkpoint()
         else:  # it will wait: the park below is its checkpoint (one schedule point less)
             self._mark_written()  # the reader is back for more and nothing waits
+        self._nudged = False
         while True:
             if self._state is StreamState.CLOSED:
                 raise trio.ClosedResourceError("the stream was closed")
@@ -178,6 +193,9 @@ class TokenStream:
                 return self._take()
             if self._state is StreamState.ENDED:
                 raise trio.EndOfChannel
+            if self._nudged and nudgeable:
+                self._nudged = False
+                return None
             await self._readable.park()
 
     def take_ready(self, max_items: int) -> list[StreamItem]:
@@ -200,9 +218,11 @@ class TokenStream:
         as one ``receive()`` per item would leave it at the end.
 
         Returns, raises and cancellation: as ``receive()``; the terminal item, if taken,
-        is the last of the list.
+        is the last of the list. No items: ``nudge()`` woke it (a keep-alive is due).
         """
-        first = await self.receive()
+        first = await self._receive(nudgeable=True)
+        if first is None:
+            return []
         return [first, *self.take_ready(max_items - 1)]
 
     def close(self) -> None:

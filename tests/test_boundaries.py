@@ -221,7 +221,8 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
     ],
     "streams": [
         "DeadlineUnmeetable", "ErrorType", "Hub", "HubError", "HubSettings", "HubState",
-        "HubStatistics", "NotAccepting", "PolicyName", "SSEParser", "ServerSentEvent",
+        "HubStatistics", "Keepalives", "NotAccepting", "PolicyName", "SSEParser",
+        "ServerSentEvent",
         "StepEngine", "StepGate", "StreamEnd", "StreamError", "StreamItem", "StreamState",
         "StreamStatistics", "TokenStream", "WaitingLimitReached", "encode_comment",
         "encode_event",

@@ -29,12 +29,17 @@ that lags (many streams, a fast engine) catches up in fewer, larger writes inste
 paying the response path's cost (Quart, hypercorn, h11, the socket) once per event.
 Each item is still its own event with its own id.
 
-Keep-alive: with nothing queued, ``__anext__`` waits for the next items under
-``trio.move_on_after(keepalive_s)``; ``receive_batch`` is cancel-safe (an item leaves
-the queue only when returned), so a timeout loses nothing and yields the encoder's
-keep-alive instead. A source that must await something before it reads on (a resumable
-stream's failover) raises ``SourceMoved``; the body awaits it out of the keep-alive's
-scope, whose timer must not cancel it.
+Keep-alive: with nothing queued, ``__anext__`` waits for the next items, and after
+``keepalive_s`` of quiet yields the encoder's keep-alive instead. A source that can be
+nudged (``streams.TokenStream``) is timed by the app's one keep-alive timer
+(``streams.Keepalives``, given as ``keepalives``): the body says it waits, and a nudge
+makes ``receive_batch`` return no items, with no timeout scope around the wait (one
+cost as much as a write: ``streams/keepalive.py``). Any other source (a resumable
+stream's reader), or a body without the timer, waits under ``trio.move_on_after
+(keepalive_s)``; ``receive_batch`` is cancel-safe (an item leaves the queue only when
+returned), so a timeout loses nothing. A source that must await something before it
+reads on (a resumable stream's failover) raises ``SourceMoved``; the body awaits it out
+of the keep-alive's scope, whose timer must not cancel it.
 
 Farewell: when the server cuts a stream (hypercorn's graceful timeout),
 ``app.edge.connection`` asks the body for ``farewell`` and writes it, shielded and
@@ -48,7 +53,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
 
 import trio
 from quart.wrappers.response import ResponseBody
@@ -57,6 +62,8 @@ from engine import TokenEvent
 from streams.resume import LoggedEvent
 
 if TYPE_CHECKING:
+    from streams import Keepalives
+
     from ..errors import ErrorType
     from ..metrics import RequestTimer
 
@@ -86,6 +93,12 @@ class ItemSource(Protocol[Item]):
         ...
 
     def close(self) -> None: ...
+
+
+class NudgeableSource(ItemSource[Item], Protocol[Item]):
+    """A source the keep-alive timer can nudge: its ``receive_batch`` then returns []."""
+
+    def nudge(self) -> None: ...
 
 
 class Encoder(Protocol[Item]):
@@ -122,6 +135,8 @@ class EventStreamBody(ResponseBody, Generic[Item]):
         source: what it reads; this body owns it from now on and closes it.
         encoder: the wire format (see the module docstring).
         keepalive_s: send the encoder's keep-alive after this long without an item.
+        keepalives: the app's keep-alive timer (``keepalive_s`` must be its interval);
+            used if ``source`` can be nudged, else (or None) a timeout scope per wait.
         timer: told of each item taken and of a farewell (``metrics.py``); the
             connection closes it.
     """
@@ -132,6 +147,7 @@ class EventStreamBody(ResponseBody, Generic[Item]):
         encoder: Encoder[Item],
         *,
         keepalive_s: float,
+        keepalives: Keepalives | None = None,
         timer: RequestTimer | None = None,
     ) -> None:
         self.source = source
@@ -142,6 +158,9 @@ class EventStreamBody(ResponseBody, Generic[Item]):
         self.is_finished = False  # the terminal item was encoded (or the source ended)
         self._opened = False
         self._keepalive = encoder.keepalive()
+        self.keepalives = keepalives
+        nudgeable = keepalives is not None and callable(getattr(source, "nudge", None))
+        self._keepalives = keepalives if nudgeable else None  # None: a scope per wait
 
     async def __aenter__(self) -> EventStreamBody[Item]:
         """Cancellation: no checkpoint; the body is entered or not."""
@@ -180,6 +199,8 @@ class EventStreamBody(ResponseBody, Generic[Item]):
         ready = self.source.take_ready(MAX_EVENTS_PER_WRITE)
         if ready:  # catching up: no timeout scope, no schedule point (the write yields)
             return self._encode(ready)
+        if self._keepalives is not None:
+            return await self._wait_timed(self._keepalives)
         moved: SourceMoved | None = None
         with trio.move_on_after(self.keepalive_s):
             try:
@@ -194,6 +215,19 @@ class EventStreamBody(ResponseBody, Generic[Item]):
         if moved is not None:  # out of the keep-alive's scope: its timer cancels nothing
             await moved.move()
         return self._keepalive
+
+    async def _wait_timed(self, keepalives: Keepalives) -> bytes:
+        """Wait for items with the app's keep-alive timer: no items is a nudge."""
+        source = cast("NudgeableSource[Item]", self.source)
+        keepalives.waiting(source)
+        try:
+            items = await source.receive_batch(MAX_EVENTS_PER_WRITE)
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            self.is_finished = True
+            raise StopAsyncIteration from None
+        finally:
+            keepalives.back(source)
+        return self._encode(items) if items else self._keepalive
 
     def _encode(self, items: list[Item]) -> bytes:
         """The items' bytes, up to and including the terminal one (nothing after it)."""

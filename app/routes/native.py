@@ -71,6 +71,7 @@ class NativeViews:
         events = NativeEvents(stream.request_id, stream.prompt_tokens)
         return sse_response(
             EventStreamBody(stream, events, keepalive_s=self.runtime.settings.keepalive_s,
+                            keepalives=self.runtime.keepalives,
                             timer=timer),
             stream.request_id,
         )

@@ -97,6 +97,7 @@ class OpenAIViews:
                                   include_usage=body.include_usage)
             return sse_response(
                 EventStreamBody(stream, chunks, keepalive_s=self.runtime.settings.keepalive_s,
+                                keepalives=self.runtime.keepalives,
                                 timer=timer),
                 stream.request_id,
             )

@@ -95,6 +95,8 @@ class Runtime:
         self._hub_draining = False  # drain() told a running hub to drain
         self._drained = trio.Event()  # the drain is over: the hub stopped (or never ran)
         self._prompts = PromptEncoder()
+        # Every stream body's keep-alive timer (streams/keepalive.py), ticking from start().
+        self.keepalives = streams.Keepalives(settings.keepalive_s)
 
     # -- lifespan hooks --------------------------------------------------------------
 
@@ -104,6 +106,7 @@ class Runtime:
             raise RuntimeError(f"the runtime starts once (phase: {self.phase.value})")
         self.phase = Phase.LOADING
         self._nursery = nursery
+        nursery.start_soon(self.keepalives.run)
         nursery.start_soon(self._load_and_run, nursery)
 
     def drain(self, why: str) -> None:

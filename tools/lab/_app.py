@@ -201,7 +201,8 @@ def create_lab_app(
                     and type(body.encoder) is NativeEvents):
                 response.response = EventStreamBody(
                     body.source, PaddedEvents(body.encoder, lab.pad_bytes),
-                    keepalive_s=body.keepalive_s, timer=body.timer,
+                    keepalive_s=body.keepalive_s, keepalives=body.keepalives,
+                    timer=body.timer,
                 )
             return response
 
