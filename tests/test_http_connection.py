@@ -10,21 +10,30 @@ and closes; a next request on a reused connection is always answered. The fix is
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import socket
 import subprocess
 import sys
+import tomllib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import h11
 import httpx
+import hypercorn.trio.run
 import pytest
 import trio
+from hypercorn.trio.tcp_server import TCPServer
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
+from app import ServedApp
+from app.edge import cli, http_fixes
 from tests.http_clients import parse_sse
 from tests.http_server import RunningServer
 
@@ -39,6 +48,7 @@ CYCLES = 30  # keep-alive reuse cycles: enough to catch the head/body race of de
 # (milliseconds here). On a slower machine the race is only less likely, never a failure:
 # the fixed server waits up to DRAIN_TIMEOUT_S (1 s, 20 times this) for such a body.
 EARLY_WINDOW_S = 0.05
+JSON = {"Content-Type": "application/json"}  # every body is JSON, sent as such (else 415)
 
 
 def generate_body(max_new_tokens: int = 3) -> bytes:
@@ -280,8 +290,10 @@ def _httpx_413_then_answer(base_url: str) -> int:
     """Synchronous httpx.Client: 413 then a normal request, CYCLES times on one client."""
     with httpx.Client(base_url=base_url, timeout=WAIT_S) as client:
         for _ in range(CYCLES):
-            assert client.post("/v1/generate", content=b"x" * OVER_LIMIT).status_code == 413
-            assert client.post("/v1/generate", content=generate_body()).status_code == 200
+            assert client.post("/v1/generate", content=b"x" * OVER_LIMIT,
+                               headers=JSON).status_code == 413
+            assert client.post("/v1/generate", content=generate_body(),
+                               headers=JSON).status_code == 200
         return CYCLES
 
 
@@ -300,7 +312,7 @@ async def late_body(body: bytes) -> AsyncIterator[bytes]:
 async def test_httpx_async_client_answered_after_413_and_404(server: RunningServer) -> None:
     async def post(path: str, body: bytes) -> int:
         response = await client.post(path, content=late_body(body),
-                                     headers={"Content-Length": str(len(body))})
+                                     headers={"Content-Length": str(len(body)), **JSON})
         return response.status_code
 
     async with httpx.AsyncClient(base_url=server.base_url, timeout=WAIT_S) as client:
@@ -377,3 +389,77 @@ async def test_cli_hypercorn_closes_after_connection_close_and_when_idle() -> No
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+# -- the versions the fixes are known for (issue 23, item 8) ----------------------------
+
+OUTSIDE_THE_PINS = [("hypercorn", "0.19.0"), ("hypercorn", "0.17.3"), ("h11", "0.17.0"),
+                    ("h11", "0.15.0"), ("hypercorn", "not-a-version")]
+
+
+def pretend_installed(monkeypatch: pytest.MonkeyPatch, name: str, version: str) -> None:
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda n: version if n.lower() == name else real(n))
+
+
+def test_the_fixes_are_known_for_exactly_the_versions_pyproject_pins() -> None:
+    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    pins = {(r := Requirement(line)).name.lower(): r.specifier
+            for line in pyproject["project"]["dependencies"]}
+
+    assert {name: pins[name] for name in http_fixes.SUPPORTED_VERSIONS} == {
+        name: SpecifierSet(spec) for name, spec in http_fixes.SUPPORTED_VERSIONS.items()}
+    http_fixes.check_versions()  # the installed ones are within them
+
+
+@pytest.mark.parametrize(("name", "version"), OUTSIDE_THE_PINS)
+def test_install_refuses_a_version_outside_the_pins_naming_the_range_and_patches_nothing(
+    monkeypatch: pytest.MonkeyPatch, name: str, version: str,
+) -> None:
+    monkeypatch.setattr(hypercorn.trio.run, "TCPServer", TCPServer)  # as before any install
+    pretend_installed(monkeypatch, name, version)
+
+    with pytest.raises(http_fixes.UnsupportedVersion) as refused:
+        http_fixes.install()
+
+    assert f"{name} {version} is installed" in str(refused.value)
+    assert f"{name}{http_fixes.SUPPORTED_VERSIONS[name]}" in str(refused.value)
+    assert hypercorn.trio.run.TCPServer is TCPServer
+
+
+def test_streamscope_serve_refuses_to_start_with_an_unknown_hypercorn(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    served: list[object] = []
+    monkeypatch.setattr(cli, "configure_logging", lambda: None)  # no handlers left behind
+    monkeypatch.setattr(cli, "run_until_drained", lambda app, config: served.append(app))
+    monkeypatch.setenv("STREAMSCOPE_MODEL", "tiny-gpt2")
+    pretend_installed(monkeypatch, "hypercorn", "0.19.0")
+
+    status = cli.main(["serve"])
+
+    assert (status, served) == (2, [])
+    assert "hypercorn>=0.18,<0.19" in capsys.readouterr().err
+
+
+async def test_hypercorn_app_app_fails_its_startup_with_an_unknown_hypercorn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STREAMSCOPE_MODEL", "tiny-gpt2")
+    pretend_installed(monkeypatch, "h11", "0.17.0")
+    messages = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        await trio.lowlevel.checkpoint()
+        return next(messages)
+
+    async def send(message: dict[str, Any]) -> None:
+        await trio.lowlevel.checkpoint()
+        sent.append(message)
+
+    await ServedApp()({"type": "lifespan"}, receive, send)
+
+    assert [m["type"] for m in sent] == ["lifespan.startup.failed"]
+    assert "h11>=0.16,<0.17" in sent[0]["message"]

@@ -10,6 +10,8 @@ Each test here fails if its piece is taken out. Real threads where the thread ma
 from __future__ import annotations
 
 import json
+import socket
+from functools import partial
 
 import trio
 from hypothesis import given
@@ -22,8 +24,10 @@ from engine import FinishEvent, TokenEvent
 from streams import Hub, HubSettings, PolicyName, SSEParser, StreamState
 from streams.stepper import DEFAULT_STEPS_AHEAD
 from tests.fakes import STEP_S, ScriptedEngine, open_hub, request
-from tests.http_clients import parse_sse, stream_body
-from tests.http_server import RunningServer
+from tests.http_clients import RawClient, count_tokens, parse_sse, stream_body
+from tests.http_server import RunningServer, StartServer
+from tools.lab._app import create_lab_app
+from tools.lab._settings import LabSettings
 
 
 @given(st.text(), st.integers(0, 10**6), st.integers(0, 10**6), st.integers(1, 10**9))
@@ -117,3 +121,28 @@ async def test_a_streamed_body_is_written_the_direct_way_in_valid_chunks(
     assert [e.event for e in events] == ["start"] + ["token"] * 12 + ["done"]
     assert [e.id for e in events] == [str(n) for n in range(1, 15)]
     assert http_fixes.direct_writes - before >= 2  # the start event, then token writes
+
+
+async def test_a_chunk_the_socket_takes_only_in_part_still_goes_out_whole_and_in_order(
+    start_server: StartServer,
+) -> None:
+    # The lab's padded events (64 KiB of comment each) to a reader that reads nothing yet,
+    # behind a small receive buffer: the server's socket fills, a direct write is taken
+    # in part and its rest goes by send_all; h11 parses every chunk of the body (a cut
+    # or repeated chunk would break its framing).
+    server = await start_server(create=partial(create_lab_app, lab=LabSettings(pad_bytes=65536)))
+    before = http_fixes.partial_writes
+    client = RawClient(server.host, server.port)
+    client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    await client.post("/v1/stream", stream_body(max_new_tokens=120, ignore_eos=True))
+    with trio.fail_after(60):
+        while http_fixes.partial_writes == before:  # noqa: ASYNC110  (a counter, no event)
+            await trio.sleep(0.01)
+    await client.read_until(lambda events: count_tokens(events) >= 1)
+    await client.read_to_end()
+    await client.close_clean()
+
+    assert [e.event for e in client.events] == ["start"] + ["token"] * 120 + ["done"]
+    assert [e.id for e in client.events] == [str(n) for n in range(1, 123)]
+    indexes = [json.loads(e.data)["index"] for e in client.events if e.event == "token"]
+    assert indexes == list(range(120))

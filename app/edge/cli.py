@@ -49,6 +49,7 @@ from hypercorn.config import Config
 from ..factory import StreamscopeApp, create_app
 from ..runtime import Phase, Runtime
 from ..settings import Settings, SettingsError
+from .http_fixes import UnsupportedVersion
 from .signals import DRAIN_MARGIN_S, drain_on_signals
 
 log = logging.getLogger("streamscope.app")
@@ -273,16 +274,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``streamscope`` console script. Exit status: 0 after a drain, 2 when it
-    cannot start as asked."""
+    cannot start as asked (a setting, an option, or a hypercorn or h11 outside the
+    versions ``http_fixes`` is known for)."""
     args = parse_args(argv)
     configure_logging()
     try:
         settings = Settings.from_env()
         config = make_config(settings, args.config, args.bind)
-    except (SettingsError, ServeError) as exc:
+        app = create_app(settings)  # installs the HTTP fixes, which check the versions
+    except (SettingsError, ServeError, UnsupportedVersion) as exc:
         print(f"streamscope serve: {exc}", file=sys.stderr)
         return 2
-    run_until_drained(create_app(settings), config)
+    run_until_drained(app, config)
     return 0
 
 

@@ -47,7 +47,10 @@ where ``send_all`` alone costs 11 (``python -m tools.servicebench``, docs/result
 Where hypercorn would do nothing but frame the bytes as a chunk and write them (an
 HTTP/1.1 response with a chunked body, in progress, its stream open, its send lock
 free), a body message is framed here as h11's ``ChunkedWriter`` frames it and written
-with the same shielded ``send_all`` under the same lock, taken without a wait. Anything
+with one non-blocking ``os.write`` on the socket, with no schedule point (trio's
+``send_all`` makes one of every write, which cost several times the write itself); what
+the socket does not take at once goes by the same shielded ``send_all`` under the same
+lock, taken without a wait, so a chunk is never cut or interleaved. Anything
 else (the response's start and end, a closed stream, HTTP/1.0 or HTTP/2, a contended
 lock) goes hypercorn's way. h11 keeps no count of a chunked body's bytes, so its state is
 the same either way. Known for hypercorn 0.18 and h11 0.16 like the rest of this module
@@ -56,7 +59,10 @@ the same either way. Known for hypercorn 0.18 and h11 0.16 like the rest of this
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
+import os
+from collections.abc import Callable
 from typing import Any, cast
 
 import h11
@@ -78,6 +84,8 @@ from hypercorn.typing import (
     LifespanState,
     Scope,
 )
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
 
 log = logging.getLogger("streamscope.http")
 
@@ -88,6 +96,13 @@ DRAIN_LIMIT_BYTES = 64 * 1024
 # instead: enough for a body already sent, short for one that is not coming.
 DRAIN_TIMEOUT_S = 1.0
 _HTTP1 = {"1.0", "1.1"}
+# The versions this module's patches of private methods are known for: pyproject.toml's
+# pins (tests/test_http_connection.py checks they agree). ``install`` refuses others.
+SUPPORTED_VERSIONS = {"hypercorn": ">=0.18,<0.19", "h11": ">=0.16,<0.17"}
+
+
+class UnsupportedVersion(RuntimeError):
+    """hypercorn or h11 is installed in a version these fixes are not known for."""
 
 
 class ClosingTCPServer(TCPServer):
@@ -151,28 +166,51 @@ class ClosingTCPServer(TCPServer):
         return b"%x\r\n%s\r\n" % (len(body), body)
 
     async def send_frame(self, frame: bytes) -> bool:
-        """Write ``frame`` as ``protocol_send`` writes RawData, if the send lock is free
-        (taken without a wait); False, having written nothing, if it is not.
+        """Write ``frame`` as ``protocol_send`` writes RawData, if the send lock is free;
+        False, having written nothing, if it is not.
 
-        Cancellation: the write is shielded, as hypercorn's: a chunk is never cut.
+        The write is first tried as one non-blocking ``os.write`` on the socket: trio's
+        ``send_all`` makes a schedule point of every write (its ``_try_sync``), and a
+        trip through the scheduler, with its ``epoll_wait``, cost 15-20 us a write where
+        the write itself costs 1-2 (``python -m tools.writebench``). What the socket does
+        not take at once (its buffer is full: a slow reader) goes the way it went before,
+        under the lock and shielded: a chunk is never cut.
+
+        Cancellation: none before the socket's buffer is full; then shielded.
         """
         if self.send_lock.locked():
             return False
+        global direct_writes
+        direct_writes += 1
+        stream = self.stream
+        if type(stream) is trio.SocketStream:
+            try:
+                written = os.write(stream.socket.fileno(), frame)
+            except BlockingIOError:
+                written = 0
+            except OSError:  # reset, shut down, closed: as send_all's BrokenResourceError
+                await self.protocol.handle(Closed())
+                return True
+            if written == len(frame):
+                return True
+            global partial_writes
+            partial_writes += 1
+            frame = frame[written:]
         self.send_lock.acquire_nowait()
         try:
             with trio.CancelScope(shield=True):
-                await self.stream.send_all(frame)
+                await stream.send_all(frame)
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
             await self.protocol.handle(Closed())  # as protocol_send, and its fix above
         finally:
             self.send_lock.release()
-        global direct_writes
-        direct_writes += 1
         return True
 
 
-# Body messages written by the hot path, for tests and benchmarks (process-wide).
+# Body messages written by the hot path, and of them those the socket took only part of at
+# once (the rest went by send_all), for tests and benchmarks (process-wide).
 direct_writes = 0
+partial_writes = 0
 
 
 def direct_body_send(
@@ -195,8 +233,35 @@ def direct_body_send(
 def install() -> None:
     """Make hypercorn's trio worker (the CLI's ``-k trio`` and ``hypercorn.trio.serve``)
     build ``ClosingTCPServer``s: ``worker_serve`` looks ``TCPServer`` up when it runs.
-    Idempotent."""
+    Idempotent.
+
+    Raises:
+        UnsupportedVersion: hypercorn or h11 is outside ``SUPPORTED_VERSIONS`` (the
+            patches reach into their private methods); nothing was patched.
+    """
+    check_versions()
     hypercorn.trio.run.TCPServer = ClosingTCPServer  # type: ignore[misc]
+
+
+def check_versions(installed: Callable[[str], str] | None = None) -> None:
+    """Raise UnsupportedVersion, naming the supported range, unless every package of
+    ``SUPPORTED_VERSIONS`` is installed within it (``installed(name)``: its version;
+    default ``importlib.metadata.version``)."""
+    version_of = installed or importlib.metadata.version
+    for name, supported in SUPPORTED_VERSIONS.items():
+        try:
+            found = version_of(name)
+            ok = SpecifierSet(supported).contains(Version(found), prereleases=True)
+        except importlib.metadata.PackageNotFoundError:
+            found, ok = "(no version: not installed as a distribution)", False
+        except InvalidVersion:
+            ok = False
+        if not ok:
+            raise UnsupportedVersion(
+                f"{name} {found} is installed, but app/edge/http_fixes.py patches private "
+                f"methods of hypercorn and h11 known for {name}{supported} only (the pins in "
+                f"pyproject.toml): install '{name}{supported}', or check the fixes against "
+                f"this {name} (tests/test_http_connection.py) and move the pins")
 
 
 def settle_request_body(
