@@ -261,6 +261,20 @@ _RESUME_COUNTERS = (
      "Batches of commands written to the shared resume store."),
     ("streamscope_resume_store_failed_batches", "resume_store_failed_batches",
      "Batches that failed to reach the shared resume store (then tried again)."),
+    ("streamscope_resume_store_refused", "resume_store_refused",
+     "Commands the shared resume store refused."),
+    ("streamscope_resume_store_dropped", "resume_store_dropped",
+     "Commands to the shared resume store not queued: its queue was full."),
+    ("streamscope_resume_store_cut_streams", "resume_store_cut_streams",
+     "Resumable streams ended (error unavailable): the shared resume store's queue was full."),
+    ("streamscope_resume_store_read_errors", "resume_store_read_errors",
+     "Reads and lease renewals the shared resume store did not answer."),
+    ("streamscope_resume_spec_rejected", "resume_spec_rejected",
+     "Failovers refused: the stored spec or events failed their HMAC or the limits."),
+    ("streamscope_resume_events_rejected", "resume_events_rejected",
+     "Reads of another replica's stream ended: an event in the store failed its HMAC."),
+    ("streamscope_resume_remote_cancels", "resume_remote_cancels",
+     "DELETEs of resumable streams another replica generates (cancelled through the store)."),
 )
 
 # (metric name, /stats key, help) for the hub's TTFT-deadline counters.

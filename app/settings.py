@@ -38,6 +38,9 @@ from pydantic_settings import (
 
 from streams import HubSettings, PolicyName
 
+from .api_keys import ApiKey, all_keys, check_key, parse_api_keys
+from .settings_problems import problems
+
 ENV_PREFIX = "STREAMSCOPE_"
 BUILTIN_MODELS = ("smollm2", "tiny-gpt2", "tiny-llama")
 # A model name is an identifier in JSON and in URLs: printable ASCII, no spaces.
@@ -45,7 +48,7 @@ MAX_MODEL_NAME_CHARS = 256
 _MEMORY_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9,
                  "kib": 2**10, "mib": 2**20, "gib": 2**30}
 _HUB_LIMITS = ("queue_limit", "stall_timeout_s", "max_waiting")
-_SECRETS = frozenset({"api_key", "resume_store"})  # never echoed (a key, a URL's password)
+_SECRETS = frozenset({"api_key", "api_keys", "resume_store", "resume_secret"})  # never echoed
 
 PositiveInt = Annotated[int, Field(ge=1)]
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -135,10 +138,24 @@ class Settings(BaseSettings):
         "most bytes of event logs held for resumable streams without a reader, "
         "server-wide; a detached stream that would pass it ends with error "
         "resume_log_full")
+    attach_timeout_s: Seconds = _setting(5.0,
+        "how long a stream made by POST /v1/requests waits for its first reader; none by "
+        "then, and it is cancelled (its blocks released)")
+    max_detached_streams: PositiveInt = _setting(64,
+        "most resumable streams generating with no reader, server-wide; at it, a new "
+        "resumable stream is refused with 429 too_many_detached")
     resume_store: str | None = _setting(None,
         "where resumable streams' event logs live: unset, this process's memory; "
         "redis://host:port/db, a Redis that several replicas share, so that a stream "
         "resumes on any of them (see Several replicas)", shown="(memory)", repr=False)
+    resume_secret: Annotated[str, Field(min_length=32)] | None = _setting(None,
+        "with resume_store (then required): the key every replica signs what it stores "
+        "with (HMAC-SHA256), and checks what it reads: a spec or event that fails is "
+        "refused (error unavailable); the same on every replica, at least 32 characters",
+        shown="(none)", repr=False)
+    resume_store_queue: PositiveInt = _setting(4096,
+        "with resume_store: most commands queued for it while it does not keep up or "
+        "answer; a resumable stream whose event would pass it ends with error unavailable")
     owner_lease_s: Seconds = _setting(3.0,
         "with resume_store: the lease of the replica generating a resumable stream, "
         "renewed every third of it; once it lapses (the replica died), a resume on "
@@ -153,8 +170,16 @@ class Settings(BaseSettings):
         "longest prompt in characters (422 above); the token budget is checked too")
     api_key: str | None = _setting(None,
         "if set, every route but /health, /ready, /metrics and the page (/, /page.js) needs "
-        "`Authorization: Bearer <key>` (401 without); visible ASCII characters",
+        "`Authorization: Bearer <key>` (401 without); visible ASCII, at least 32 characters",
         shown="(off)", repr=False)
+    api_keys: Annotated[tuple[ApiKey, ...], NoDecode] = _setting((),
+        "more API keys, each with its own name and optional limit on the streams it holds "
+        'open (429 too_many_streams past it), a JSON list `[{"name": "ci", "key": "...", '
+        '"max_streams": 4}]`; a key\'s resumable streams are its own (404 for another key)',
+        shown="(none)", repr=False)
+    stream_token_ttl_s: Seconds = _setting(3600.0,
+        "how long the read token in a stream_url (`?token=`, made with a key) opens its "
+        "stream")
     shutdown_grace_s: Seconds = _setting(5.0,
         "the drain deadline: after SIGTERM, how long open streams may finish before they "
         "get error shutdown (with a Redis resume store, resumable ones are handed over to "
@@ -170,7 +195,7 @@ class Settings(BaseSettings):
         try:
             super().__init__(**values)
         except pydantic.ValidationError as exc:
-            raise SettingsError(_problems(exc)) from None
+            raise SettingsError(problems(exc, env_name=env_name, secrets=_SECRETS)) from None
 
     @classmethod
     def settings_customise_sources(
@@ -293,10 +318,12 @@ class Settings(BaseSettings):
     @field_validator("api_key")
     @classmethod
     def _api_key(cls, value: str | None) -> str | None:
-        # What a bearer token may hold, and what arrives intact in an HTTP header.
-        if value is None or (value != "" and _visible_ascii(value)):
-            return value
-        raise ValueError("expected visible ASCII characters (no spaces), at least one")
+        return None if value is None else check_key(value)  # app/api_keys.py
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _api_keys(cls, value: object) -> tuple[ApiKey, ...]:
+        return parse_api_keys(value)  # JSON text, or in code a list
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
@@ -304,6 +331,12 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"{env_name('default_max_new_tokens')} ({self.default_max_new_tokens}) must "
                 f"not exceed {env_name('max_new_tokens_limit')} ({self.max_new_tokens_limit})")
+        all_keys(self.api_key, self.api_keys)  # raises ValueError for a key given twice
+        if self.resume_store is not None and self.resume_secret is None:
+            raise ValueError(f"{env_name('resume_store')} needs {env_name('resume_secret')}: "
+                             "the same secret of at least 32 characters on every replica, "
+                             "which signs what they store (make one with python -c 'import "
+                             "secrets; print(secrets.token_hex(32))')")
         self._hub = HubSettings(  # each limit checked as it was read: this cannot fail
             policy=self.policy, queue_limit=self.queue_limit,
             stall_timeout_s=self.stall_timeout_s, max_waiting=self.max_waiting,
@@ -338,46 +371,6 @@ class _EnvironSource(EnvSettingsSource):
     def _load_env_vars(self) -> Mapping[str, str | None]:
         return {name.lower(): value.strip() for name, value in self._environ.items()
                 if name.startswith(ENV_PREFIX) and value.strip()}
-
-
-# What a pydantic error type means, said as the old hand-made parsers said it. The unit
-# comes from the field's name (_s: seconds, _ms: milliseconds).
-_PHRASES = {
-    "int_parsing": "expected a whole number",
-    "int_from_float": "expected a whole number",
-    "int_type": "expected a whole number",
-    "float_parsing": "expected a {unit}",
-    "float_type": "expected a {unit}",
-    "finite_number": "expected a finite {unit}",
-    "greater_than_equal": "expected a whole number >= {ge}",
-    "greater_than": "expected a finite {unit} > {gt:g}",
-    "enum": "expected one of {expected}",
-    "literal_error": "expected one of {expected}",
-    "frozen_set_type": "expected a comma-separated list",
-}
-
-
-def _problems(exc: pydantic.ValidationError) -> list[str]:
-    """One line per error: ``NAME='raw': expected ...`` (the environment's text) or
-    ``NAME=value: expected ...`` (in code); never the value of a secret (api_key,
-    resume_store); a check across fields as its own message."""
-    problems = []
-    for error in exc.errors():
-        if not error["loc"]:  # _consistent: the message names its variables
-            problems.append(error["msg"].removeprefix("Value error, "))
-            continue
-        field = str(error["loc"][0])
-        name = env_name(field)
-        unit = ("number of seconds" if field.endswith("_s")
-                else "number of milliseconds" if field.endswith("_ms") else "number")
-        phrase = _PHRASES.get(error["type"])
-        message = (phrase.format(unit=unit, **error.get("ctx", {})) if phrase
-                   else error["msg"].removeprefix("Value error, "))
-        if field in _SECRETS:
-            problems.append(f"{name}: {message}")
-        else:
-            problems.append(f"{name}={error.get('input')!r}: {message}")
-    return list(dict.fromkeys(problems))  # a union type reports a value once per member
 
 
 def _show(value: object) -> str:

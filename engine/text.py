@@ -17,7 +17,8 @@ settings meets another call), and the step thread decodes with the model's
 tokenizer all the time; so prompts are encoded with a copy of it, one call at
 a time under the encoder's own lock. The step never waits for an encode. Chat
 messages become a prompt there too (``render_chat``): the tokenizer's own chat
-template (Jinja, in the tokenizer's config or the GGUF file) renders them.
+template (Jinja, in the tokenizer's config or the GGUF file) renders them, and
+``text_chat`` encodes them so that no message's content can forge a special token.
 """
 
 from __future__ import annotations
@@ -28,9 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
-import jinja2
-
-from .errors import ChatTemplateError
+from .text_chat import chat_prompt
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -172,31 +171,17 @@ class PromptEncoder:
         self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
     ) -> tuple[str, list[int]]:
         """The prompt text the chat template makes of ``messages`` (``{"role",
-        "content"}`` each), and its token ids.
+        "content"}`` each), and its token ids (``text_chat.chat_prompt``).
 
         The ids are encoded without the tokenizer's added special tokens: the template
         writes every special token the model expects (a BOS among them), as
-        ``apply_chat_template(tokenize=True)`` does.
+        ``apply_chat_template(tokenize=True)`` does. Special-token text inside a
+        message's content is encoded as plain text: a message cannot forge a turn.
 
         Raises:
-            ChatTemplateError: the tokenizer has no chat template, or rendering failed
-                (a template may raise on roles in an order it does not accept).
+            ChatTemplateError: the tokenizer has no chat template, rendering failed (a
+                template may raise on roles in an order it does not accept), or a content
+                holds special-token text where the template hides the contents' spans.
         """
         with self._lock:
-            if not getattr(self._tokenizer, "chat_template", None):
-                raise ChatTemplateError(
-                    "this model has no chat template, so it cannot serve chat messages; "
-                    "send a plain prompt instead"
-                )
-            try:
-                text = self._tokenizer.apply_chat_template(
-                    [dict(m) for m in messages],
-                    tokenize=False,
-                    add_generation_prompt=add_generation_prompt,
-                )
-            except jinja2.TemplateError as exc:
-                raise ChatTemplateError(f"the chat template refused the messages: {exc}") from None
-            assert isinstance(text, str)  # tokenize=False renders one conversation as text
-            ids = self._tokenizer.encode(text, add_special_tokens=False)
-        assert isinstance(ids, list)
-        return text, ids
+            return chat_prompt(self._tokenizer, messages, add_generation_prompt)

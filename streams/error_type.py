@@ -19,12 +19,15 @@ class ErrorType(enum.StrEnum):
     INVALID_REQUEST = "invalid_request"  # a field is missing, unknown, mistyped or out of range
     PROMPT_TOO_LONG = "prompt_too_long"  # prompt + max_new_tokens exceed the token budget
     BODY_TOO_LARGE = "body_too_large"  # over MAX_BODY_BYTES, by Content-Length or as read
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # a body not sent as application/json
     NOT_FOUND = "not_found"  # no such route
     MODEL_NOT_FOUND = "model_not_found"  # an OpenAI route's `model` names no model served here
     METHOD_NOT_ALLOWED = "method_not_allowed"  # the route exists; the method does not
     REQUEST_TIMEOUT = "request_timeout"  # the body did not arrive in time
     BAD_REQUEST = "bad_request"  # any other malformed HTTP request
     TOO_MANY_WAITING = "too_many_waiting"  # MAX_WAITING streams wait for a first token
+    TOO_MANY_STREAMS = "too_many_streams"  # the API key holds its max_streams open already
+    TOO_MANY_DETACHED = "too_many_detached"  # MAX_DETACHED_STREAMS generate with no reader
     DEADLINE_UNMEETABLE = "deadline_unmeetable"  # the first token is estimated past deadline_ms
     DEADLINE_MISSED = "deadline_missed"  # waited past deadline_ms, never run (SSE error)
     NOT_READY = "not_ready"  # the model is still loading

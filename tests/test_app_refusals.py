@@ -7,6 +7,7 @@ Each case checks the status, ``application/json``, the exact envelope shape
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from typing import Any
 
@@ -41,6 +42,9 @@ def assert_nothing_opened(server: RunningServer) -> None:
     assert server.recorder.submitted == []
 
 
+JSON = {"content-type": "application/json"}  # what every body must be sent as (else 415)
+
+
 async def post(server: RunningServer, path: str, **kwargs: Any) -> httpx.Response:
     async with server.client() as client:
         return await client.post(path, **kwargs)
@@ -51,7 +55,7 @@ async def post(server: RunningServer, path: str, **kwargs: Any) -> httpx.Respons
 async def test_malformed_json_is_422_invalid_json(
     server: RunningServer, path: str, content: bytes
 ) -> None:
-    response = await post(server, path, content=content)
+    response = await post(server, path, content=content, headers=JSON)
 
     assert_envelope(response, 422, "invalid_json")
     assert_nothing_opened(server)
@@ -156,8 +160,7 @@ async def test_prompt_over_the_token_budget_is_422_prompt_too_long(
 
 
 async def test_body_over_max_body_bytes_by_content_length_is_413(server: RunningServer) -> None:
-    response = await post(server, "/v1/stream", content=b" " * 4097,
-                          headers={"content-type": "application/json"})
+    response = await post(server, "/v1/stream", content=b" " * 4097, headers=JSON)
 
     assert_envelope(response, 413, "body_too_large")
     assert_nothing_opened(server)
@@ -170,7 +173,7 @@ async def test_body_over_max_body_bytes_without_content_length_is_413(
         for _ in range(5):
             yield b" " * 1000
 
-    response = await post(server, "/v1/stream", content=chunks())
+    response = await post(server, "/v1/stream", content=chunks(), headers=JSON)
 
     assert_envelope(response, 413, "body_too_large")
     assert_nothing_opened(server)
@@ -217,19 +220,35 @@ async def test_request_before_the_model_is_loaded_is_503_not_ready(
     assert server.hub.statistics().opened == 0
 
 
-async def test_failed_load_makes_health_and_ready_503(start_server: StartServer) -> None:
-    def broken(settings: object) -> Any:
-        raise OSError("no such model file")
+async def test_failed_load_makes_health_and_ready_503_and_only_the_log_says_why(
+    start_server: StartServer,
+) -> None:
+    # The exception may name a path, an address, a user: a client gets a fixed message.
+    detail = "no such model file: /srv/models/private-name"
 
-    server = await start_server(make_engine=broken, wait_ready=False)
-    await server.app.runtime.wait_settled()
+    def broken(settings: object) -> Any:
+        raise OSError(detail)
+
+    logged: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(  # type: ignore[method-assign]
+        record.getMessage())
+    logger = logging.getLogger("streamscope.app")
+    logger.addHandler(handler)
+    try:
+        server = await start_server(make_engine=broken, wait_ready=False)
+        await server.app.runtime.wait_settled()
+    finally:
+        logger.removeHandler(handler)
     async with server.client() as client:
         health, ready = await client.get("/health"), await client.get("/ready")
         refused = await client.post("/v1/stream", json=stream_body())
 
-    assert "no such model file" in assert_envelope(health, 503, "unavailable")
-    assert_envelope(ready, 503, "unavailable")
-    assert_envelope(refused, 503, "unavailable")
+    for response in (health, ready, refused):
+        message = assert_envelope(response, 503, "unavailable")
+        assert message == "the engine failed; the server's log says why"
+        assert "private-name" not in response.text and "OSError" not in response.text
+    assert any(detail in line for line in logged), logged
 
 
 async def test_unknown_path_is_404_in_the_envelope(server: RunningServer) -> None:
@@ -257,7 +276,7 @@ async def test_wrong_method_is_405_in_the_envelope_with_allow(server: RunningSer
 ], ids=["odd characters", "huge int", "huge float", "duplicate key", "deep nesting", "object"])
 async def test_odd_input_is_answered_never_a_500(server: RunningServer, content: bytes) -> None:
     async with server.client() as client:
-        response = await client.post("/v1/generate", content=content)
+        response = await client.post("/v1/generate", content=content, headers=JSON)
 
     assert response.status_code < 500, response.text
     if response.status_code >= 400:

@@ -231,8 +231,8 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
         "Adopt", "BadPosition", "Draining", "EventLog", "Holding", "LoggedEvent",
         "MemoryEventLog", "NothingToResume", "Reader", "ReaderBusy", "Rebuild", "RedisEventLog",
         "RemoteReader", "ResumeError", "ResumeRegistry", "ResumeStatistics", "SharedEventLog",
-        "StoreStatistics", "StoreUnavailable", "TakenOver", "WriterGone", "generated_ids",
-        "policy_of", "request_of", "spec_of", "with_seed",
+        "StoreRejected", "StoreStatistics", "StoreUnavailable", "TakenOver", "WriterGone",
+        "generated_ids", "spec_of", "with_seed",
     ],
 }
 

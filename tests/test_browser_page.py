@@ -15,6 +15,7 @@ both ways (RST), then forwards every later connection untouched.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import struct
 from collections.abc import Callable, Iterator
@@ -324,14 +325,15 @@ async def test_stop_cancels_the_request_and_releases_its_blocks(
 async def test_with_an_api_key_the_page_loads_and_streams_with_the_key(
     start_server: StartServer, browser: Browser
 ) -> None:
-    server = await start_server(api_key="s3cret;key")
+    key = "s3cret;key-0123456789abcdefghijklmnop"  # at least 32 characters
+    server = await start_server(api_key=key)
     await browser.call(browser.open, server.base_url + "/")
     await browser.call(lambda: browser.fill(**greedy(max_tokens=4)))
     await browser.call(browser.click, "start")
     assert (await browser.call(browser.wait_status, "refused")).startswith(
         "refused: 401 unauthorized")
 
-    await browser.call(lambda: browser.fill(api_key="s3cret;key"))
+    await browser.call(lambda: browser.fill(api_key=key))
     await browser.call(browser.click, "start")
     assert await browser.call(browser.wait_status, "done") == "done: length, 4 tokens"
     # The stream is read with its own token, never the key in a cookie (browsers send a
@@ -339,5 +341,6 @@ async def test_with_an_api_key_the_page_loads_and_streams_with_the_key(
     source_url = await browser.call(browser.js, "return lastRun.source.url")
     request_id = await browser.call(browser.js, "return lastRun.id")
     assert f"/v1/stream/{request_id}?token=" in source_url
+    assert re.fullmatch(r"[0-9]+\.[0-9a-f]{64}", source_url.partition("?token=")[2])
     assert "s3cret" not in source_url
     assert await browser.call(browser.js, "return document.cookie") == ""

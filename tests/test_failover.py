@@ -29,7 +29,12 @@ from streams import ServerSentEvent, SSEParser
 from streams.resume import RedisEventLog
 from streams.resume.redis_keys import events_key, spec_key, writer_key
 from tests.http_clients import parse_sse
-from tests.test_replicas import redis_process, redis_url  # noqa: F401 (fixtures)
+from tests.test_replicas import (  # noqa: F401 (redis_process, redis_url: fixtures)
+    RESUME_SECRET,
+    redis_log,
+    redis_process,
+    redis_url,
+)
 from tools.cluster import Replica, free_port
 
 # Renewed every third of it: a live owner loses it only if a renewal comes two refresh
@@ -37,7 +42,8 @@ from tools.cluster import Replica, free_port
 # OWNER_LEASE_RENEWED_S); a takeover after a kill waits for it to lapse, 1 s at most.
 OWNER_LEASE_S = 1.0
 SETTINGS = {"model": "tiny-gpt2", "device": "cpu", "cache_blocks": 256,
-            "owner_lease_s": OWNER_LEASE_S, "resume_grace_s": 30}
+            "owner_lease_s": OWNER_LEASE_S, "resume_grace_s": 30,
+            "resume_secret": RESUME_SECRET}
 # With ignore_eos. Still running at the kill: between a stream's start and the kill lies
 # only work (HTTP, the log in Redis, reading 10 events), no timer, so the share of it a
 # stream gets through does not depend on the machine's speed. The earliest stream (the
@@ -219,7 +225,7 @@ async def test_the_owner_lease_is_renewed_while_the_owner_runs_and_taken_over_on
     # seen) before the lease lapses. The test watches the lease's expiry move forward,
     # whenever the renewals come, instead of sleeping and hoping one came in time.
     def log() -> RedisEventLog:
-        return RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=2.0, follow_wait_s=0.1,
+        return redis_log(redis_url, ttl_s=30.0, lease_s=2.0, follow_wait_s=0.1,
                                       writer_lease_s=OWNER_LEASE_RENEWED_S)
 
     store = redis.Redis.from_url(redis_url)
@@ -277,9 +283,9 @@ async def test_an_owner_that_lost_its_lease_to_a_takeover_is_told_and_leaves_the
     renewal that another replica took the stream; ``disown`` keeps the store's keys."""
     # The owner renews every 0.1 s; the other's lease (nobody renews it here) outlives the
     # test, so the keys are still the other's at the end however slow the machine.
-    owner = RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=1.0, follow_wait_s=0.1,
+    owner = redis_log(redis_url, ttl_s=30.0, lease_s=1.0, follow_wait_s=0.1,
                                    writer_lease_s=0.3)
-    other = RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=1.0, follow_wait_s=0.1,
+    other = redis_log(redis_url, ttl_s=30.0, lease_s=1.0, follow_wait_s=0.1,
                                    writer_lease_s=30.0)
     store = redis.Redis.from_url(redis_url)
     lost = trio.Event()
@@ -317,9 +323,9 @@ async def test_a_stalled_owner_that_finishes_before_it_learns_of_a_takeover_leav
     period ends it forgets the stream: the store's keys are the new owner's and stay."""
     # Neither log runs (nobody renews): the other's lease outlives the test, so the keys
     # are still the other's when the owner expires the stream, however slow the machine.
-    owner = RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=1.0, follow_wait_s=0.1,
+    owner = redis_log(redis_url, ttl_s=30.0, lease_s=1.0, follow_wait_s=0.1,
                                    writer_lease_s=0.3)
-    other = RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=1.0, follow_wait_s=0.1,
+    other = redis_log(redis_url, ttl_s=30.0, lease_s=1.0, follow_wait_s=0.1,
                                    writer_lease_s=30.0)
     store = redis.Redis.from_url(redis_url)
     owner.publish("s5", b"spec")
@@ -371,8 +377,10 @@ async def test_a_stream_whose_owner_is_killed_continues_on_another_replica_ident
         # has the shortest way to go to the kill.
         cut = await open_and_kill(a, samplings, k=10, after=following)
         assert await a.proc.wait() != 0  # type: ignore[union-attr]
-        # The seed A chose for the unseeded stream, from its spec in Redis.
-        specs = [json.loads(store.get(spec_key(rid)) or b"{}") for rid, _ in cut]
+        # The seed A chose for the unseeded stream, from its spec in Redis (signed:
+        # ``2:<HMAC>:<the request body>``).
+        specs = [json.loads((store.get(spec_key(rid)) or b"::{}").split(b":", 2)[2])
+                 for rid, _ in cut]
         for rid, _ in cut:  # killed mid-stream: the log has no final event yet
             last = store.xrevrange(events_key(rid), count=1)
             assert last and last[0][1][b"e"] == b"0", rid
@@ -380,7 +388,7 @@ async def test_a_stream_whose_owner_is_killed_continues_on_another_replica_ident
         results = []
         for (request_id, received), spec, sampling in zip(cut, specs, samplings, strict=True):
             seeded = sampling if sampling is not UNSEEDED else {
-                **sampling, "seed": spec["sampling"]["seed"]}
+                **sampling, "seed": spec["seed"]}
             expected = await uninterrupted(b, seeded)
             k = positions(received)[-1]
             rest, gets = await resume_until_done(b, request_id, k)
@@ -392,7 +400,7 @@ async def test_a_stream_whose_owner_is_killed_continues_on_another_replica_ident
         whole = await wait_whole(b)
     store.close()
 
-    assert specs[2]["sampling"]["seed"] is not None  # chosen by A, published
+    assert specs[2]["seed"] is not None  # chosen by A, published
     for request_id, received, rest, expected, _ in results:
         events = received + rest
         assert positions(events) == list(range(1, TOKENS + 3)), request_id

@@ -32,6 +32,9 @@ from tests.http_clients import RawClient, long_body, stream_body
 from tests.http_server import RunningServer, StartServer
 
 SHORT_TOKENS = 12  # 14 events: start, 12 tokens, done
+# What the replicas sign the store's data with (STREAMSCOPE_RESUME_SECRET): the same on
+# every replica of a test, as in a deployment.
+RESUME_SECRET = "streamscope-tests-resume-secret-0123456789"
 START_TIMEOUT_S = 10.0
 DEPLOY = os.path.join(os.path.dirname(os.path.dirname(__file__)), "deploy")
 
@@ -146,6 +149,11 @@ def haproxy() -> Iterator[Callable[[RunningServer, RunningServer], str]]:
 
 # -- helpers ---------------------------------------------------------------------------
 
+def redis_log(url: str, **options: Any) -> RedisEventLog:
+    """A replica's log in the Redis at ``url``, signing with the tests' secret."""
+    return RedisEventLog.from_url(url, secret=RESUME_SECRET, **options)
+
+
 def short_body(**fields: Any) -> dict[str, Any]:
     return stream_body(max_new_tokens=SHORT_TOKENS, ignore_eos=True, **fields)
 
@@ -199,15 +207,15 @@ async def get_resume(base_url: str, request_id: str, last: str | None) -> httpx.
 
 async def two_replicas(start_server: StartServer, redis_url: str,
                        **settings: Any) -> tuple[RunningServer, RunningServer]:
-    a = await start_server(resume_store=redis_url, **settings)
-    b = await start_server(resume_store=redis_url, **settings)
+    a = await start_server(resume_store=redis_url, resume_secret=RESUME_SECRET, **settings)
+    b = await start_server(resume_store=redis_url, resume_secret=RESUME_SECRET, **settings)
     return a, b
 
 
 # -- the log in Redis ------------------------------------------------------------------
 
 async def test_redis_log_replays_follows_and_expires(redis_url: str) -> None:
-    log = RedisEventLog.from_url(redis_url, ttl_s=30.0)
+    log = redis_log(redis_url, ttl_s=30.0)
     store = redis.Redis.from_url(redis_url)
     async with trio.open_nursery() as nursery:
         await nursery.start(log.run)
@@ -243,7 +251,7 @@ async def test_redis_log_keys_die_with_their_time_to_live(redis_url: str) -> Non
     """An owner that stops refreshing (it died) leaves nothing behind after ttl_s."""
     # The tail read right after the flush is one round trip to Redis, a millisecond: well
     # inside the 0.3 s on a machine 5x slower. Then the test waits for the keys to go.
-    log = RedisEventLog.from_url(redis_url, ttl_s=0.3, lease_s=0.5, follow_wait_s=0.1)
+    log = redis_log(redis_url, ttl_s=0.3, lease_s=0.5, follow_wait_s=0.1)
     log.append("s2", 1, b"one")
     await log.flush()  # no run(): nobody refreshes, as after a SIGKILL
     assert await log.tail("s2") == (1, False)
@@ -257,7 +265,7 @@ async def test_reader_lease_is_taken_over_by_the_newest_reader(redis_url: str) -
     # Each check comes a round trip or two (milliseconds) after the claim it looks at:
     # none of the 0.5 s leases lapses meanwhile, on a machine 5x slower too; the last one
     # is left to lapse and waited for.
-    log = RedisEventLog.from_url(redis_url, ttl_s=30.0, lease_s=0.5, follow_wait_s=0.1)
+    log = redis_log(redis_url, ttl_s=30.0, lease_s=0.5, follow_wait_s=0.1)
     await log.claim_reader("s3", "t1")
     assert await log.renew_reader("s3", "t1")
     await log.claim_reader("s3", "t2")  # a newer reader takes it over

@@ -35,6 +35,7 @@ import trio
 from app.runtime import HANDOVER_LEAD_S
 from streams import ServerSentEvent, SSEParser
 from tests.http_server import StartServer
+from tests.test_replicas import RESUME_SECRET
 from tools.cluster import Cluster, ClusterError, binary, free_port, open_cluster
 from tools.load import Retries, StreamRequest, run_streams
 
@@ -267,7 +268,7 @@ async def test_ready_is_503_while_redis_does_not_answer(start_server: StartServe
     url, command = redis_command()
     redis_process = await start_redis(command)
     try:
-        server = await start_server(resume_store=url)
+        server = await start_server(resume_store=url, resume_secret=RESUME_SECRET)
         async with server.client() as client:
             up = await wait_status(client, 200)
             redis_process.terminate()  # Redis stops

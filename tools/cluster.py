@@ -28,6 +28,7 @@ SIGKILL, by its own pid (each runs in a session of its own).
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -296,6 +297,8 @@ async def open_cluster(
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     base_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1",
                 "STREAMSCOPE_RESUME_STORE": redis_url}
+    # The replicas sign what they store with one secret (one for this cluster alone).
+    base_env.setdefault("STREAMSCOPE_RESUME_SECRET", secrets.token_hex(32))
     for name, value in (settings or {}).items():
         base_env["STREAMSCOPE_" + name.upper()] = str(value)
     servers = [Replica(name, free_port(), dict(base_env), log_dir / f"replica-{name}.log")

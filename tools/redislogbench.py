@@ -33,6 +33,7 @@ import trio
 
 from streams.resume import MemoryEventLog, RedisEventLog
 
+SECRET = "redislogbench-" + "0" * 32  # what the replicas would share (it signs each event)
 EVENT = (b'event: token\nid: 0123456789abcdef0123456789abcdef:17\n'
          b'data: {"index":15,"id":11234,"text":" Paris"}\n\n')  # a typical token event
 
@@ -71,7 +72,7 @@ def append_cost(log: Any, streams: int, events: int, tag: str) -> float:
 
 
 async def burst(url: str, streams: int, events: int) -> dict[str, Any]:
-    log = RedisEventLog.from_url(url, ttl_s=60.0)
+    log = RedisEventLog.from_url(url, secret=SECRET, ttl_s=60.0)
     start = time.perf_counter()
     append_us = append_cost(log, streams, events, "burst")
     await log.flush()
@@ -87,8 +88,8 @@ async def burst(url: str, streams: int, events: int) -> dict[str, Any]:
 
 async def stepped(url: str, streams: int, steps: int, step_ms: float) -> dict[str, Any]:
     """One event per stream per step; a follower (another replica's reader) on stream 0."""
-    log = RedisEventLog.from_url(url, ttl_s=60.0)
-    follower = RedisEventLog.from_url(url, ttl_s=60.0)
+    log = RedisEventLog.from_url(url, secret=SECRET, ttl_s=60.0)
+    follower = RedisEventLog.from_url(url, secret=SECRET, ttl_s=60.0)
     appended_at: dict[int, float] = {}
     delays: list[float] = []
 
@@ -133,7 +134,7 @@ async def stepped(url: str, streams: int, steps: int, step_ms: float) -> dict[st
 
 async def main_async(url: str, args: argparse.Namespace) -> dict[str, Any]:
     memory_us = append_cost(MemoryEventLog(), 16, 1000, "memory")
-    redis_log = RedisEventLog.from_url(url, ttl_s=60.0)
+    redis_log = RedisEventLog.from_url(url, secret=SECRET, ttl_s=60.0)
     redis_us = append_cost(redis_log, 16, 1000, "append")  # queued, never written
     return {
         "event_bytes": len(EVENT),

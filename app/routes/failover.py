@@ -1,27 +1,38 @@
 """Failover: a resumable stream taken over from a dead replica, rebuilt on this one.
 
 With a shared resume store (``STREAMSCOPE_RESUME_STORE``), a resumable stream's owner
-publishes a spec with its first event (``streams.resume.spec_of``: the request as the
-engine got it, its prompt's token ids, and its seed) and holds an owner lease
-(``STREAMSCOPE_OWNER_LEASE_S``). If the owner dies, a resume on another replica takes
-the stream over (``streams.resume``: an atomic operation of the store) and calls
-``Rebuilder``: it reads the token ids the logged ``token`` events carry
-(``generated_ids``), opens the stream on this replica's engine continuing after them
-(``Runtime.prepare(resume_from=)``: the tokens that follow are the uninterrupted run's),
-and hands it to the registry, whose log numbers its events after the logged ones.
+publishes a spec with its first event (``streams.resume.spec_of``: the request as a
+request body, with its seed) and holds an owner lease (``STREAMSCOPE_OWNER_LEASE_S``).
+If the owner dies, a resume on another replica takes the stream over
+(``streams.resume``: an atomic operation of the store) and calls ``Rebuilder``.
+
+Nothing the store holds is trusted. ``streams.resume`` hands over the spec and events
+only once their HMAC matched (``STREAMSCOPE_RESUME_SECRET``); the rebuilder then parses
+the spec with ``parse_generate_body``, the very function that validates an HTTP body
+(``max_new_tokens`` against the limit, the stop strings' count and length, the sampling
+ranges, the prompt's length, the policy against the allow-list), and opens it through
+``Runtime.prepare`` and ``Runtime.open`` as a route does: the prompt is encoded here
+(no prompt token id comes from the store) and the engine checks the token budget. The
+token ids the logged ``token`` events carry (``generated_ids``; authenticated with the
+events) are what the stream continues after (``prepare(resume_from=)``: the tokens that
+follow are the uninterrupted run's). A spec refused ends its reader's body with one
+``error`` event ``unavailable`` (``refusal``) and counts in ``resume_spec_rejected``.
 Knows the ``Runtime``, and ``streams.resume`` and the engine only at their roots.
 """
 
 from __future__ import annotations
 
-import json
+from dataclasses import replace
 
-from streams.resume import Adopt, generated_ids, policy_of, request_of
+import pydantic
 
-from ..errors import ApiError, ErrorType
+from streams.resume import Adopt, StoreRejected, generated_ids
+
+from ..errors import ErrorType
 from ..metrics import Metrics
 from ..runtime import Runtime
-from ..wire import ResumableEvents
+from ..schemas import RequestLimits, parse_generate_body
+from ..wire import ResumableEvents, event_without_id
 
 
 class Rebuilder:
@@ -31,28 +42,46 @@ class Rebuilder:
     def __init__(self, runtime: Runtime, metrics: Metrics) -> None:
         self._runtime = runtime
         self._metrics = metrics
+        self._limits = RequestLimits.from_settings(runtime.settings)
 
     async def __call__(self, request_id: str, spec: bytes,
                        events: list[tuple[int, bytes, bool]], adopt: Adopt) -> None:
-        """Raises: ApiError 503 (not ready, stopping; or a spec this replica cannot
-        read), or what ``Runtime.prepare`` and ``Runtime.open`` raise. Cancellation:
-        before the open, nothing was submitted; the open and ``adopt`` have no
-        checkpoint between."""
+        """Raises: StoreRejected (a spec an HTTP request would be refused for, or
+        events that do not say which tokens were made), or what ``Runtime.prepare`` and
+        ``Runtime.open`` raise. Cancellation: before the open, nothing was submitted;
+        the open and ``adopt`` have no checkpoint between."""
         try:
-            parsed = json.loads(spec)
-            request = request_of(request_id, parsed)
-            policy = policy_of(parsed)
+            body = parse_generate_body(spec, self._limits)
             tokens = generated_ids(events)
+        except pydantic.ValidationError as exc:
+            raise StoreRejected(f"the stored request of stream {request_id} is refused "
+                                f"here: {_summary(exc)}") from None
         except (ValueError, KeyError, TypeError) as exc:
-            raise ApiError(ErrorType.UNAVAILABLE,
-                           f"cannot continue this stream here: {exc}") from None
+            raise StoreRejected(f"the stored events of stream {request_id} say no tokens: "
+                                f"{exc}") from None
+        request = replace(body.to_generation_request(), request_id=request_id)
+        if len(tokens) > request.max_new_tokens:
+            raise StoreRejected(f"the stored events of stream {request_id} hold "
+                                f"{len(tokens)} tokens, over its max_new_tokens")
         timer = self._metrics.start_request()
         try:
-            prepared = await self._runtime.prepare(request, policy,
-                                                   resume_from=tokens)
+            prepared = await self._runtime.prepare(request, body.policy, resume_from=tokens)
             stream = self._runtime.open(prepared)
             timer.submitted(stream.prompt_tokens)
             adopt(stream, ResumableEvents(request_id, stream.prompt_tokens), timer)
         except BaseException:
             timer.close()
             raise
+
+    def refusal(self, request_id: str, message: str) -> bytes:
+        """The ``error`` event (no id) a reader gets for a stream whose stored spec or
+        events are refused: ``unavailable``, with why (the store's bytes are not in it)."""
+        return event_without_id(ErrorType.UNAVAILABLE, "this stream cannot be continued: "
+                                f"{message}")
+
+
+def _summary(exc: pydantic.ValidationError) -> str:
+    """Which fields, and why, without their values (a prompt is no log line)."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
+                     for e in exc.errors(include_input=False))[:500]
+

@@ -6,13 +6,18 @@ The wire contract (a browser page builds on it; keep it exactly):
   ``<request_id>:<n>`` (n counts events from 1, as on a plain stream), and the response
   says where to resume in ``X-Resume-URL: /v1/stream/<request_id>``. Without
   ``resumable`` nothing changes.
-* ``POST /v1/requests``, the same body: the request is created with no reader (the grace
-  period runs until one attaches) and answered 201 ``{"id", "stream_url"}`` with
-  ``Location``; refusals as for ``/v1/stream``. With a shared store the 201 waits until
+* ``POST /v1/requests``, the same body: the request is created with no reader and
+  answered 201 ``{"id", "stream_url"}`` with ``Location``; refusals as for
+  ``/v1/stream``. A reader must attach within ``attach_timeout_s`` (then the grace
+  period as usual), or the stream is cancelled. With a shared store the 201 waits until
   the stream is in it (any replica then finds it; 503 ``unavailable`` if it does not
   answer). With an API key set, ``stream_url``
-  carries the stream's read token (``?token=``, ``auth.stream_token``), which opens its
-  ``GET`` without the key (EventSource sends no headers).
+  carries the stream's read token (``?token=<expiry>.<mac>``, ``auth.stream_query``),
+  which opens its ``GET`` without the key (EventSource sends no headers) until it
+  expires. Either way of making a resumable stream is refused with 429
+  ``too_many_detached`` while ``max_detached_streams`` generate with no reader; with
+  API keys, the stream's id is its key's, and another key's ``GET`` or ``DELETE`` of it
+  is 404 ``not_found`` (``auth.check_owner``).
 * ``GET /v1/stream/<request_id>`` with ``Last-Event-ID: <request_id>:<n>`` (or
   ``?last_event_id=``; the header wins; none means from the start): the events after n
   from the log, then live, each exactly once; the first line is ``retry: 1000`` (once).
@@ -28,7 +33,10 @@ The wire contract (a browser page builds on it; keep it exactly):
   Last-Event-ID, and a page that sees it stops instead of taking the stream back). 409
   ``stream_busy`` only if the old reader did not let go within a bound (try again).
 * ``DELETE /v1/requests/<request_id>``: ends a resumable stream at once (the engine is
-  asked to cancel it; its log is dropped): 204, or 404 ``not_found``.
+  asked to cancel it; its log is dropped): 204, or 404 ``not_found``. With a shared
+  store, on any replica: one that does not generate the stream cancels it through the
+  store (its owner ends it at its next lease renewal; 503 ``unavailable`` if the store
+  does not answer).
 
 Ownership: the stream belongs to the resume registry from the moment it opens
 (``adopt``, right after ``Runtime.open``, no checkpoint between); a response's
@@ -59,7 +67,7 @@ from streams.resume import (
     with_seed,
 )
 
-from ..auth import STREAM_TOKEN_PARAM, stream_token
+from ..auth import check_owner, observer, owned_request, stream_query
 from ..edge.connection import own
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics, RequestTimer
@@ -83,14 +91,22 @@ def resume_url(request_id: str) -> str:
 
 
 def adopt(registry: ResumeRegistry, stream: TokenStream, timer: RequestTimer, *,
-          attach: bool, spec: bytes | None) -> Reader | None:
+          attach: bool, spec: bytes | None, attach_within_s: float | None = None,
+          ) -> Reader | None:
     """The registry takes a stream just opened (``Runtime.open``), and its timer (closed
-    when the registry forgets the stream); with ``attach``, the request's connection
-    owns its first reader. Sync, never a checkpoint: call it right after the open."""
+    when the registry forgets the stream) with the request's slot of its API key
+    (``auth.observer``); with ``attach``, the request's connection owns its first
+    reader, else a reader must come within ``attach_within_s``. Sync, never a
+    checkpoint: call it right after the open."""
     timer.submitted(stream.prompt_tokens)
     events = ResumableEvents(stream.request_id, stream.prompt_tokens)
-    reader = registry.adopt(stream, events, events.opening(), observer=timer, attach=attach,
-                            spec=spec)
+    watcher = observer(timer)
+    try:
+        reader = registry.adopt(stream, events, events.opening(), observer=watcher,
+                                attach=attach, spec=spec, attach_within_s=attach_within_s)
+    except RuntimeError:  # not running (the stream is closed): nobody else closes watcher
+        watcher.close()
+        raise
     if reader is not None:
         own(request.scope, reader)
     return reader
@@ -108,8 +124,9 @@ async def open_resumable(
     Cancellation: before the stream opens, nothing to undo; after, the connection owns
     the reader and the registry the stream.
     """
-    prepared, spec = await _prepare(runtime, generation, policy)
+    prepared, spec = await _prepare(runtime, owned_request(generation), policy)
     registry = runtime.resume_registry()
+    check_detached(runtime, registry)
     stream = runtime.open(prepared)
     reader = adopt(registry, stream, timer, attach=True, spec=spec)
     assert reader is not None  # attach=True
@@ -129,6 +146,21 @@ async def _prepare(
         return await runtime.prepare(generation, policy), None
     prepared = await runtime.prepare(with_seed(generation), policy)
     return prepared, spec_of(prepared.request, policy)
+
+
+def check_detached(runtime: Runtime, registry: ResumeRegistry) -> None:
+    """Refuse a new resumable stream while ``max_detached_streams`` generate with no
+    reader (each may become one). Sync: call it right before the open.
+
+    Raises: ApiError 429 too_many_detached (``Retry-After``: the attach timeout, within
+    which a created stream nobody reads ends).
+    """
+    settings = runtime.settings
+    if registry.generating_detached() >= settings.max_detached_streams:
+        raise ApiError(ErrorType.TOO_MANY_DETACHED,
+                       f"{settings.max_detached_streams} resumable streams generate with no "
+                       f"reader, this server's limit; try again later",
+                       retry_after_s=settings.attach_timeout_s)
 
 
 async def _wait_stored(runtime: Runtime, request_id: str) -> None:
@@ -188,15 +220,15 @@ class ResumableViews:
         timer = self.metrics.start_request()
         body = parse_generate_body(await read_body(), self.limits)
         deadline = ttft_deadline(timer, body.deadline_ms, settings.ttft_deadline_ms)
-        prepared, spec = await _prepare(self.runtime, body.to_generation_request(deadline),
-                                        body.policy)
+        generation = owned_request(body.to_generation_request(deadline))
+        prepared, spec = await _prepare(self.runtime, generation, body.policy)
         registry = self.runtime.resume_registry()
+        check_detached(self.runtime, registry)
         stream = self.runtime.open(prepared)
-        adopt(registry, stream, timer, attach=False, spec=spec)
+        adopt(registry, stream, timer, attach=False, spec=spec,
+              attach_within_s=settings.attach_timeout_s)
         await _wait_stored(self.runtime, stream.request_id)
-        url = resume_url(stream.request_id)
-        if settings.api_key is not None:
-            url += f"?{STREAM_TOKEN_PARAM}={stream_token(settings.api_key, stream.request_id)}"
+        url = resume_url(stream.request_id) + stream_query(stream.request_id)
         return json_response({"id": stream.request_id, "stream_url": url}, status=201,
                              headers={"Location": url, "X-Request-ID": stream.request_id})
 
@@ -206,6 +238,7 @@ class ResumableViews:
         Cancellation: while attaching, nothing changes (the wait for the holder is
         shielded); after, the connection owns the reader.
         """
+        check_owner(request_id)  # another API key's stream: 404, as if absent
         registry = self.runtime.resume_registry()
         last = request.headers.get("Last-Event-ID") or request.args.get("last_event_id")
         after = parse_position(last, request_id)
@@ -231,8 +264,16 @@ class ResumableViews:
         return sse_response(body, request_id, headers={"X-Resume-URL": resume_url(request_id)})
 
     async def cancel_request(self, request_id: str) -> Response:
-        """End a resumable stream now: 204, or 404. Cancellation: no checkpoint."""
-        if not self.runtime.resume_registry().cancel(request_id):
+        """End a resumable stream now, on this replica or (with a shared store) on the
+        one that generates it: 204, 404, or 503 if that store does not answer.
+        Cancellation: at the ask of the store only (it lands or not)."""
+        check_owner(request_id)  # another API key's stream: 404, as if absent
+        try:
+            cancelled = await self.runtime.resume_registry().cancel_anywhere(request_id)
+        except StoreUnavailable:
+            raise ApiError(ErrorType.UNAVAILABLE, "the shared stream log does not answer; "
+                           "try again", retry_after_s=RETRY_MS / 1000) from None
+        if not cancelled:
             raise ApiError(ErrorType.NOT_FOUND,
                            f"no resumable request {request_id[:64]!r}: unknown or over")
         return Response(b"", status=204)

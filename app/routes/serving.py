@@ -1,7 +1,8 @@
 """What every route does to serve a request, in one place each.
 
-* ``read_body``: the request body, read once (at most ``MAX_BODY_BYTES``); the only
-  place a view reads a body.
+* ``read_body``: the request body, read once (at most ``MAX_BODY_BYTES``), refused
+  unless its ``Content-Type`` is ``application/json`` (415); the only place a view
+  reads a body.
 * ``submitted``: a stream just opened (``Runtime.open``) and owned by the request's
   connection (``app.edge.connection``, its closer; ``docs/cancellation.md`` tells the
   disconnect path) starts its metrics timer, which the connection closes too.
@@ -28,6 +29,7 @@ from ..edge.connection import own
 from ..errors import ApiError, ErrorType
 from ..metrics import RequestTimer
 
+JSON_MEDIA_TYPE = "application/json"  # what every body must be sent as
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
 SSE_HEADERS = {
     "Cache-Control": "no-cache",  # no cache may hold an event back
@@ -36,12 +38,37 @@ SSE_HEADERS = {
 
 
 async def read_body() -> bytes:
-    """The request's body, at most MAX_BODY_BYTES (Quart's MAX_CONTENT_LENGTH).
+    """The request's body, at most MAX_BODY_BYTES (Quart's MAX_CONTENT_LENGTH), if its
+    ``Content-Type`` says JSON (``require_json``).
 
-    Raises: RequestEntityTooLarge (413).
+    The body is read first, refused or not: a response that went out before its request
+    body arrived would leave the connection to a race (``app/edge/http_fixes.py``), and a
+    malformed chunked body, left unread, would get no answer at all.
+
+    Raises: RequestEntityTooLarge (413); ApiError unsupported_media_type (415).
     Cancellation: while the body arrives; nothing is open yet.
     """
-    return await request.get_data(cache=False, as_text=False, parse_form_data=False)
+    body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
+    require_json()
+    return body
+
+
+def require_json() -> None:
+    """Refuse a body whose ``Content-Type`` is not ``application/json`` (parameters such
+    as ``charset`` allowed).
+
+    The types a browser may send to another origin without asking it first (a "simple"
+    request: ``text/plain``, a form) are refused so: a page on any site cannot make a
+    browser on this machine post to a server that has no API key. Sync, no checkpoint.
+
+    Raises: ApiError unsupported_media_type (415).
+    """
+    if request.mimetype != JSON_MEDIA_TYPE:
+        sent = request.headers.get("Content-Type")
+        shown = "no Content-Type" if sent is None else f"Content-Type {sent[:80]!r}"
+        raise ApiError(ErrorType.UNSUPPORTED_MEDIA_TYPE,
+                       f"the body must be JSON, sent with Content-Type: {JSON_MEDIA_TYPE} "
+                       f"(this request has {shown})")
 
 
 def ttft_deadline(

@@ -43,19 +43,24 @@ class Phase(enum.Enum):
 _REFUSALS = {
     Phase.NEW: (ErrorType.NOT_READY, "the server has not started"),
     Phase.LOADING: (ErrorType.NOT_READY, "the model is still loading"),
-    Phase.FAILED: (ErrorType.UNAVAILABLE, "the engine failed"),
+    Phase.FAILED: (ErrorType.UNAVAILABLE, "the engine failed; the server's log says why"),
     Phase.DRAINING: (ErrorType.SHUTDOWN, "the server is stopping"),
     Phase.STOPPED: (ErrorType.SHUTDOWN, "the server has stopped"),
 }
 
 
 def refusal(phase: Phase, failure: str | None) -> ApiError | None:
-    """Why streams cannot open in ``phase`` (``failure``: why it is FAILED), or None."""
+    """Why streams cannot open in ``phase``, or None: a fixed message a phase.
+
+    ``failure`` (why it is FAILED: the exception, with a path or an address in it, maybe)
+    is the log's and the operator's console's (``Runtime._fail``, ``streamscope serve``),
+    never a client's: ``/health``, ``/ready`` and every refused request say only that the
+    engine failed.
+    """
+    del failure  # see the docstring
     if phase is Phase.READY:
         return None
     error_type, message = _REFUSALS[phase]
-    if phase is Phase.FAILED:
-        message = f"{message}: {failure}"
     if error_type is ErrorType.SHUTDOWN:
         return ApiError(error_type, message, retry_after_s=SHUTDOWN_RETRY_AFTER_S)
     if error_type is ErrorType.NOT_READY:

@@ -27,7 +27,14 @@ _RESUME_KEYS = {"streams": "resumable_streams", "detached": "resumable_detached"
                 "store_pending": "resume_store_pending",
                 "store_batches": "resume_store_batches",
                 "store_commands": "resume_store_commands",
-                "store_failed_batches": "resume_store_failed_batches"}
+                "store_failed_batches": "resume_store_failed_batches",
+                "spec_rejected": "resume_spec_rejected",
+                "events_rejected": "resume_events_rejected",
+                "remote_cancels": "resume_remote_cancels",
+                "store_refused": "resume_store_refused",
+                "store_dropped": "resume_store_dropped",
+                "store_cut_streams": "resume_store_cut_streams",
+                "store_read_errors": "resume_store_read_errors"}
 
 
 def statistics_fields(

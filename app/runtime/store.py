@@ -22,12 +22,14 @@ STORE_CHECK_TIMEOUT_S = 0.5
 
 def resume_log(settings: Settings) -> EventLog:
     """The log of resumable streams the settings choose: memory, or a shared Redis whose
-    keys outlive their owner by the grace period."""
+    keys outlive their owner by the grace period, what the replicas write to it signed
+    with their shared secret, and its queue bounded."""
     if settings.resume_store is None:
         return MemoryEventLog()
+    assert settings.resume_secret is not None  # the settings refuse a store without one
     return streams.resume.RedisEventLog.from_url(
-        settings.resume_store, ttl_s=settings.resume_grace_s,
-        writer_lease_s=settings.owner_lease_s)
+        settings.resume_store, secret=settings.resume_secret, ttl_s=settings.resume_grace_s,
+        writer_lease_s=settings.owner_lease_s, max_pending=settings.resume_store_queue)
 
 
 async def store_refusal(registry: ResumeRegistry | None) -> ApiError | None:

@@ -15,7 +15,9 @@
 //
 // API key: fetch sends it as Authorization: Bearer. EventSource cannot send headers:
 // with a key set, the stream_url that POST /v1/requests answers carries a read token of
-// that one stream (?token=, app/auth.py), so the key itself is never in a URL or cookie.
+// that one stream (?token=<expiry>.<mac>, app/auth.py), so the key itself is never in a
+// URL or cookie. The token is signed with a key derived from the API key and expires
+// (STREAMSCOPE_STREAM_TOKEN_TTL_S): a reopen after that is refused (401) like any other.
 "use strict";
 
 const REOPEN_MS = 1000; // as the server's retry

@@ -14,6 +14,7 @@ from .errors import Draining as Draining
 from .errors import NothingToResume as NothingToResume
 from .errors import ReaderBusy as ReaderBusy
 from .errors import ResumeError as ResumeError
+from .errors import StoreRejected as StoreRejected
 from .errors import TakenOver as TakenOver
 from .errors import WriterGone as WriterGone
 from .log import EventLog as EventLog
@@ -30,8 +31,6 @@ from .records import ResumeStatistics as ResumeStatistics
 from .registry import ResumeRegistry as ResumeRegistry
 from .remote_reader import RemoteReader as RemoteReader
 from .spec import generated_ids as generated_ids
-from .spec import policy_of as policy_of
-from .spec import request_of as request_of
 from .spec import spec_of as spec_of
 from .spec import with_seed as with_seed
 
@@ -65,13 +64,12 @@ __all__ = [
     "ResumeRegistry",
     "ResumeStatistics",
     "SharedEventLog",
+    "StoreRejected",
     "StoreStatistics",
     "StoreUnavailable",
     "TakenOver",
     "WriterGone",
     "generated_ids",
-    "policy_of",
-    "request_of",
     "spec_of",
     "with_seed",
 ]

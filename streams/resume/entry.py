@@ -19,6 +19,7 @@ from engine import FinishEvent
 
 from ..stream import ErrorType, StreamError, StreamItem, TokenStream
 from .byte_cap import ByteCap
+from .errors import StoreFull
 from .log import EventLog
 from .records import Encode, Holding, Observer
 
@@ -68,19 +69,29 @@ class ResumableStream:
         return self._log.read_after(self.request_id, n)
 
     def log_opening(self, data: bytes) -> None:
-        self._append(data)
+        """Log event 1. A shared store that takes none of the stream (its queue is full)
+        has it logged here only, and the stream ended with an error event."""
+        try:
+            self._append(data)
+        except StoreFull as exc:
+            self._append(data)  # this replica's copy only, from now on
+            self.fail(StreamError(ErrorType.UNAVAILABLE, str(exc)))
 
     def log_item(self, item: StreamItem) -> tuple[int, bytes]:
         """Number, encode and log an item just taken from the stream; return (n, bytes).
 
         Sync, never a checkpoint. Detached, an event that would pass the byte cap ends
-        the stream instead (the returned event is then the ``resume_log_full`` error).
+        the stream instead (the returned event is then the ``resume_log_full`` error);
+        so does one that a shared store's full queue refuses (``unavailable``).
         """
         data = self._encode(self.last_n + 1, item)
         if self.holding is Holding.DETACHED and self._cap.would_overflow(len(data)):
             return self.overflow()
         ends = isinstance(item, FinishEvent | StreamError)
-        self._append(data, last=ends)
+        try:
+            self._append(data, last=ends)
+        except StoreFull as exc:
+            return self.fail(StreamError(ErrorType.UNAVAILABLE, str(exc)))
         if self._observer is not None:
             self._observer.observe(item)
         if ends:
@@ -92,11 +103,18 @@ class ResumableStream:
         """End the stream for the byte cap: the engine is asked to cancel it, and a
         ``resume_log_full`` error is its last event (the one event past the cap)."""
         self._cap.overflowed()
-        error = StreamError(ErrorType.RESUME_LOG_FULL, "the server holds too many bytes "
-                            "for streams without a reader")
+        return self.fail(StreamError(ErrorType.RESUME_LOG_FULL, "the server holds too many "
+                                     "bytes for streams without a reader"))
+
+    def fail(self, error: StreamError) -> tuple[int, bytes]:
+        """End the stream with ``error`` as its last event (the engine is asked to cancel
+        it); return (n, bytes) of that event. Sync, never a checkpoint."""
         self.stream.close()
         data = self._encode(self.last_n + 1, error)
-        self._append(data, last=True)
+        try:
+            self._append(data, last=True)
+        except StoreFull:  # the shared store takes no more of it: this replica's copy only
+            self._append(data, last=True)
         if self._observer is not None:
             self._observer.observe(error)
         self.is_ended = True

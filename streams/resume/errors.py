@@ -25,6 +25,18 @@ class Draining(ResumeError):
     """This replica is draining: it follows no other replica's stream (resume elsewhere)."""
 
 
+class StoreRejected(ResumeError):
+    """What the shared store holds for a stream is refused, never served or run: a spec or
+    an event that fails its HMAC (``signing.py``: altered, or written without this
+    replica's resume secret), or a spec this replica's limits refuse (the app's rebuild)."""
+
+
+class StoreFull(Exception):
+    """The shared log's queue of commands for its store is full (the store does not keep
+    up, or does not answer): the stream appended to is not written to the store any more.
+    Nothing was logged; its next ``append`` goes to this replica's copy only."""
+
+
 class TakenOver(trio.ClosedResourceError):
     """A newer reader took the stream over: this reader gets no more events."""
 

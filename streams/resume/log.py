@@ -38,6 +38,8 @@ class EventLog(Protocol):
         Raises:
             ValueError: ``n`` is not the stream's next number (the log never has a gap
                 or a duplicate).
+            StoreFull: (a shared log) its store takes no more of this stream; nothing
+                was logged, and the next append goes to this replica's copy only.
         """
         ...
 
@@ -63,6 +65,10 @@ class StoreStatistics:
     batches: int  # batches written
     commands: int  # commands written
     failed_batches: int  # batches that failed to reach the store (then tried again)
+    refused: int = 0  # commands the store refused (logged; a retry's duplicates aside)
+    dropped: int = 0  # commands not queued: the queue was full (leases, refreshes, deletes)
+    cut_streams: int = 0  # streams cut from the store for the full queue (ended with error)
+    read_errors: int = 0  # reads and renewals the store did not answer
 
 
 @runtime_checkable
@@ -76,8 +82,11 @@ class SharedEventLog(EventLog, Protocol):
     reads); a new reader takes it over, and the old one learns it when it renews. The
     writer also checks it before it ends a stream whose grace period ran out.
 
-    The async methods raise ``StoreUnavailable`` when the store does not answer; the
-    sync ones never wait for it (the writer tries a batch again until it is written).
+    The async methods raise ``StoreUnavailable`` when the store does not answer, and
+    those that return a stream's events or spec ``StoreRejected`` for one that fails its
+    check (signed by the replicas, ``signing.py``); the sync ones never wait for it (the
+    writer tries a batch again until it is written; past its bound, ``append`` raises
+    ``StoreFull`` once for the stream it cuts from the store).
     """
 
     lease_s: float  # a remote reader's lease lives this long unless renewed
@@ -177,6 +186,16 @@ class SharedEventLog(EventLog, Protocol):
         """Forget a stream another replica took over, locally only (its keys in the store
         are the new writer's); the bytes freed. Sync, no checkpoint."""
         ...
+
+    # A DELETE on a replica that does not generate the stream: a mark in the store, which
+    # the writer finds at its next renewal and tells ``on_cancelled`` of.
+
+    async def cancel_remote(self, stream_id: str) -> bool:
+        """Cancel a stream another replica generates (its keys deleted at once if its
+        writer died); False if the store does not hold it."""
+        ...
+
+    on_cancelled: Callable[[str], None] | None  # told of a stream cancelled elsewhere
 
 
 class MemoryEventLog:

@@ -45,11 +45,20 @@ class ResumeStatistics:
     failovers: int = 0  # streams of a dead writer taken over and continued here
     disowned: int = 0  # streams of this replica another one took over (it had stalled)
     handed_over: int = 0  # streams left to another replica at a drain (hand_over)
+    # Failovers refused: the store's spec or events failed their HMAC, or the spec failed
+    # this replica's limits (each reader got an error event instead).
+    spec_rejected: int = 0
+    events_rejected: int = 0  # remote reads ended: an event in the store failed its HMAC
+    remote_cancels: int = 0  # DELETEs here of streams another replica generates
     # With a shared log (0 without): its writes to the store (``StoreStatistics``).
     store_pending: int = 0  # commands queued, not yet written
     store_batches: int = 0  # batches written
     store_commands: int = 0  # commands written
     store_failed_batches: int = 0  # batches that failed to reach the store (tried again)
+    store_refused: int = 0  # commands the store refused
+    store_dropped: int = 0  # commands not queued: the queue was full
+    store_cut_streams: int = 0  # streams cut from the store, the queue full (error event)
+    store_read_errors: int = 0  # reads and renewals the store did not answer
 
 
 class Observer(Protocol):
@@ -65,8 +74,13 @@ Adopt = Callable[[TokenStream, Encode, "Observer | None"], None]
 
 class Rebuild(Protocol):
     """The app's side of a failover: open the stream again from its ``spec`` (what
-    ``adopt(spec=...)`` published) and its ``events`` so far (n, data, last), continuing
-    after them, and hand it to ``adopt`` as it opens. Raises what opening raises."""
+    ``adopt(spec=...)`` published; its HMAC checked) and its ``events`` so far (n, data,
+    last), continuing after them, and hand it to ``adopt`` as it opens. Raises
+    ``StoreRejected`` for a spec it refuses (its limits), else what opening raises.
+    ``refusal``: the event (without an id) that ends a reader's body instead when what
+    the store holds for the stream is refused."""
 
     async def __call__(self, request_id: str, spec: bytes,
                        events: list[tuple[int, bytes, bool]], adopt: Adopt) -> None: ...
+
+    def refusal(self, request_id: str, message: str) -> bytes: ...

@@ -2,10 +2,19 @@
 
 ``RedisEventLog.append`` and friends are sync and never a checkpoint (the registry logs
 an item in the same step as it takes it), so they only queue commands here; ``flush``
-writes the queue in order, one pipeline per batch, in a worker thread, and each key
-appended to in a batch gets its time to live set once, at the batch's end. A batch that
-fails to reach Redis is tried again, in order, after a pause (the explicit ids make a
-partly applied batch safe to repeat); the failures are counted (``statistics``).
+writes the queue in order, one MULTI/EXEC transaction per batch, in a worker thread: a
+batch lands whole or not at all, so a connection cut mid-batch never leaves an event's
+key without its time to live (each key appended to gets its PEXPIRE at the batch's
+end, inside the same transaction). A batch that fails to reach Redis is tried again, in
+order, after a pause (the explicit ids make a batch that landed but whose answer was
+lost safe to repeat); the failures are counted (``statistics``).
+
+Bounded: at most ``max_pending`` commands wait (besides the batch in flight). Past it,
+``queue`` takes nothing (counted in ``dropped``: a lease renewal, a refresh, a delete,
+each of which the keys' times to live make up for), and the log ends the stream whose
+event cannot be queued (``StoreFull``, ``redis_log.py``): during an outage the memory a
+replica holds for the store stays bounded, and its streams end with an error event
+instead of the queue growing until the process dies.
 
 Threads: redis-py's sync client, called through ``trio.to_thread.run_sync`` with a lock
 (one batch at a time, in order). A cancelled flush abandons its batch to the thread and
@@ -37,11 +46,15 @@ class RedisBatchWriter:
     Args:
         client: the redis-py client the batches go through.
         ttl_ms: the time to live each key ``touch``ed in a batch gets at its end.
+        max_pending: the most commands queued (besides the batch in flight).
     """
 
-    def __init__(self, client: redis.Redis, *, ttl_ms: int) -> None:
+    def __init__(self, client: redis.Redis, *, ttl_ms: int, max_pending: int) -> None:
+        if max_pending < 1:
+            raise ValueError("max_pending must be >= 1")
         self._client = client
         self._ttl_ms = ttl_ms
+        self._max_pending = max_pending
         self._ops: list[Op] = []
         self._touched: set[str] = set()  # keys appended to since the last batch was taken
         # stream id -> token of a new stream's reader lease whose SET is queued, or in
@@ -54,20 +67,31 @@ class RedisBatchWriter:
         self._lock = trio.Lock()
         self._stopped = False  # a write was abandoned: nothing more may be written
         self._batches = self._commands = self._errors = 0
+        self._refused = self._dropped = 0
 
     @property
     def stopped(self) -> bool:
         """A flush was cancelled: this writer writes nothing more."""
         return self._stopped
 
-    def queue(self, op: Op) -> None:
-        """Queue one command (sync, never a checkpoint)."""
+    def has_room(self) -> bool:
+        """Whether ``queue`` takes a command now."""
+        return len(self._ops) < self._max_pending
+
+    def queue(self, op: Op) -> bool:
+        """Queue one command (sync, never a checkpoint); False (and counted as dropped)
+        if ``max_pending`` wait already."""
+        if not self.has_room():
+            self._dropped += 1
+            return False
         self._ops.append(op)
         self._queued += 1
         self._wake.set()
+        return True
 
     def touch(self, key: str) -> None:
-        """``key`` gets the time to live at the end of the batch that takes it."""
+        """``key`` gets the time to live at the end of the batch that takes it (in the
+        same transaction as its appends)."""
         self._touched.add(key)
 
     def setting(self, stream_id: str, token: str) -> None:
@@ -87,7 +111,8 @@ class RedisBatchWriter:
 
     def statistics(self) -> StoreStatistics:
         return StoreStatistics(pending=len(self._ops), batches=self._batches,
-                               commands=self._commands, failed_batches=self._errors)
+                               commands=self._commands, failed_batches=self._errors,
+                               refused=self._refused, dropped=self._dropped)
 
     async def flush(self) -> None:
         """Write everything queued now, in order (a failed batch is tried again).
@@ -146,8 +171,9 @@ class RedisBatchWriter:
                 await trio.sleep(RETRY_PAUSE_S)
 
     def _write(self, batch: list[Op]) -> None:
-        """In a worker thread: one pipeline, no transaction (order is kept anyway)."""
-        pipe = self._client.pipeline(transaction=False)
+        """In a worker thread: one pipeline in a MULTI/EXEC transaction (whole or not at
+        all; commands Redis refuses inside it fail alone, and are counted)."""
+        pipe = self._client.pipeline(transaction=True)
         for op in batch:
             op(pipe)
         results = pipe.execute(raise_on_error=False)
@@ -156,6 +182,7 @@ class RedisBatchWriter:
             # An XADD at an id already there: a batch tried again after it partly
             # applied. Anything else is a bug or a misconfigured server: say so.
             if isinstance(result, redis.ResponseError) and "equal or smaller" not in str(result):
+                self._refused += 1
                 log.error("resume log: Redis refused a command: %r", result)
 
 

@@ -83,8 +83,10 @@ class ResumeRegistry:
         self._local = LocalStreams(log, self._shared, self._cap, grace_s=grace_s)
         self._replicas = None if self._shared is None else Replicas(self._shared, self._local)
         self._cancels = self._handed_over = 0
+        self._remote_cancels = 0
         if self._shared is not None:
             self._shared.on_lost = self._local.lost
+            self._shared.on_cancelled = self._cancelled_elsewhere
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the holders of detached streams. Never returns unless cancelled.
@@ -168,12 +170,15 @@ class ResumeRegistry:
     def adopt(
         self, stream: TokenStream, encode: Encode, opening: bytes, *,
         observer: Observer | None = None, attach: bool, spec: bytes | None = None,
+        attach_within_s: float | None = None,
     ) -> Reader | None:
         """Take a just-opened stream, log its opening (event 1), and either return its
         first reader (``attach``, positioned before event 1) or hold it detached for
         the grace period. Sync, never a checkpoint: the caller's ``open_stream`` hands
         the stream over before any. With a shared log, ``spec`` (what ``rebuild``
         needs) is published with the writer lease before event 1 (failover).
+        ``attach_within_s`` (with ``attach=False``): the first grace period is that
+        long, if shorter: a stream nobody ever came to read ends sooner.
 
         Raises:
             RuntimeError: the registry is not running (the stream is closed first).
@@ -187,6 +192,10 @@ class ResumeRegistry:
         reader.entry.log_opening(opening)
         if not attach:
             reader.close()
+            holder = reader.entry.holder
+            if holder is not None and attach_within_s is not None:
+                holder.scope.deadline = min(holder.scope.deadline,
+                                            trio.current_time() + attach_within_s)
             return None
         if shared is not None and token is not None:
             shared.hold_local_reader(reader.request_id, token, claimed=False)
@@ -224,6 +233,37 @@ class ResumeRegistry:
         self._cancels += 1
         return True
 
+    def generating_detached(self) -> int:
+        """Streams held with no reader that have not ended (they generate for nobody)."""
+        return sum(e.holding is Holding.DETACHED and not e.is_ended
+                   for e in self._local.entries())
+
+    async def cancel_anywhere(self, request_id: str) -> bool:
+        """``cancel``, and with a shared log, for a stream another replica generates, a
+        cancel through the store: that replica ends it at its next renewal of the
+        stream's writer lease (the log's ``refresh_s``), or its keys go at once if it
+        died. False if neither knows it.
+
+        Raises:
+            StoreUnavailable: not this replica's stream, and the store did not answer.
+
+        Cancellation: at the ask of the store (abandoned; it lands or not).
+        """
+        if self.cancel(request_id):
+            await trio.lowlevel.checkpoint()
+            return True
+        if self._shared is None:
+            await trio.lowlevel.checkpoint()
+            return False
+        if not await self._shared.cancel_remote(request_id):
+            return False
+        self._remote_cancels += 1
+        return True
+
+    def _cancelled_elsewhere(self, request_id: str) -> None:
+        """The shared log found a cancel mark that a DELETE on another replica left."""
+        self.cancel(request_id)
+
     def holding(self, request_id: str) -> Holding:
         """Who holds the stream now (GONE for one unknown or forgotten)."""
         entry = self._local.get(request_id)
@@ -248,4 +288,11 @@ class ResumeRegistry:
             store_batches=0 if store is None else store.batches,
             store_commands=0 if store is None else store.commands,
             store_failed_batches=0 if store is None else store.failed_batches,
+            spec_rejected=0 if replicas is None else replicas.spec_rejected,
+            events_rejected=0 if replicas is None else replicas.events_rejected,
+            remote_cancels=self._remote_cancels,
+            store_refused=0 if store is None else store.refused,
+            store_dropped=0 if store is None else store.dropped,
+            store_cut_streams=0 if store is None else store.cut_streams,
+            store_read_errors=0 if store is None else store.read_errors,
         )

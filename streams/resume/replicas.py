@@ -19,7 +19,9 @@ resume elsewhere) and new ones are refused with ``Draining``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import secrets
+from functools import partial
 
 import trio
 
@@ -39,6 +41,8 @@ POSITION_WAIT_S = 2.0
 # for the few seconds at most that a reader waits there.
 POSITION_STEP_S = 0.1
 
+log_ = logging.getLogger(__name__)
+
 
 class Replicas:
     """Attaching readers through the shared log (see the module docstring)."""
@@ -50,10 +54,15 @@ class Replicas:
         self._remote_readers: set[RemoteReader] = set()
         self._draining = False
         self.remote_resumes = 0  # remote readers attached (local attaches count there)
+        self.events_rejected = 0  # remote readers ended: an event failed its check
 
     @property
     def failovers(self) -> int:
         return self._failover.failovers
+
+    @property
+    def spec_rejected(self) -> int:
+        return self._failover.spec_rejected
 
     @property
     def resumes(self) -> int:
@@ -127,7 +136,15 @@ class Replicas:
             log.release_reader(request_id, token)
             raise Draining(request_id)
         self.remote_resumes += 1
+
+        def rejected() -> None:
+            self.events_rejected += 1
+            log_.warning("resume: an event of stream %s in the store fails its HMAC",
+                         request_id)
+
+        refusal = None if rebuild is None else partial(rebuild.refusal, request_id)
         remote = RemoteReader(log, request_id, after, token,
-                              on_close=self._remote_readers.discard)
+                              on_close=self._remote_readers.discard, refusal=refusal,
+                              on_rejected=rejected)
         self._remote_readers.add(remote)
         return remote
