@@ -17,6 +17,7 @@ from .error_handlers import register_error_handlers
 from .metrics import Metrics, make_metrics_blueprint
 from .quart_app import StreamscopeApp
 from .routes import (
+    make_anthropic_blueprint,
     make_blueprint,
     make_openai_blueprint,
     make_page_blueprint,
@@ -68,6 +69,7 @@ def create_app(
     register_error_handlers(app, on_refusal=metrics.refused)
     app.register_blueprint(make_blueprint(runtime, metrics))
     app.register_blueprint(make_openai_blueprint(runtime, metrics))
+    app.register_blueprint(make_anthropic_blueprint(runtime, metrics))
     app.register_blueprint(make_resumable_blueprint(runtime, metrics))
     app.register_blueprint(make_page_blueprint())  # GET /: the browser page
     app.register_blueprint(make_metrics_blueprint(metrics))

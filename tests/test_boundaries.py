@@ -191,8 +191,8 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
     ],
     "app.edge": [],
     "app.routes": [
-        "make_blueprint", "make_openai_blueprint", "make_page_blueprint",
-        "make_resumable_blueprint",
+        "make_anthropic_blueprint", "make_blueprint", "make_openai_blueprint",
+        "make_page_blueprint", "make_resumable_blueprint",
     ],
     "app.runtime": [
         "HANDOVER_LEAD_S", "LOADING_RETRY_AFTER_S", "SHUTDOWN_RETRY_AFTER_S",
@@ -201,15 +201,16 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
     ],
     "app.schemas": [
         "MAX_DEADLINE_MS", "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "OPENAI_DEFAULT_MAX_TOKENS",
-        "ChatBody", "ChatMessage", "CompletionsBody", "GenerateBody", "OpenAIBody",
-        "RequestLimits", "parse_generate_body",
+        "ChatBody", "ChatMessage", "CompletionsBody", "CountTokensBody", "GenerateBody",
+        "MessagesBody", "OpenAIBody", "RequestLimits", "count_request", "parse_generate_body",
     ],
     "app.wire": [
         "CHAT", "COMPLETION", "DONE", "FINISH_REASONS", "KEEPALIVE_COMMENT", "RETRY_LINE",
-        "RETRY_MS", "TAKEN_OVER_EVENT", "ChatShape", "ChoiceShape", "CompletionShape",
+        "RETRY_MS", "TAKEN_OVER_EVENT", "AnthropicEvents", "ChatShape", "ChoiceShape",
+        "CompletionShape",
         "Encoder", "ErrorEnvelope", "NativeEvents", "OpenAIChunks", "ResumableEvents",
         "encode_json_event", "error_data", "event_without_id", "item_event", "start_event",
-        "token_event", "usage", "whole_answer",
+        "token_event", "usage", "whole_answer", "whole_message",
     ],
     "engine": [
         "MAX_SEED", "MAX_TEMPERATURE", "MAX_TOP_P", "MIN_SEED", "MIN_TEMPERATURE", "MIN_TOP_K",

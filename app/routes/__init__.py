@@ -4,6 +4,8 @@
   ``health``: ``/health``, ``/ready``, ``/stats``;
 * ``openai``: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (errors
   and model names in ``openai_errors``);
+* ``anthropic``: ``/v1/messages``, ``/v1/messages/count_tokens`` (errors in
+  ``anthropic_errors``);
 * ``resumable``: ``POST /v1/requests``, ``GET /v1/stream/<id>``, ``DELETE
   /v1/requests/<id>`` (a reader as a source: ``resume_source``; a dead replica's stream
   rebuilt here: ``failover``);
@@ -16,12 +18,14 @@ What every view does to serve a request is in ``serving``.
 
 from __future__ import annotations
 
+from .anthropic import make_anthropic_blueprint
 from .native import make_blueprint
 from .openai import make_openai_blueprint
 from .page import make_page_blueprint
 from .resumable import make_resumable_blueprint
 
 __all__ = [
+    "make_anthropic_blueprint",
     "make_blueprint",
     "make_openai_blueprint",
     "make_page_blueprint",

@@ -3,11 +3,15 @@
 ``limits`` holds what the bodies share (the ranges, the server's limits and their
 messages), ``native`` the body of ``/v1/stream`` and ``/v1/generate``, ``openai`` those
 of ``/v1/completions`` and ``/v1/chat/completions`` (with ``unsupported``, the OpenAI
-fields refused unless neutral). Other modules import from this root only.
+fields refused unless neutral), ``anthropic`` those of ``/v1/messages`` and
+``/v1/messages/count_tokens``. Other modules import from this root only.
 """
 
 from __future__ import annotations
 
+from .anthropic import CountTokensBody as CountTokensBody
+from .anthropic import MessagesBody as MessagesBody
+from .anthropic import count_request as count_request
 from .limits import MAX_DEADLINE_MS as MAX_DEADLINE_MS
 from .limits import MAX_STOP_CHARS as MAX_STOP_CHARS
 from .limits import MAX_STOP_STRINGS as MAX_STOP_STRINGS
@@ -28,8 +32,11 @@ __all__ = [
     "ChatBody",
     "ChatMessage",
     "CompletionsBody",
+    "CountTokensBody",
     "GenerateBody",
+    "MessagesBody",
     "OpenAIBody",
     "RequestLimits",
+    "count_request",
     "parse_generate_body",
 ]

@@ -2,14 +2,16 @@
 
 No Quart, no Trio, no hypercorn: each encoder keeps only what its bytes need, so it is
 tested without a server (as ``streams.sse`` is) and the one SSE body of ``app.routes``
-drives any of them through the same four calls (``Encoder``). Three encoders:
+drives any of them through the same four calls (``Encoder``). Four encoders:
 ``NativeEvents`` (``/v1/stream``), ``OpenAIChunks`` (the OpenAI-compatible routes, in a
-``ChoiceShape``: ``COMPLETION`` or ``CHAT``) and ``ResumableEvents`` (a resumable
-stream's events, ids ``<request_id>:<n>``).
+``ChoiceShape``: ``COMPLETION`` or ``CHAT``), ``AnthropicEvents`` (``/v1/messages``)
+and ``ResumableEvents`` (a resumable stream's events, ids ``<request_id>:<n>``).
 """
 
 from __future__ import annotations
 
+from .anthropic_events import AnthropicEvents as AnthropicEvents
+from .anthropic_events import whole_message as whole_message
 from .encoder import KEEPALIVE_COMMENT as KEEPALIVE_COMMENT
 from .encoder import Encoder as Encoder
 from .native import NativeEvents as NativeEvents
@@ -44,6 +46,7 @@ __all__ = [
     "RETRY_LINE",
     "RETRY_MS",
     "TAKEN_OVER_EVENT",
+    "AnthropicEvents",
     "ChatShape",
     "ChoiceShape",
     "CompletionShape",
@@ -60,4 +63,5 @@ __all__ = [
     "token_event",
     "usage",
     "whole_answer",
+    "whole_message",
 ]

@@ -1,0 +1,112 @@
+"""The Anthropic Messages routes: ``POST /v1/messages`` and ``/v1/messages/count_tokens``.
+
+A blueprint of its own, like the OpenAI routes (``openai.py``), so that its error
+handler answers every refusal of these routes in Anthropic's shape and status
+(``anthropic_errors.AnthropicError``), the API key's 401 included (``x-api-key`` or
+bearer, ``app/auth.py``). A request is read and validated (``app.schemas``: text
+turns only; anything else is refused naming the field), its ``model`` checked against
+the served names (``openai_errors.ServedModels``, the same names), the conversation
+rendered by the model's own chat template and encoded in one call
+(``Runtime.prepare_chat``, the path of ``/v1/chat/completions``), and then it runs
+exactly like every other route: the same ``Runtime.open``, closer, timer, slow-reader
+policy and disconnect path (``docs/cancellation.md``); only the bytes differ
+(``app.wire``: ``AnthropicEvents``, ``whole_message``).
+
+``count_tokens`` renders and encodes the same way and answers the prompt's length; it
+opens nothing (the prepared request is dropped unsubmitted).
+"""
+
+from __future__ import annotations
+
+import time
+
+from quart import Blueprint, Response, request
+
+from engine import GenerationRequest
+
+from ..edge.connection import own
+from ..error_handlers import error_response
+from ..metrics import Metrics
+from ..runtime import Runtime
+from ..schemas import CountTokensBody, MessagesBody, RequestLimits, count_request
+from ..wire import AnthropicEvents, whole_message
+from .anthropic_errors import anthropic_error_envelope, anthropic_error_for
+from .body import EventStreamBody
+from .openai_errors import ServedModels
+from .serving import collect, json_response, read_body, sse_response, submitted, ttft_deadline
+
+
+class AnthropicViews:
+    """The views, bound to one app's runtime; each request reports to ``metrics``."""
+
+    def __init__(self, runtime: Runtime, metrics: Metrics) -> None:
+        self.runtime = runtime
+        self.metrics = metrics
+        settings = runtime.settings
+        self.limits = RequestLimits.from_settings(settings)
+        self.models = ServedModels(settings.model, settings.model_name, created=int(time.time()))
+
+    async def messages(self) -> Response:
+        """The conversation, answered by the assistant: a stream of events or a message.
+
+        Cancellation: before the stream opens (reading, rendering), nothing to undo;
+        after, a whole answer's at the stream's receive (``with stream`` closes it), a
+        streaming one's in the body, or the connection's backstop, closes it.
+        """
+        timer = self.metrics.start_request()
+        body = MessagesBody.model_validate_json(await read_body(), context=self.limits)
+        model = self.models.check(body.model)
+        deadline = ttft_deadline(timer, None, self.runtime.settings.ttft_deadline_ms)
+
+        def build(text: str, prompt_ids: tuple[int, ...]) -> GenerationRequest:
+            return body.generation_request(text, prompt_ids, ttft_deadline=deadline)
+
+        prepared = await self.runtime.prepare_chat(body.template_input(), True, build, None)
+        stream = self.runtime.open(prepared)
+        own(request.scope, stream)
+        submitted(timer, stream)
+        headers = {"request-id": stream.request_id}
+        if body.is_streaming:
+            events = AnthropicEvents(stream.request_id, model, stream.prompt_tokens,
+                                     error_envelope=anthropic_error_envelope, stops=body.stops)
+            return sse_response(
+                EventStreamBody(stream, events, keepalive_s=self.runtime.settings.keepalive_s,
+                                keepalives=self.runtime.keepalives, timer=timer),
+                stream.request_id, headers=headers,
+            )
+        with stream:
+            text, _, finish = await collect(stream, timer)
+        return json_response(
+            whole_message(stream.request_id, model, text, finish, body.stops),
+            headers={"X-Request-ID": stream.request_id, **headers},
+        )
+
+    async def count_tokens(self) -> Response:
+        """``{"input_tokens": n}``: the rendered conversation's length in tokens.
+
+        Cancellation: while reading or rendering (never abandoned; milliseconds);
+        nothing is opened.
+        """
+        body = CountTokensBody.model_validate_json(await read_body(), context=self.limits)
+        self.models.check(body.model)
+        prepared = await self.runtime.prepare_chat(body.template_input(), True,
+                                                   count_request, None)
+        ids = prepared.request.prompt_token_ids or ()
+        return json_response({"input_tokens": len(ids)})
+
+    async def refuse(self, exc: Exception) -> Response:
+        """Every error of these routes, in Anthropic's shape. Cancellation: no checkpoint."""
+        error = anthropic_error_for(exc)
+        self.metrics.refused(error)
+        return error_response(error)
+
+
+def make_anthropic_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
+    """The Anthropic routes, bound to one app's runtime; each request reports to ``metrics``."""
+    bp = Blueprint("anthropic", __name__)
+    views = AnthropicViews(runtime, metrics)
+    bp.add_url_rule("/v1/messages", view_func=views.messages, methods=["POST"])
+    bp.add_url_rule("/v1/messages/count_tokens", view_func=views.count_tokens,
+                    methods=["POST"])
+    bp.register_error_handler(Exception, views.refuse)
+    return bp

@@ -1,0 +1,243 @@
+"""The request bodies of the Anthropic Messages routes, validated by pydantic.
+
+Owns what a client may send to ``POST /v1/messages`` and ``POST
+/v1/messages/count_tokens`` and every check that needs no engine; the answers' shapes
+are in ``app.wire``. As Anthropic's API does, a field this server does not know is
+refused (400, naming it), since the official SDK sends only the fields it was given.
+Four kinds of field:
+
+* honoured: ``model`` (required, as the API requires), ``messages`` (``user`` and
+  ``assistant`` turns, each a string or text blocks), ``system`` (a string or text
+  blocks), ``max_tokens`` (required), ``stop_sequences``, ``temperature`` (default
+  1.0, the API's), ``top_p``, ``top_k`` (the newest SDK sends these three through
+  ``extra_body``), ``stream``;
+* accepted, changing nothing in the answer: ``metadata`` (``user_id``),
+  ``cache_control`` (a prompt-caching hint, also on text blocks), ``service_tier``;
+* unsupported (``ANTHROPIC_UNSUPPORTED``): accepted at a value that asks for nothing
+  (``tools: []``, ``thinking: {"type": "disabled"}``, null), refused otherwise; a
+  content block that is not text (an image, a document, a tool use or result, a
+  thinking block) is refused naming its message, block and type;
+* refused: a conversation whose last turn is the assistant's (a "prefill": the
+  answer would continue that turn, which the chat template cannot render).
+
+The ranges and the server's limits are the other bodies' (``limits.py``); a
+message's and the system prompt's text blocks are joined with newlines, as the
+OpenAI chat route joins text parts.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any, ClassVar, Literal, Self
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from engine import GenerationRequest, SamplingParams
+
+from .limits import (
+    NewTokens,
+    StopStrings,
+    Temperature,
+    TopP,
+    check_new_tokens,
+    check_prompt_chars,
+    limits_of,
+)
+from .unsupported import neutral_validator
+
+ANTHROPIC_DEFAULT_TEMPERATURE = 1.0  # the API's default
+
+_HOW = "validate an Anthropic body with the request limits as its context"
+
+# Fields of the Messages API this server does not implement, with the values that ask
+# for nothing (null is always neutral). ``tool_choice`` without tools asks for nothing.
+PROMPT_UNSUPPORTED: dict[str, tuple[object, ...]] = {
+    "tools": ([],),
+    "tool_choice": ({"type": "none"}, {"type": "auto"}),
+    "thinking": ({"type": "disabled"},),
+    "mcp_servers": ([],),
+    "output_config": ({},),
+    "context_management": (),
+}
+ANTHROPIC_UNSUPPORTED: dict[str, tuple[object, ...]] = {
+    **PROMPT_UNSUPPORTED,
+    "container": (),
+    "inference_geo": (),
+    "diagnostics": (),
+    "speed": ("standard",),
+}
+
+
+class TextBlock(BaseModel):
+    """A text content block; ``cache_control`` is a caching hint (the answer is the same),
+    ``citations`` only empty."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    type: Literal["text"]
+    text: str
+    cache_control: dict[str, Any] | None = None
+    citations: Annotated[list[Any], Field(max_length=0)] | None = None
+
+
+def _text_blocks(value: object) -> object:
+    """A string as one text block; a list refused at its first block that is not text
+    (named: ``block 1 is of type 'image'``). Anything else is left to the field's type."""
+    if isinstance(value, str):
+        return [{"type": "text", "text": value}]
+    if isinstance(value, list):
+        for index, block in enumerate(value):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if isinstance(kind, str) and kind != "text":
+                raise PydanticCustomError(
+                    "unsupported",
+                    "block {index} is of type '{kind}'; this server serves text blocks "
+                    "only (no images, documents, tools or thinking)",
+                    {"index": index, "kind": kind[:40]},
+                )
+    return value
+
+
+def _joined(blocks: list[TextBlock]) -> str:
+    return "\n".join(block.text for block in blocks)
+
+
+class InputMessage(BaseModel):
+    """One turn: its role and its content (a string, or text blocks)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    role: Literal["user", "assistant"]
+    content: list[TextBlock]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _blocks(cls, value: object) -> object:
+        return _text_blocks(value)
+
+    def as_template_input(self) -> dict[str, str]:
+        return {"role": self.role, "content": _joined(self.content)}
+
+
+class AnthropicPrompt(BaseModel):
+    """What both routes share: the model, the conversation, the unsupported fields."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    UNSUPPORTED: ClassVar[dict[str, tuple[object, ...]]] = PROMPT_UNSUPPORTED
+
+    model: Annotated[str, Field(min_length=1)]
+    messages: list[InputMessage] = Field(min_length=1)
+    system: list[TextBlock] | None = None
+    cache_control: dict[str, Any] | None = None
+    # Unsupported: see UNSUPPORTED; checked by _neutral.
+    tools: Any = None
+    tool_choice: Any = None
+    thinking: Any = None
+    mcp_servers: Any = None
+    output_config: Any = None
+    context_management: Any = None
+
+    _neutral = neutral_validator(list(PROMPT_UNSUPPORTED))
+
+    @field_validator("system", mode="before")
+    @classmethod
+    def _system_blocks(cls, value: object) -> object:
+        return _text_blocks(value)
+
+    @field_validator("messages")
+    @classmethod
+    def _ends_with_the_user(cls, value: list[InputMessage]) -> list[InputMessage]:
+        if value[-1].role != "user":
+            raise PydanticCustomError(
+                "unsupported",
+                "the last message must be the user's: this server does not continue a "
+                "final assistant turn (prefill)",
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _within_limit(self, info: ValidationInfo) -> Self:
+        check_prompt_chars(sum(len(m["content"]) for m in self.template_input()),
+                           limits_of(info, _HOW))
+        return self
+
+    def template_input(self) -> list[dict[str, str]]:
+        """The conversation as a chat template takes it: the system prompt (if any) as
+        the first message, then the turns."""
+        turns = [m.as_template_input() for m in self.messages]
+        if self.system is None:
+            return turns
+        return [{"role": "system", "content": _joined(self.system)}, *turns]
+
+
+class CountTokensBody(AnthropicPrompt):
+    """``POST /v1/messages/count_tokens``: the prompt alone."""
+
+
+class MessagesBody(AnthropicPrompt):
+    """``POST /v1/messages``: the prompt, and how to answer it."""
+
+    UNSUPPORTED: ClassVar[dict[str, tuple[object, ...]]] = ANTHROPIC_UNSUPPORTED
+
+    max_tokens: NewTokens
+    stop_sequences: StopStrings | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: int | None = Field(default=None, ge=1)
+    stream: bool | None = None
+    metadata: dict[str, Any] | None = None  # user_id: changes nothing in the answer
+    service_tier: Literal["auto", "standard_only"] | None = None  # one tier here
+    container: Any = None
+    inference_geo: Any = None
+    diagnostics: Any = None
+    speed: Any = None
+
+    _neutral = neutral_validator(list(ANTHROPIC_UNSUPPORTED))
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _tokens_within_limit(cls, value: int, info: ValidationInfo) -> int | None:
+        return check_new_tokens(value, limits_of(info, _HOW))
+
+    @property
+    def is_streaming(self) -> bool:
+        return bool(self.stream)
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        return tuple(self.stop_sequences or ())
+
+    def generation_request(
+        self, prompt: str, prompt_ids: tuple[int, ...], ttft_deadline: float | None = None
+    ) -> GenerationRequest:
+        """The engine's request for the rendered ``prompt`` and its ids, due its first
+        token by ``ttft_deadline`` (see ``serving.ttft_deadline``)."""
+        return GenerationRequest(
+            request_id=uuid.uuid4().hex,
+            prompt=prompt,
+            max_new_tokens=self.max_tokens,
+            stop=self.stops,
+            sampling=SamplingParams(
+                temperature=(ANTHROPIC_DEFAULT_TEMPERATURE if self.temperature is None
+                             else self.temperature),
+                top_p=1.0 if self.top_p is None else self.top_p,
+                top_k=self.top_k or 0,
+            ),
+            prompt_token_ids=prompt_ids,
+            ttft_deadline=ttft_deadline,
+        )
+
+
+def count_request(prompt: str, prompt_ids: tuple[int, ...]) -> GenerationRequest:
+    """A request that only carries a rendered prompt's ids to be counted; never opened."""
+    return GenerationRequest(request_id=uuid.uuid4().hex, prompt=prompt, max_new_tokens=1,
+                             prompt_token_ids=prompt_ids)
+

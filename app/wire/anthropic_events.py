@@ -1,0 +1,167 @@
+"""An Anthropic Messages stream: a stream's items as the named events the SDK reads,
+and the whole ``message`` object of an answer without ``"stream": true``.
+
+Events, each a named SSE event whose JSON data repeats its ``type`` (no ``id:`` lines)::
+
+    message_start        {"message": {"id", "type": "message", "role": "assistant",
+                          "model", "content": [], "stop_reason": null,
+                          "stop_sequence": null, "usage": {"input_tokens": n,
+                          "output_tokens": 0}}}
+    content_block_start  {"index": 0, "content_block": {"type": "text", "text": ""}}
+    ping                 {}                                  then any number of times
+    content_block_delta  {"index": 0, "delta": {"type": "text_delta", "text": ...}}
+                                                             one per token with text
+    content_block_stop   {"index": 0}
+    message_delta        {"delta": {"stop_reason", "stop_sequence"},
+                          "usage": {"input_tokens": n, "output_tokens": m}}
+    message_stop         {}
+
+The opening is the first three. A token whose text is empty (a held-back stop-string
+prefix or incomplete character, the end-of-sequence token) sends no delta: the API
+never sends an empty one. Keep-alives are ``ping`` events, not comments. A failure after
+the first byte is an ``error`` event ``{"type": "error", "error": {"type", "message"}}``,
+the refusals' object, which the routes build (``ErrorEnvelope``); nothing follows it.
+
+``stop_reason``: ``end_turn`` (the end-of-sequence token), ``max_tokens``, or
+``stop_sequence`` with ``stop_sequence`` the string that matched. The engine says only
+that a stop string matched, not which one: with one ``stop_sequences`` entry it is that
+one; with several, ``stop_sequence`` is null (``matched_stop``), never a guess.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from engine import FinishEvent, FinishReason, TokenEvent
+from streams import ErrorType, encode_event
+
+if TYPE_CHECKING:
+    from streams import StreamItem
+
+MESSAGE_ID_PREFIX = "msg_"
+STOP_REASONS = {
+    FinishReason.EOS: "end_turn",
+    FinishReason.STOP: "stop_sequence",
+    FinishReason.LENGTH: "max_tokens",
+}
+
+# Anthropic's error object for a failure of this type with this message.
+AnthropicErrorEnvelope = Callable[[ErrorType, str], Mapping[str, Any]]
+
+
+def _event(name: str, data: Mapping[str, Any]) -> bytes:
+    # ensure_ascii: see native.encode_json_event (no U+2028 for line splitters).
+    payload = json.dumps({"type": name, **data}, ensure_ascii=True, separators=(",", ":"))
+    return encode_event(payload, event=name)
+
+
+PING_EVENT = _event("ping", {})
+
+
+def matched_stop(stops: tuple[str, ...], finish: FinishEvent) -> str | None:
+    """The stop sequence that ended ``finish``: the one given, or None if it ended
+    otherwise or several were given (the engine does not say which one matched)."""
+    distinct = set(stops)
+    if finish.reason is not FinishReason.STOP or len(distinct) != 1:
+        return None
+    return next(iter(distinct))
+
+
+def message_usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
+    return {"input_tokens": input_tokens, "output_tokens": output_tokens}
+
+
+def message_object(
+    request_id: str, model: str, content: list[dict[str, Any]], input_tokens: int,
+    finish: FinishEvent | None = None, stops: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """The ``message`` object: a whole answer's (with its finish), or the one
+    ``message_start`` carries (none yet: no content, no stop reason)."""
+    return {
+        "id": MESSAGE_ID_PREFIX + request_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": None if finish is None else STOP_REASONS[finish.reason],
+        "stop_sequence": None if finish is None else matched_stop(stops, finish),
+        "usage": message_usage(input_tokens,
+                               0 if finish is None else finish.completion_tokens),
+    }
+
+
+def whole_message(
+    request_id: str, model: str, text: str, finish: FinishEvent, stops: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The answer of a request without ``"stream": true``: one text block."""
+    return message_object(request_id, model, [{"type": "text", "text": text}],
+                          finish.prompt_tokens, finish, stops)
+
+
+class AnthropicEvents:
+    """One stream's events (the module docstring).
+
+    Args:
+        request_id: the stream's id; the message's id is ``msg_`` and it.
+        model: the name the message carries.
+        input_tokens: the prompt's length in tokens (``message_start``'s usage).
+        error_envelope: Anthropic's error object for a failure (the routes own it).
+        stops: the request's ``stop_sequences``, for ``stop_sequence``.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        input_tokens: int,
+        *,
+        error_envelope: AnthropicErrorEnvelope,
+        stops: tuple[str, ...] = (),
+    ) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.input_tokens = input_tokens
+        self.error_envelope = error_envelope
+        self.stops = stops
+
+    def opening(self) -> bytes:
+        """``message_start``, ``content_block_start`` and a first ``ping``."""
+        message = message_object(self.request_id, self.model, [], self.input_tokens)
+        return (_event("message_start", {"message": message})
+                + _event("content_block_start",
+                         {"index": 0, "content_block": {"type": "text", "text": ""}})
+                + PING_EVENT)
+
+    def encode(self, items: list[StreamItem]) -> bytes:
+        """A delta per token with text; a finish ends the block and the message."""
+        return b"".join(self._encode(item) for item in items)
+
+    def error(self, error_type: str, message: str) -> bytes:
+        """The ``error`` event; a type this server does not know is ``internal_error``."""
+        try:
+            kind = ErrorType(error_type)
+        except ValueError:
+            kind = ErrorType.INTERNAL_ERROR
+        envelope = dict(self.error_envelope(kind, message))
+        envelope.pop("type", None)  # _event writes it first
+        return _event("error", envelope)
+
+    def keepalive(self) -> bytes:
+        return PING_EVENT
+
+    def _encode(self, item: StreamItem) -> bytes:
+        if isinstance(item, TokenEvent):
+            if not item.text:
+                return b""
+            return _event("content_block_delta",
+                          {"index": 0, "delta": {"type": "text_delta", "text": item.text}})
+        if isinstance(item, FinishEvent):
+            delta = {"stop_reason": STOP_REASONS[item.reason],
+                     "stop_sequence": matched_stop(self.stops, item)}
+            usage = message_usage(item.prompt_tokens, item.completion_tokens)
+            return (_event("content_block_stop", {"index": 0})
+                    + _event("message_delta", {"delta": delta, "usage": usage})
+                    + _event("message_stop", {}))
+        return self.error(item.type, item.message)  # a StreamError
