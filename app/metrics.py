@@ -224,6 +224,8 @@ _GAUGES = (
      "Running sequences left out of decode because their reader is behind."),
     ("streamscope_num_streams_open", "streams_open", "Streams open in the hub."),
     ("streamscope_kv_cache_blocks_total", "blocks_total", "KV-cache blocks in the pool."),
+    ("streamscope_kv_cache_blocks_cached", "blocks_cached",
+     "KV-cache blocks held by the prefix cache: full, shared or evictable."),
     ("streamscope_kv_cache_blocks_filled", "blocks_filled",
      "KV-cache blocks holding a cached position of a running sequence (of those used)."),
     ("streamscope_step_margin", "step_margin",
@@ -247,6 +249,12 @@ _ENGINE_COUNTERS = (
      "Running sequences whose cache blocks were taken back, to be recomputed later."),
     ("streamscope_recomputed_tokens", "recomputed_tokens",
      "Positions prefilled again for sequences readmitted after a preemption."),
+    ("streamscope_prefix_cache_queries", "prefix_cache_queries",
+     "Prompt positions looked up in the prefix cache at admission (tokens)."),
+    ("streamscope_prefix_cache_hits", "prefix_cache_hits",
+     "Of the prompt positions looked up, those found cached, not prefilled (tokens)."),
+    ("streamscope_kv_cache_blocks_evicted", "blocks_evicted",
+     "Cached, unreferenced KV-cache blocks given to other positions (least recent first)."),
 )
 # (metric name, /stats key, help) for the resumption registry's counters.
 _RESUME_COUNTERS = (

@@ -91,6 +91,12 @@ class Settings(BaseSettings):
         "model_not_found); `*` accepts any `model`", shown="(none)")
     device: str | None = _setting(None,
         "cpu or cuda (cuda:N); unset: cuda if available, else cpu")
+    start_cache: bool = _setting(True,
+        "keep what a start computes in the user's cache directory ($XDG_CACHE_HOME/"
+        "streamscope, else ~/.cache/streamscope) for later starts: the embedded model's "
+        "weights, converted from its GGUF file to float32 at the first start, and with "
+        "max_step_ms the step-cost calibration (reused when a check pass agrees with it); "
+        "false: compute both at every start and keep nothing")
     policy: PolicyName = _setting(PolicyName.PAUSE_DROP,
         "slow-reader policy: unbounded, pause, drop or pause-drop")
     request_policies: Annotated[frozenset[PolicyName], NoDecode] = _setting(
@@ -117,6 +123,11 @@ class Settings(BaseSettings):
         "tokens that measured costs (calibrated at startup, then from every step) say fit "
         "beside its decode pass, within max_prefill_tokens; unset: max_prefill_tokens "
         "alone", shown="(off)")
+    prefix_cache: bool = _setting(False,
+        "share the KV cache's full blocks between prompts that begin with the same tokens "
+        "(a conversation's history, a common system prompt): a cached prefix is not "
+        "prefilled again; unreferenced cached blocks are evicted least recently used first "
+        "when blocks are needed")
     ttft_deadline_ms: Milliseconds | None = _setting(None,
         "a time-to-first-token deadline in milliseconds for requests that give no "
         "`deadline_ms`: one whose first token the engine estimates later is refused at "

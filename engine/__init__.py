@@ -28,8 +28,10 @@ from .types import FinishReason as FinishReason
 from .types import GenerationRequest as GenerationRequest
 from .types import SamplingParams as SamplingParams
 from .types import TokenEvent as TokenEvent
+from .types import TokenLogprobs as TokenLogprobs
 from .validation import MAX_SEED as MAX_SEED
 from .validation import MAX_TEMPERATURE as MAX_TEMPERATURE
+from .validation import MAX_TOP_LOGPROBS as MAX_TOP_LOGPROBS
 from .validation import MAX_TOP_P as MAX_TOP_P
 from .validation import MIN_SEED as MIN_SEED
 from .validation import MIN_TEMPERATURE as MIN_TEMPERATURE
@@ -45,19 +47,38 @@ if TYPE_CHECKING:
 def load_engine(
     model: str = "smollm2",
     device: str | None = None,
+    *,
+    start_cache: bool = True,
     **engine_options: Any,
 ) -> Engine:
-    """Load a model by name or path and wrap it in an Engine (imports torch)."""
-    from .engine import Engine
-    from .model import load_model
+    """Load a model by name or path and wrap it in an Engine (imports torch); what each
+    phase of it took is the engine's ``start_phases_s`` (``startup``). ``start_cache``:
+    keep what the start computes in the user's cache directory and reuse it, the
+    embedded model's converted weights (``model.load_model``) and, with a step-time
+    target, the calibration when a check agrees (``start_cache``, ``costs.calibrate``)."""
+    from .startup import phase, recording
 
-    loaded = load_model(model, device)
-    return Engine(loaded, **engine_options)
+    with recording() as phases:
+        with phase("import_torch"):
+            import torch  # noqa: F401  # the first import of a start, timed as such
+        from .engine import Engine
+        from .model import converted_cache_dir, load_model
+        from .start_cache import identity_of, reusing
+
+        loaded = load_model(model, device, model_cache=start_cache)
+        calibrates = start_cache and engine_options.get("max_step_ms") is not None
+        identity = identity_of(model, str(loaded.device),
+                               engine_options.get("block_size", 16)) if calibrates else {}
+        with reusing(converted_cache_dir() if calibrates else None, identity):
+            built = Engine(loaded, **engine_options)
+    built.start_phases_s = phases.rounded()
+    return built
 
 
 __all__ = [
     "MAX_SEED",
     "MAX_TEMPERATURE",
+    "MAX_TOP_LOGPROBS",
     "MAX_TOP_P",
     "MIN_SEED",
     "MIN_TEMPERATURE",
@@ -80,6 +101,7 @@ __all__ = [
     "SamplingParams",
     "StepReentered",
     "TokenEvent",
+    "TokenLogprobs",
     "load_engine",
     "validate_request",
     "validate_sampling",

@@ -129,8 +129,8 @@ def decode_batch(
 ) -> PagedBatch:
     """A decode of ``positions`` (batch, 1), the newest position of each row.
 
-    ``tables`` (batch, blocks) is padded with any valid block id: padded reads
-    are masked out, and no row reads past its own length.
+    ``tables`` (batch, blocks) is padded with any valid block id: no row reads past
+    its own length (a padded position reads its newest again, masked out).
     """
     lengths = positions + 1
     groups = length_groups(lengths.flatten().tolist())
@@ -151,7 +151,10 @@ def _read_group(cache: PagedKVCache, tables: torch.Tensor, lengths: torch.Tensor
         tables, lengths = tables[rows], lengths[rows]
     span = torch.arange(int(lengths.max()), device=lengths.device).expand(len(lengths), -1)
     bias = torch.zeros(span.shape, dtype=dtype, device=lengths.device)
-    return ReadGroup(rows, cache.slots(tables, span).flatten(),
+    # A padded position reads the row's newest one again (masked out all the same): the
+    # slot past a row's end was never written, and may hold NaN (kv_cache: 0 x NaN = NaN).
+    read = torch.minimum(span, lengths - 1)
+    return ReadGroup(rows, cache.slots(tables, read).flatten(),
                      bias.masked_fill_(span >= lengths, float("-inf"))[:, None, None, :])
 
 

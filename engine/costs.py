@@ -45,12 +45,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
+from . import start_cache
 from .block_manager import BlockTable
 from .model_side import Runner
 from .sequence import Chunk, Sequence
+from .startup import phase
 from .types import GenerationRequest
 
 WINDOW = 64  # prefill passes in the fit: about a minute of bursts, forgetting older load
@@ -63,6 +65,9 @@ MARGIN_WINDOW = 32  # planned steps whose overrun sets the margin
 MARGIN_QUANTILE = 0.95  # of their actual / planned times: all but one of 32 stayed within
 MARGIN_MIN_SAMPLES = 4  # before as many, the margin is 1
 MARGIN_BOUNDS = (0.5, 2.0)  # a stalled machine's odd step does not halve the budget for long
+# A saved calibration is reused when the check's decode pass at max_batch took within this
+# factor of what the saved one says (either way); else the start calibrates afresh.
+REUSE_TOLERANCE = 1.5
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
@@ -97,6 +102,22 @@ class StepCosts:
         if planned_ms > 0:
             with self._lock:
                 self._overruns.append(ms / planned_ms)
+
+    def snapshot(self) -> dict[str, Any]:
+        """What was observed, as plain JSON data (``restore`` takes it back)."""
+        with self._lock:
+            return {"prefills": [list(x) for x in self._prefills],
+                    "mixed": [list(x) for x in self._mixed],
+                    "decode_ms": {str(rows): ms for rows, ms in self._decode_ms.items()},
+                    "overruns": list(self._overruns)}
+
+    def restore(self, data: Mapping[str, Any]) -> None:
+        """Take observations from ``snapshot``'s data (another start's) as if seen here."""
+        with self._lock:
+            self._prefills.extend((int(n), float(ms)) for n, ms in data["prefills"])
+            self._mixed.extend((int(n), float(ms)) for n, ms in data["mixed"])
+            self._decode_ms.update({int(r): float(ms) for r, ms in data["decode_ms"].items()})
+            self._overruns.extend(float(x) for x in data["overruns"])
 
     def margin(self) -> float:
         """Actual over planned time of recent planned steps, at ``MARGIN_QUANTILE``,
@@ -217,7 +238,53 @@ def calibrate(
     prefill sizes with ``max_batch`` decode rows too, whose spread around the line
     fitted through them is the margin's first observations. The dummy sequences share
     one table of every block: run only while no sequence holds any (at start-up), their
-    writes land where nobody reads."""
+    writes land where nobody reads.
+
+    Where a start keeps its results (``start_cache``), a calibration saved by a start
+    like this one is reused if a check agrees: the warm-up, then two decode passes at
+    ``max_batch``, the faster within ``REUSE_TOLERANCE`` of the saved estimate (the
+    check's passes are observed too). Else, or with none saved, it calibrates afresh
+    and saves the result. Either way the costs go on adapting from every step."""
+    detail = {"positions": positions, "max_batch": max_batch, "mixed": mixed}
+    saved = start_cache.load("calibration", detail)
+    if saved is not None:
+        with phase("calibration_check"):
+            if _reuse(runner, costs, saved, num_blocks=num_blocks, positions=positions,
+                      max_batch=max_batch):
+                return
+    with phase("calibration"):
+        _calibrate(runner, costs, num_blocks=num_blocks, positions=positions,
+                   max_batch=max_batch, mixed=mixed)
+    start_cache.save("calibration", detail, costs.snapshot())
+
+
+def _reuse(runner: Runner, costs: StepCosts, saved: Mapping[str, Any], *, num_blocks: int,
+           positions: int, max_batch: int) -> bool:
+    """Check ``saved`` against two decode passes at ``max_batch``; restore it if it holds."""
+    try:
+        expected = float(saved["decode_ms"][str(max_batch)])
+        restored = StepCosts()
+        restored.restore(saved)
+    except (KeyError, TypeError, ValueError):
+        return False
+    dummy = _dummies(num_blocks)
+    small = min(32, positions // 4)
+    runner.prefill([Chunk(dummy(small), 0, small)])  # warm-up
+    seen: list[float] = []
+    for _ in range(2):
+        timed(runner.decode, [dummy(small, 1) for _ in range(max_batch)],
+              lambda _rows, ms: seen.append(ms), max_batch)
+    if not expected / REUSE_TOLERANCE <= min(seen) <= expected * REUSE_TOLERANCE:
+        return False
+    costs.restore(saved)
+    for ms in seen:
+        costs.observe_decode(max_batch, ms)
+    return True
+
+
+def _dummies(num_blocks: int) -> Callable[..., Sequence]:
+    """``dummy(n, generated=0)``: a sequence of ``n`` prompt tokens on one shared table of
+    every block (its writes land where nobody reads)."""
     table = BlockTable("calibration", list(range(num_blocks)), is_released=True)
 
     def dummy(n: int, generated: int = 0) -> Sequence:
@@ -226,6 +293,14 @@ def calibrate(
         seq.block_table, seq.generated_ids = table, [0] * generated
         return seq
 
+    return dummy
+
+
+def _calibrate(
+    runner: Runner, costs: StepCosts, *, num_blocks: int, positions: int, max_batch: int,
+    mixed: bool,
+) -> None:
+    dummy = _dummies(num_blocks)
     small, large = min(32, positions // 4), min(256, positions // 2)
     runner.prefill([Chunk(dummy(small), 0, small)])  # warm-up
     for n in (small, large, small, large):

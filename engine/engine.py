@@ -66,8 +66,10 @@ from .block_manager import BlockAllocator
 from .costs import StepCosts, calibrate
 from .errors import EmptyPrompt, InvalidMaxNewTokens, PromptTooLong, StepReentered
 from .inbox import Op
+from .logprobs import TokenTexts
 from .model_side import ModelSource, Runner
 from .passes import StepPasses
+from .prefix_cache import cached_tokens, statistics_of
 from .scheduler import Scheduler, StepPlan
 from .sequence import Sequence
 from .step_timing import StepTiming
@@ -118,6 +120,7 @@ class Engine:
             that measured costs say fit beside its decode pass (``calibrate`` runs
             at once). None: ``max_prefill_tokens`` alone.
         mixed_step: run a step's prefill and decode rows in one forward pass; else two.
+        prefix_cache: share the full blocks of prompts that begin alike (``prefix_cache``).
         runner: the model side; by default a ``ModelRunner`` over ``loaded.model``. A
             step's prompt chunks go to one ``prefill`` call (one packed pass); a runner
             that runs them one pass each gives the exact mode (``tools/serial_prefill``).
@@ -139,6 +142,7 @@ class Engine:
         max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
         max_step_ms: float | None = None,
         mixed_step: bool = True,
+        prefix_cache: bool = False,
         runner: Runner | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -155,7 +159,7 @@ class Engine:
                 loaded, block_size, cache_memory,  # type: ignore[arg-type]
                 max_positions=max_batch * loaded.max_context,
             )
-        self.allocator = BlockAllocator(num_blocks, block_size)
+        self.allocator = BlockAllocator(num_blocks, block_size, prefix_cache=prefix_cache)
         self.scheduler = Scheduler(
             self.allocator,
             max_batch=max_batch,
@@ -167,6 +171,7 @@ class Engine:
             clock=clock,
         )
         self.costs: StepCosts = self.scheduler.costs
+        self.scheduler.token_text = TokenTexts(loaded.tokenizer)  # logprobs' texts
         self.mixed_step = self.scheduler.mixed_step = mixed_step
         if runner is None:
             from .model_runner import ModelRunner  # the torch side, only when it is needed
@@ -176,6 +181,7 @@ class Engine:
         self._step_lock = threading.Lock()  # one step at a time
         self._passes = StepPasses(runner, self.scheduler)
         self.timing = StepTiming()
+        self.start_phases_s: dict[str, float] = {}  # load_engine's (engine.startup)
         self._ttft = TtftEstimator(self.scheduler, self.timing)
         self._snapshot = self._take_snapshot()
         if max_step_ms is not None:
@@ -289,12 +295,13 @@ class Engine:
         """The state at the last step boundary."""
         return self._snapshot
 
-    def estimate_ttft_ms(self, prompt_tokens: int) -> float | None:
+    def estimate_ttft_ms(self, prompt_tokens: int, prompt_ids: Seq[int] = ()) -> float | None:
         """How long until a request of ``prompt_tokens`` submitted now gets its first
         token, in ms, by the measured step costs; None before any was measured
-        (``ttft.TtftEstimator``). Thread-safe: it reads the last step boundary's state.
+        (``ttft.TtftEstimator``), less its ids' cached prefix. Thread-safe: it reads the
+        last step boundary's state.
         """
-        return self._ttft.estimate_ms(prompt_tokens)
+        return self._ttft.estimate_ms(prompt_tokens - cached_tokens(self.allocator, prompt_ids))
 
     # -- the step: only its one caller runs it --------------------------------
 
@@ -373,6 +380,7 @@ class Engine:
             preemptions=scheduler.num_preemptions,
             recomputed_tokens=scheduler.num_recomputed_tokens,
             step_margin=self.costs.margin(),
+            **statistics_of(self.allocator),  # the prefix cache's counters
             running=len(scheduler.running),
             waiting=len(scheduler.waiting),
             paused=scheduler.num_paused,

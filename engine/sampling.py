@@ -1,8 +1,12 @@
-"""Choosing each row's next token from its logits.
+"""Choosing each row's next token from its logits, and its log-probabilities.
 
 Greedy rows take the argmax of the whole batch at once. A sampled row draws
 from its own ``torch.Generator``, seeded from the request's seed, using only
 its own logits: its tokens do not depend on which other rows share the batch.
+The rows whose request asked for log-probabilities get them from the same logits
+(``logprobs``: one ``log_softmax`` and one ``topk`` over those rows together, after
+each one's temperature, before its top-k/top-p cut); the others pay nothing, and no
+generator is drawn from for them, so the tokens are the same with or without.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .logprobs import MIN_LOGPROB, Outcome, Sampled
 from .types import SamplingParams
 
 # A temperature below this is greedy: dividing logits by it would overflow float32 to
@@ -65,17 +70,18 @@ def greedy(logits: torch.Tensor) -> list[int]:
 
 def sample(
     logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, torch.Generator | None]]
-) -> list[int | Exception]:
+) -> list[Outcome]:
     """Each row's next token (greedy: the argmax; else drawn from the row's logits with
-    its own generator), or the exception drawing it raised; the
-    rows of ``logits`` (batch, vocab) in order, with each row's params and generator.
+    its own generator), as a ``Sampled`` with its log-probabilities if its request asked,
+    or the exception drawing it raised; the rows of ``logits`` (batch, vocab) in order,
+    with each row's params and generator.
 
     A greedy row (no generator) takes its argmax from one call for the whole batch and
     is never indexed on its own: at batch 256 a per-row ``logits[row]`` was most of
     sampling a step of greedy rows.
     """
     greedy_ids = greedy(logits)
-    outcomes: list[int | Exception] = []
+    outcomes: list[Outcome] = []
     for row, (params, generator) in enumerate(rows):
         if generator is None:
             outcomes.append(greedy_ids[row])
@@ -84,7 +90,42 @@ def sample(
             outcomes.append(_sample_row(logits[row], params, generator))
         except Exception as exc:
             outcomes.append(exc)
+    asked = [(row, token) for row, token in enumerate(outcomes)
+             if isinstance(token, int) and rows[row][0].logprobs]
+    if asked:
+        found = logprobs(logits, [row for row, _ in asked], [token for _, token in asked],
+                         [rows[row][0] for row, _ in asked])
+        for (row, _), sampled in zip(asked, found, strict=True):
+            outcomes[row] = sampled
     return outcomes
+
+
+def logprobs(
+    logits: torch.Tensor, rows: list[int], chosen: list[int], params: list[SamplingParams]
+) -> list[Sampled]:
+    """For each of ``rows`` (ascending) of ``logits``: the log-probability of its
+    ``chosen`` token and its likeliest ``top_logprobs`` tokens', from the logits over
+    its temperature (1 for a greedy row), in float32, in one pass over those rows."""
+    scores = (logits if len(rows) == logits.shape[0] else logits[rows]).float()
+    temperatures = [p.temperature if p.temperature >= GREEDY_BELOW_TEMPERATURE else 1.0
+                    for p in params]
+    if any(t != 1.0 for t in temperatures):
+        scores = scores / torch.tensor(temperatures, device=scores.device).unsqueeze(1)
+    table = torch.log_softmax(scores, dim=-1).clamp_(min=MIN_LOGPROB)
+    picked = table.gather(1, torch.tensor(chosen, device=table.device).unsqueeze(1))
+    values: list[float] = picked.squeeze(1).tolist()
+    k = min(max(p.top_logprobs for p in params), table.shape[1])
+    top_values: list[list[float]] = []
+    top_ids: list[list[int]] = []
+    if k:
+        top = table.topk(k, dim=-1)
+        top_values, top_ids = top.values.tolist(), top.indices.tolist()
+    return [
+        Sampled(token, value, tuple(zip(top_ids[i][:p.top_logprobs],
+                                        top_values[i][:p.top_logprobs], strict=True))
+                if k else ())
+        for i, (token, value, p) in enumerate(zip(chosen, values, params, strict=True))
+    ]
 
 
 def _sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> int:

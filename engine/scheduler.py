@@ -42,7 +42,8 @@ margin``): such a step's plan (``StepPlan.planned_ms``) is compared with what it
 ``record_token`` is the per-sequence error boundary: it turns one sampled token
 (or the exception its sampling raised) into events, running the detokenizer and
 the stop matcher and deciding whether the sequence ends (stop string, eos,
-length); any exception there finishes that sequence alone with ``ERROR``.
+length), and a row's log-probabilities into the event's (``logprobs``, texts by
+``token_text``); any exception there finishes that sequence alone with ``ERROR``.
 ``finish`` is the only way out, and it releases the blocks through the
 allocator, the one place they are freed; ``_preempt`` releases them the same way
 and drops the table (a readmitted sequence gets a new one), so whatever mix of
@@ -61,6 +62,8 @@ from .admission import DEFAULT_WATERMARK, ON_DEMAND, AdmissionPolicy
 from .block_manager import BlockAllocator
 from .costs import StepCosts, cost_tokens, tokens_within
 from .inbox import Inbox, Op
+from .logprobs import Outcome, Sampled, event_logprobs, token_id_of
+from .prefix_cache import admit, commit, defer, fits
 from .sequence import Chunk, Sequence, SequenceState
 from .types import EngineEvent, FinishEvent, FinishReason, TokenEvent
 
@@ -136,6 +139,7 @@ class Scheduler:
         self.running: dict[str, Sequence] = {}  # insertion order = admission order
         self.num_admitted = 0
         self.inbox = Inbox()  # the wishes of other threads: Engine.submit, cancel, ...
+        self.token_text: Callable[[int], str] = str  # the engine's: logprobs.TokenTexts
         self._resumed: list[Sequence] = []  # replayed by apply_inbox: see take_resumed
 
     def has_work(self) -> bool:
@@ -242,14 +246,15 @@ class Scheduler:
             return self.max_prefill_tokens
         return min(self.max_prefill_tokens, max(within, least, MIN_PREFILL_TOKENS))
 
-    def record_chunk(self, chunk: Chunk, token: int | Exception | None) -> list[EngineEvent]:
+    def record_chunk(self, chunk: Chunk, token: Outcome | None) -> list[EngineEvent]:
         """A prefilled chunk: its positions are cached; a fresh prompt's last chunk
         brings the first token (or the exception that sampling it raised)."""
         chunk.seq.num_prefilled = chunk.end
+        commit(self.allocator, chunk.seq, chunk.end)  # prefix cache: its full blocks
         self.num_recomputed_tokens += max(min(chunk.end, chunk.seq.num_lost) - chunk.start, 0)
         return [] if token is None else self.record_token(chunk.seq, token)
 
-    def record_token(self, seq: Sequence, token: int | Exception) -> list[EngineEvent]:
+    def record_token(self, seq: Sequence, token: Outcome) -> list[EngineEvent]:
         """The events of one sequence's new token (or of the exception that sampling it raised).
 
         The per-sequence error boundary: an exception from sampling, the detokenizer or
@@ -260,11 +265,16 @@ class Scheduler:
         try:
             if isinstance(token, Exception):
                 raise token
-            text, reason = self._text_of(seq, token, index)
+            token_id = token_id_of(token)
+            text, reason = self._text_of(seq, token_id, index)
+            logprobs = (event_logprobs(token, self.token_text)
+                        if isinstance(token, Sampled) else None)
         except Exception as exc:
             return [self.finish(seq, FinishReason.ERROR, error=f"token {index} failed: {exc!r}")]
-        seq.generated_ids.append(token)
-        events: list[EngineEvent] = [TokenEvent(seq.request_id, index, token, text)]
+        seq.generated_ids.append(token_id)
+        commit(self.allocator, seq, seq.num_cached)  # prefix cache: its full blocks
+        events: list[EngineEvent] = [TokenEvent(seq.request_id, index, token_id, text,
+                                                logprobs)]
         if reason is not None:
             events.append(self.finish(seq, reason))
         return events
@@ -279,13 +289,9 @@ class Scheduler:
             self.waiting.remove(seq)
         seq.state = SequenceState.FINISHED
         self.inbox.retire(seq.request_id)
-        return FinishEvent(
-            seq.request_id,
-            reason,
-            seq.num_prompt_tokens,
-            len(seq.generated_ids),
-            error,
-        )
+        stop = seq.stop_matcher.matched if reason is FinishReason.STOP else None
+        return FinishEvent(seq.request_id, reason, seq.num_prompt_tokens,
+                           len(seq.generated_ids), error, stop)
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -318,17 +324,17 @@ class Scheduler:
         """Whether ``seq`` can be admitted now. The watermark applies only while others
         run: alone, a sequence that fits the cache at all is admitted."""
         headroom = self.watermark_blocks if self.running else 0
-        return self.allocator.can_reserve(self.admission.positions_at_admission(seq), headroom)
+        return fits(self.allocator, seq, self.admission.positions_at_admission(seq), headroom)
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_batch:
             head = self.waiting[0]
-            if not self._fits(head):
+            if not self._fits(head) or defer(self.allocator, self.running, self.max_prefill_tokens):
                 break
             self.waiting.popleft()
             # Invariant: a table is never reused after its release: a new one each time.
             positions = self.admission.positions_at_admission(head)
-            head.block_table = self.allocator.reserve(head.request_id, positions)
+            head.block_table = admit(self.allocator, head, positions)  # + a cached prefix
             head.state = SequenceState.RUNNING
             self.running[head.request_id] = head
             self.num_admitted += 1

@@ -49,6 +49,9 @@ class Sequence:
     num_recompute: int = 0
     num_preemptions: int = 0  # times this sequence lost its blocks to a preemption
     num_lost: int = 0  # positions cached when last preempted: the ones computed again
+    # The identities of its full blocks, as far as computed (``prefix_cache``): memoized,
+    # its tokens never change.
+    block_digests: list[bytes] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.generated_ids:  # a stream rebuilt elsewhere: recompute what it had

@@ -102,21 +102,28 @@ class IncrementalDetokenizer:
 
 
 class StopMatcher:
-    """Finds the first stop string in a stream of text deltas."""
+    """Finds the first stop string in a stream of text deltas; ``matched`` says which.
+
+    The text is cut where the earliest stop string begins; of two that begin at the
+    same place (one a prefix of the other) the shorter is the one matched, the first
+    that was complete.
+    """
 
     def __init__(self, stops: tuple[str, ...]) -> None:
         self._stops = tuple(s for s in stops if s)
         self._held = ""
+        self.matched: str | None = None  # the stop string that ended the text, once found
 
     def feed(self, delta: str) -> tuple[str, bool]:
         """Return (text safe to emit, stopped). After a stop, the rest is dropped."""
         if not self._stops:
             return delta, False
         text = self._held + delta
-        found = [i for i in (text.find(s) for s in self._stops) if i >= 0]
+        found = [(i, len(s), s) for s in self._stops if (i := text.find(s)) >= 0]
         if found:
             self._held = ""
-            return text[: min(found)], True
+            start, _, self.matched = min(found)
+            return text[:start], True
         keep = max(self._partial_len(text, s) for s in self._stops)
         self._held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep], False

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .prefix_cache import expected_hit_tokens
 from .scheduler import Scheduler
 from .step_timing import StepTiming
 
@@ -39,7 +40,8 @@ class Boundary:
     def of(cls, scheduler: Scheduler) -> Boundary:
         """Take it now (the stepping thread, between steps)."""
         return cls(
-            to_prefill=scheduler.prompt_tokens_to_prefill(),
+            to_prefill=scheduler.prompt_tokens_to_prefill() - sum(  # a cached prefix: none
+                expected_hit_tokens(scheduler.allocator, s) for s in scheduler.waiting),
             decoding=scheduler.num_decoding,
             queued=len(scheduler.waiting),
             steps_left=tuple(sorted(s.request.max_new_tokens - len(s.generated_ids)

@@ -29,6 +29,7 @@ class SamplingParams:
 
     ``temperature == 0`` is greedy. With a ``seed`` a sampled request draws
     from its own generator, so its tokens do not depend on its batch mates.
+    With ``logprobs`` each of its ``TokenEvent``s carries ``TokenLogprobs``.
     """
 
     temperature: float = 0.0
@@ -36,6 +37,8 @@ class SamplingParams:
     top_k: int = 0  # 0: no top-k cut
     seed: int | None = None
     ignore_eos: bool = False  # for fixed-length benchmarks
+    logprobs: bool = False  # each token's log-probability (``TokenLogprobs``)
+    top_logprobs: int = 0  # and the likeliest this many tokens' (needs ``logprobs``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,24 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """A generated token's log-probability, and the likeliest tokens' at its position.
+
+    Natural logs of the distribution the token was drawn from: ``log_softmax`` of the
+    step's logits divided by the request's temperature (a greedy request's: of the
+    logits themselves), before its top-k and top-p cut, so every token has one and it
+    does not depend on the cut. A token the model rules out is reported at
+    ``MIN_LOGPROB`` (-9999.0, as OpenAI does), so every value is a finite number. Texts
+    are each token decoded alone by the tokenizer: special tokens as their text, a
+    token that holds only part of a character with U+FFFD in its place.
+    """
+
+    token: str  # the generated token's own text (``TokenEvent.text`` is the delta)
+    logprob: float
+    top: tuple[tuple[int, str, float], ...] = ()  # (token id, text, logprob), likeliest first
+
+
+@dataclass(frozen=True, slots=True)
 class TokenEvent:
     """One generated token and the text it adds.
 
@@ -73,6 +94,7 @@ class TokenEvent:
     index: int  # 0 for the first generated token
     token_id: int
     text: str
+    logprobs: TokenLogprobs | None = None  # with SamplingParams.logprobs, else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +106,7 @@ class FinishEvent:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None  # a message when reason is ERROR
+    stop_sequence: str | None = None  # the stop string that matched, when reason is STOP
 
 
 EngineEvent = TokenEvent | FinishEvent
@@ -108,3 +131,7 @@ class EngineStatistics:
     preemptions: int = 0  # running sequences whose blocks were taken back (to recompute)
     recomputed_tokens: int = 0  # positions prefilled again after preemptions
     step_margin: float = 1.0  # a step target's planned steps: actual / planned (costs.margin)
+    prefix_cache_queries: int = 0  # prompt positions looked up at admission (prefix cache)
+    prefix_cache_hits: int = 0  # of those, found cached: not computed
+    blocks_cached: int = 0  # committed full blocks, shared or evictable
+    blocks_evicted: int = 0  # cached blocks reused for other positions (LRU)

@@ -25,6 +25,8 @@ MIN_TOP_K = 0
 MIN_SEED = 0
 MAX_SEED = 2**63 - 1
 """Inclusive: a seed must fit a signed 64-bit generator seed."""
+MAX_TOP_LOGPROBS = 20
+"""Inclusive: the likeliest tokens a step reports per token (OpenAI's chat allows 20)."""
 
 
 def validate_request(request: GenerationRequest) -> None:
@@ -50,3 +52,11 @@ def validate_sampling(params: SamplingParams) -> None:
         isinstance(seed, bool) or not isinstance(seed, int) or not MIN_SEED <= seed <= MAX_SEED
     ):
         raise InvalidSampling(f"seed must be an integer in [0, 2**63), got {seed!r}")
+    logprobs, top = params.logprobs, params.top_logprobs
+    if not isinstance(logprobs, bool):
+        raise InvalidSampling(f"logprobs must be a boolean, got {logprobs!r}")
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise InvalidSampling(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], "
+                              f"got {top!r}")
+    if top and not logprobs:
+        raise InvalidSampling("top_logprobs needs logprobs")

@@ -35,15 +35,16 @@ class TtftDeadlines:
     def check(self, request: GenerationRequest) -> None:
         """Raise DeadlineUnmeetable if the engine's estimate says the first token cannot
         come by ``request.ttft_deadline`` (time.monotonic() seconds; None: no check),
-        counting its ``prompt_token_ids`` (none given: none counted, a lower bound, so
-        a caller may check before encoding the prompt). Sync, never waits a step: it
+        counting its ``prompt_token_ids`` but those the engine has cached (none given:
+        none counted, a lower bound, so a caller may check before encoding the prompt).
+        Sync, never waits a step: it
         reads the engine's last step boundary."""
         deadline = request.ttft_deadline
         if deadline is None:
             return
         left_ms = (deadline - time.monotonic()) * 1000
         ids = request.prompt_token_ids
-        estimate = self._engine.estimate_ttft_ms(len(ids or ()))
+        estimate = self._engine.estimate_ttft_ms(len(ids or ()), ids or ())
         if left_ms <= 0 or (estimate is not None and estimate > left_ms):
             self.refused += 1
             raise DeadlineUnmeetable(estimate, left_ms)

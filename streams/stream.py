@@ -363,7 +363,10 @@ class TokenStream:
         self._items.clear()
         self._items.append(error)
         self._mark_ended(end)
-        self._mark_writing()
+        # Not waited for: a stream ended from outside (a slow reader dropped, a shutdown)
+        # may have its writer blocked in a write to a reader that does not read, and the
+        # stepper must not hold every other stream's tokens for it (streams/stepper.py).
+        self._mark_written()
         self._settled.unpark_all()
 
     def _mark_ended(self, end: StreamEnd) -> None:

@@ -107,7 +107,7 @@ async def test_whole_answer_is_the_message_object(
     assert message["usage"]["output_tokens"] == 6
 
 
-async def test_stop_sequence_is_set_when_one_was_given_and_null_for_several(
+async def test_stop_sequence_names_the_one_that_matched_of_one_or_several(
     chat_server: RunningServer,
 ) -> None:
     text = (await post(chat_server, json=body(max_tokens=12))).json()["content"][0]["text"]
@@ -117,14 +117,18 @@ async def test_stop_sequence_is_set_when_one_was_given_and_null_for_several(
     one = (await post(chat_server, json=body(max_tokens=12, stop_sequences=[stop]))).json()
     streamed = await post(chat_server, json=body(max_tokens=12, stop_sequences=[stop],
                                                  stream=True))
-    several = (await post(chat_server, json=body(max_tokens=12,
-                                                 stop_sequences=[stop, "\u2603"]))).json()
+    several = (await post(chat_server, json=body(max_tokens=12, stream=True,
+                                                 stop_sequences=["\u2603", stop, "\u2604"])))
+    several_whole = (await post(chat_server, json=body(max_tokens=12,
+                                                       stop_sequences=["\u2603", stop]))).json()
 
     assert (one["stop_reason"], one["stop_sequence"]) == ("stop_sequence", stop)
     assert one["content"][0]["text"] == text[:text.index(stop)]
     delta = data_of(parse_sse(streamed.content))[-2]["delta"]
     assert delta == {"stop_reason": "stop_sequence", "stop_sequence": stop}
-    assert (several["stop_reason"], several["stop_sequence"]) == ("stop_sequence", None)
+    assert data_of(parse_sse(several.content))[-2]["delta"] == delta
+    assert (several_whole["stop_reason"], several_whole["stop_sequence"]) == (
+        "stop_sequence", stop)
 
 
 async def test_end_of_sequence_is_end_turn_in_both_forms(
@@ -289,9 +293,8 @@ def test_sampling_defaults_to_the_api_s_and_takes_extra_body_fields() -> None:
 
 
 def test_encoder_sends_no_empty_delta_and_ends_with_the_finish() -> None:
-    events = AnthropicEvents("abc", MODEL, 7, error_envelope=anthropic_error_envelope,
-                             stops=("\n",))
-    finish = FinishEvent("abc", FinishReason.STOP, 7, 3)
+    events = AnthropicEvents("abc", MODEL, 7, error_envelope=anthropic_error_envelope)
+    finish = FinishEvent("abc", FinishReason.STOP, 7, 3, stop_sequence="\n")
 
     held = events.encode([TokenEvent("abc", 0, 11, "")])
     tail = data_of(parse_sse(events.encode([TokenEvent("abc", 1, 12, "Hi"), finish])))
@@ -301,7 +304,7 @@ def test_encoder_sends_no_empty_delta_and_ends_with_the_finish() -> None:
                                          "message_delta", "message_stop"]
     assert tail[2]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "\n"}
     assert tail[2]["usage"] == {"input_tokens": 7, "output_tokens": 3}
-    assert whole_message("abc", MODEL, "Hi", finish, ("\n",))["stop_sequence"] == "\n"
+    assert whole_message("abc", MODEL, "Hi", finish)["stop_sequence"] == "\n"
 
 
 def test_encoder_error_event_has_anthropic_s_shape() -> None:

@@ -124,8 +124,9 @@ async def test_create_with_stream_gives_the_event_sequence(
     assert events[-2].usage.output_tokens == 4
 
 
+@pytest.mark.parametrize("others", [[], ["\u2603", "\u2604"]], ids=["one", "several"])
 async def test_stop_sequence_ends_the_answer_and_is_named(
-    chat_server: RunningServer, sdk: Any
+    chat_server: RunningServer, sdk: Any, others: list[str]
 ) -> None:
     client = sdk(chat_server)
     fields: dict[str, Any] = {"model": MODEL, "max_tokens": 12, "messages": QUESTION,
@@ -133,9 +134,10 @@ async def test_stop_sequence_ends_the_answer_and_is_named(
     text = (await client.messages.create(**fields)).content[0].text
     assert len(text) >= 5
     stop = text[3:5]
+    stops = [*others[:1], stop, *others[1:]]
 
-    whole = await client.messages.create(**fields, stop_sequences=[stop])
-    async with client.messages.stream(**fields, stop_sequences=[stop]) as stream:
+    whole = await client.messages.create(**fields, stop_sequences=stops)
+    async with client.messages.stream(**fields, stop_sequences=stops) as stream:
         final = await stream.get_final_message()
 
     for message in (whole, final):

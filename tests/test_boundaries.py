@@ -77,14 +77,17 @@ def test_importing_the_app_reads_no_environment_builds_nothing_and_patches_nothi
     # A variable the settings refuse: reading the environment would raise.
     statement = (
         "import os; os.environ['STREAMSCOPE_NO_SUCH_SETTING'] = '1'\n"
-        "import app, app.settings, app.runtime, app.edge.http_fixes\n"
-        "import hypercorn.trio.run, hypercorn.trio.tcp_server\n"
+        "import app, app.settings, app.runtime, app.edge.http_fixes, app.edge.h2_fixes\n"
+        "import hypercorn.trio.run, hypercorn.trio.tcp_server, hypercorn.protocol\n"
+        "import hypercorn.protocol.h2 as h2p\n"
         "RESULT = [hypercorn.trio.run.TCPServer is hypercorn.trio.tcp_server.TCPServer,\n"
+        "          hypercorn.protocol.H2Protocol is h2p.H2Protocol,\n"
+        "          h2p.StreamBuffer.__module__ == 'hypercorn.protocol.h2',\n"
         "          app.app._app is None]"
     )
     loaded = loaded_after(statement)
 
-    assert loaded["extra"] == [True, True]  # hypercorn as it was; no app built
+    assert loaded["extra"] == [True, True, True, True]  # hypercorn as it was; no app built
     assert top_level(loaded["modules"], ("app",)) & {"app.factory", "app.routes"} == set()
 
 
@@ -209,15 +212,17 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
         "RETRY_MS", "TAKEN_OVER_EVENT", "AnthropicEvents", "ChatShape", "ChoiceShape",
         "CompletionShape",
         "Encoder", "ErrorEnvelope", "NativeEvents", "OpenAIChunks", "ResumableEvents",
-        "encode_json_event", "error_data", "event_without_id", "item_event", "start_event",
-        "token_event", "usage", "whole_answer", "whole_message",
+        "encode_json_event", "error_data", "event_without_id", "item_event", "logprobs_data",
+        "start_event", "token_event", "usage", "whole_answer", "whole_message",
     ],
     "engine": [
-        "MAX_SEED", "MAX_TEMPERATURE", "MAX_TOP_P", "MIN_SEED", "MIN_TEMPERATURE", "MIN_TOP_K",
+        "MAX_SEED", "MAX_TEMPERATURE", "MAX_TOP_LOGPROBS", "MAX_TOP_P", "MIN_SEED",
+        "MIN_TEMPERATURE", "MIN_TOP_K",
         "MIN_TOP_P", "ChatTemplateError", "DoubleRelease", "DuplicateRequestId", "EmptyPrompt",
         "EngineError", "EngineEvent", "EngineStatistics", "FinishEvent", "FinishReason",
         "GenerationRequest", "InvalidMaxNewTokens", "InvalidRequest", "InvalidSampling",
-        "PromptTooLong", "SamplingParams", "StepReentered", "TokenEvent", "load_engine",
+        "PromptTooLong", "SamplingParams", "StepReentered", "TokenEvent", "TokenLogprobs",
+        "load_engine",
         "validate_request", "validate_sampling",
     ],
     "streams": [

@@ -210,7 +210,7 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: boo
 
 
 def _cache(num_kv_heads: int) -> PagedKVCache:
-    return PagedKVCache(
+    cache = PagedKVCache(
         num_layers=2,
         num_blocks=16,
         block_size=BLOCK_SIZE,
@@ -219,6 +219,8 @@ def _cache(num_kv_heads: int) -> PagedKVCache:
         dtype=torch.float32,
         device=torch.device("cpu"),
     )
+    cache.fill_for_test(float("nan"))  # allocated unwritten: what is read must be written
+    return cache
 
 
 def _slots(cache: PagedKVCache, table: list[int], positions: range) -> torch.Tensor:
@@ -238,7 +240,7 @@ def test_paged_prefill_writes_the_cache_and_matches_causal_sdpa(num_kv_heads: in
     torch.testing.assert_close(out, _reference(q, k, v, causal=True))
     torch.testing.assert_close(cache.keys[1][slots], k[0].transpose(0, 1))
     torch.testing.assert_close(cache.values[1][slots], v[0].transpose(0, 1))
-    assert not cache.keys[0].any()  # another layer's cache is untouched
+    assert torch.isnan(cache.keys[0]).all()  # another layer's cache is untouched
 
 
 @pytest.mark.parametrize("max_padding", [attention.MAX_PADDING, 4], ids=["one-call", "groups"])

@@ -157,7 +157,7 @@ def test_stop_string_ends_the_run_before_it(
     tokens, finish = _run(make_tiny_engine(model), stopped)
     assert _text(tokens) == full[: full.find(stop)]  # what came before, never the stop
     assert [t.token_id for t in tokens] == [t.token_id for t in first[: end_token + 1]]
-    assert finish == FinishEvent("a", FinishReason.STOP, 8, end_token + 1)
+    assert finish == FinishEvent("a", FinishReason.STOP, 8, end_token + 1, stop_sequence=stop)
 
 
 def test_held_back_stop_prefix_is_flushed_when_the_run_ends(make_tiny_engine: MakeEngine) -> None:

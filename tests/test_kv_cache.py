@@ -110,7 +110,8 @@ def test_cache_tensors_are_allocated_once_per_layer() -> None:
     for tensors in (cache.keys, cache.values):
         assert [tuple(t.shape) for t in tensors] == [(20, 2, 8)] * 3
         assert len({t.data_ptr() for t in tensors}) == 3
-    assert not any(t.any() for t in cache.keys + cache.values)
+    # Allocated, not written (torch.empty): tests/test_cache_unwritten.py checks that
+    # nothing reads a slot before its position is written, and what that saves.
 
 
 # -- the engine's use of the cache ----------------------------------------------------------

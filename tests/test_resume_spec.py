@@ -41,7 +41,7 @@ def test_every_request_field_reads_back_as_it_was() -> None:
     request = GenerationRequest(
         "r2", "Once upon a time", 7, stop=("\n\n", "END"), prompt_token_ids=(5, 6, 7, 8),
         sampling=SamplingParams(temperature=0.7, top_p=0.9, top_k=40, seed=12345,
-                                ignore_eos=True),
+                                ignore_eos=True, logprobs=True, top_logprobs=3),
     )
 
     read, _ = rebuilt(request, PolicyName.DROP)

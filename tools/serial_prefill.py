@@ -17,6 +17,9 @@ again (a failure the benchmark never meets).
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
+
+from engine.logprobs import Outcome
 from engine.model_side import Runner
 from engine.sequence import Chunk, Sequence
 from engine.types import SamplingParams
@@ -28,15 +31,15 @@ class SerialPrefill:
     def __init__(self, inner: Runner) -> None:
         self.inner = inner
 
-    def prefill(self, chunks: list[Chunk]) -> list[int | Exception | None]:
+    def prefill(self, chunks: list[Chunk]) -> list[Outcome | None]:
         return [self.inner.prefill([chunk])[0] for chunk in chunks]
 
-    def decode(self, seqs: list[Sequence]) -> list[int | Exception]:
+    def decode(self, seqs: list[Sequence]) -> Seq[Outcome]:
         return self.inner.decode(seqs)
 
     def mixed(
         self, chunks: list[Chunk], seqs: list[Sequence]
-    ) -> tuple[list[int | Exception | None], list[int | Exception]]:
+    ) -> tuple[Seq[Outcome | None], Seq[Outcome]]:
         return self.inner.mixed(chunks, seqs)
 
     def new_generator(self, params: SamplingParams) -> object | None:

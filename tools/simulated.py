@@ -37,6 +37,7 @@ import torch
 
 from engine import sampling
 from engine.engine import Engine
+from engine.logprobs import Outcome
 
 if TYPE_CHECKING:
     from app.factory import StreamscopeApp
@@ -86,15 +87,15 @@ class SimulatedRunner:
         if isinstance(generator, torch.Generator):
             sampling.advance(generator, self.vocab_size, len(generated_ids))
 
-    def prefill(self, chunks: list[Chunk]) -> list[int | Exception | None]:
+    def prefill(self, chunks: list[Chunk]) -> list[Outcome | None]:
         return self.mixed(chunks, [])[0]
 
-    def decode(self, seqs: list[Sequence]) -> list[int | Exception]:
+    def decode(self, seqs: list[Sequence]) -> list[Outcome]:
         return self.mixed([], seqs)[1]
 
     def mixed(
         self, chunks: list[Chunk], seqs: list[Sequence]
-    ) -> tuple[list[int | Exception | None], list[int | Exception]]:
+    ) -> tuple[list[Outcome | None], list[Outcome]]:
         """One simulated pass over the chunks and the decode rows; a token for each row
         that samples (a prompt's last chunk, every decode row), as ``ModelRunner``."""
         done = [c for c in chunks if c.samples]
@@ -118,7 +119,7 @@ class SimulatedRunner:
         self.pass_s += time.perf_counter() - started
         return logits
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int | Exception]:
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[Outcome]:
         """Each row's next token, or the exception sampling it raised: the same calls
         into ``engine.sampling`` as ``ModelRunner._sample``."""
         if not seqs:

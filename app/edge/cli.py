@@ -4,6 +4,7 @@
 
     streamscope serve                                 # http://127.0.0.1:8000
     streamscope serve --bind 0.0.0.0:8000 --bind [::]:8000 --config hypercorn.toml
+    streamscope serve --certfile cert.pem --keyfile key.pem   # https://, h2 and http/1.1
 
 The same app as ``hypercorn -k trio app:app`` (``create_app``, the ``STREAMSCOPE_*``
 settings from the environment, ``http_fixes`` installed as it is built), served in this
@@ -24,11 +25,20 @@ the engine holds none of our requests, hypercorn stops accepting, closes the idl
 connections, and the process exits 0. A second signal during the drain is only logged,
 as under the CLI: the drain has a deadline of its own (``signals.drain_on_signals``).
 
+TLS and HTTP/2: with ``--certfile`` and ``--keyfile`` (or hypercorn's ``certfile`` and
+``keyfile`` in the ``--config`` file; the options win) every bind serves TLS and offers
+``h2`` and ``http/1.1`` by ALPN (hypercorn's ``alpn_protocols``). Without them the server
+speaks HTTP/1.1 and, to a client that asks (prior knowledge, ``h2c``), HTTP/2 in the
+clear. Each HTTP/2 connection is ``h2_fixes.GuardedH2Protocol``: per-stream backpressure,
+flood budgets (rapid reset), and a GOAWAY when the drain begins (``goaway_on_drain``,
+started here beside hypercorn): its clients open no new stream on it, and the streams
+running on it finish, or get the drain's last event, as over HTTP/1.1.
+
 No ``--workers``: one process holds one model (its weights, its KV cache, its engine
 thread); hypercorn's workers would each load their own and share nothing, not even the
 admission limits. Several replicas behind a balancer are the scale-out's job.
 
-argparse, not a CLI library: one subcommand and two options, and no dependency to pin.
+argparse, not a CLI library: one subcommand and four options, and no dependency to pin.
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ from hypercorn.config import Config
 from ..factory import StreamscopeApp, create_app
 from ..runtime import Phase, Runtime
 from ..settings import Settings, SettingsError
+from .h2_fixes import goaway_on_drain
 from .http_fixes import UnsupportedVersion
 from .signals import DRAIN_MARGIN_S, drain_on_signals
 
@@ -111,14 +122,20 @@ def serving_defaults(settings: Settings) -> dict[str, Any]:
 
 
 def make_config(
-    settings: Settings, config_file: Path | None = None, binds: Sequence[str] = ()
+    settings: Settings,
+    config_file: Path | None = None,
+    binds: Sequence[str] = (),
+    *,
+    certfile: Path | None = None,
+    keyfile: Path | None = None,
 ) -> Config:
     """hypercorn's ``Config``: ``serving_defaults``, then ``config_file`` (TOML, or Python
     if it ends in ``.py``, read by hypercorn's ``from_toml``/``from_pyfile``), then
-    ``binds``.
+    ``binds``, ``certfile`` and ``keyfile``.
 
     Raises:
-        ServeError: the file cannot be read, or it asks for more than one worker.
+        ServeError: the file cannot be read, it asks for more than one worker, or TLS is
+            half configured or its certificate and key cannot be loaded.
     """
     # A subclass whose class attributes are our defaults: hypercorn's loaders build
     # ``cls()`` and set only what the file has, so the file overrides exactly those.
@@ -142,8 +159,29 @@ def make_config(
                          "which holds one model; run several servers for more")
     if binds:
         config.bind = list(binds)
+    if certfile is not None:
+        config.certfile = str(certfile)
+    if keyfile is not None:
+        config.keyfile = str(keyfile)
+    _check_tls(config)
     _warn_about(config, settings)
     return config
+
+
+def _check_tls(config: Config) -> None:
+    """Refuse half a TLS setup (hypercorn would serve plain HTTP without a word) and a
+    certificate or key that cannot be loaded (hypercorn would fail only once serving)."""
+    if (config.certfile is None) != (config.keyfile is None):
+        have, missing = (("certfile", "keyfile") if config.keyfile is None
+                         else ("keyfile", "certfile"))
+        raise ServeError(f"TLS needs both a certfile and a keyfile: {have} is set, "
+                         f"{missing} is not (--{missing} FILE, or {missing} in --config)")
+    if config.ssl_enabled:
+        try:
+            config.create_ssl_context()
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            raise ServeError(f"TLS: cannot load certfile {config.certfile} with keyfile "
+                             f"{config.keyfile}: {exc}") from exc
 
 
 def _warn_about(config: Config, settings: Settings) -> None:
@@ -193,6 +231,7 @@ async def serve(
     """
     async with trio.open_nursery() as nursery:
         await nursery.start(drain_on_signals, app.runtime)
+        nursery.start_soon(goaway_on_drain, app.runtime, config)
         binds = await nursery.start(_serve_then_stop, app, config, nursery)
         task_status.started(binds)
 
@@ -269,6 +308,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--config", type=Path, metavar="FILE",
         help="hypercorn settings, any of them: a TOML file, or Python if it ends in .py "
         "(hypercorn's Config.from_toml / from_pyfile); they override this command's defaults")
+    serve_parser.add_argument(
+        "--certfile", type=Path, metavar="FILE",
+        help="serve TLS with this certificate (PEM; with --keyfile): ALPN offers h2 and "
+        "http/1.1")
+    serve_parser.add_argument(
+        "--keyfile", type=Path, metavar="FILE", help="the certificate's private key (PEM)")
     return parser.parse_args(argv)
 
 
@@ -280,7 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
     try:
         settings = Settings.from_env()
-        config = make_config(settings, args.config, args.bind)
+        config = make_config(settings, args.config, args.bind, certfile=args.certfile,
+                             keyfile=args.keyfile)
         app = create_app(settings)  # installs the HTTP fixes, which check the versions
     except (SettingsError, ServeError, UnsupportedVersion) as exc:
         print(f"streamscope serve: {exc}", file=sys.stderr)

@@ -68,7 +68,7 @@ class AnthropicViews:
         headers = {"request-id": stream.request_id}
         if body.is_streaming:
             events = AnthropicEvents(stream.request_id, model, stream.prompt_tokens,
-                                     error_envelope=anthropic_error_envelope, stops=body.stops)
+                                     error_envelope=anthropic_error_envelope)
             return sse_response(
                 EventStreamBody(stream, events, keepalive_s=self.runtime.settings.keepalive_s,
                                 keepalives=self.runtime.keepalives, timer=timer),
@@ -77,7 +77,7 @@ class AnthropicViews:
         with stream:
             text, _, finish = await collect(stream, timer)
         return json_response(
-            whole_message(stream.request_id, model, text, finish, body.stops),
+            whole_message(stream.request_id, model, text, finish),
             headers={"X-Request-ID": stream.request_id, **headers},
         )
 

@@ -22,6 +22,8 @@ what happens when the client goes, step by step.
 
 from __future__ import annotations
 
+from typing import Any
+
 from quart import Blueprint, Response, request
 
 from ..edge.connection import own
@@ -29,7 +31,7 @@ from ..errors import ApiError, ErrorType
 from ..metrics import Metrics
 from ..runtime import Runtime
 from ..schemas import GenerateBody, RequestLimits, parse_generate_body
-from ..wire import NativeEvents
+from ..wire import NativeEvents, logprobs_data
 from .body import EventStreamBody
 from .health import add_health_routes
 from .resumable import open_resumable
@@ -93,17 +95,20 @@ class NativeViews:
         own(request.scope, stream)
         submitted(timer, stream)
         with stream:
-            text, token_ids, finish = await collect(stream, timer)
-        answer = {
+            text, tokens, finish = await collect(stream, timer)
+        answer: dict[str, Any] = {
             "id": stream.request_id,
             "text": text,
-            "tokens": token_ids,
+            "tokens": [t.token_id for t in tokens],
             "finish_reason": finish.reason.value,
             "usage": {
                 "prompt_tokens": finish.prompt_tokens,
                 "completion_tokens": finish.completion_tokens,
             },
         }
+        if body.logprobs:  # a token's entry as in its token event, one per token
+            answer["logprobs"] = [None if t.logprobs is None else logprobs_data(t.logprobs)
+                                  for t in tokens]
         return json_response(answer, headers={"X-Request-ID": stream.request_id})
 
     async def finished_request(self, request_id: str) -> Response:

@@ -102,9 +102,9 @@ class OpenAIViews:
                 stream.request_id,
             )
         with stream:
-            text, _, finish = await collect(stream, timer)
+            text, tokens, finish = await collect(stream, timer)
         return json_response(
-            whole_answer(shape, stream.request_id, model, text, finish),
+            whole_answer(shape, stream.request_id, model, text, finish, tokens),
             headers={"X-Request-ID": stream.request_id},
         )
 

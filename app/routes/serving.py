@@ -114,21 +114,22 @@ def sse_response(
 
 async def collect(
     stream: TokenStream, timer: RequestTimer
-) -> tuple[str, list[int], FinishEvent]:
-    """Read a stream to its end: (text, token ids, finish), or ApiError for a StreamError.
+) -> tuple[str, list[TokenEvent], FinishEvent]:
+    """Read a stream to its end: (text, token events, finish), or ApiError for a
+    StreamError.
 
     Cancellation: at ``stream.receive()``; the stream is unchanged.
     """
     text: list[str] = []
-    token_ids: list[int] = []
+    tokens: list[TokenEvent] = []
     async for item in stream:
         timer.observe(item)
         match item:
             case TokenEvent():
                 text.append(item.text)
-                token_ids.append(item.token_id)
+                tokens.append(item)
             case FinishEvent():
-                return "".join(text), token_ids, item
+                return "".join(text), tokens, item
             case StreamError():
                 raise ApiError(item.type, item.message)
     raise ApiError(ErrorType.INTERNAL_ERROR, "the stream ended without a result")

@@ -58,7 +58,10 @@ def _flat(stats: Any, kind: type, keys: Mapping[str, str], absent: object) -> di
 
 def _engine_fields(eng: ServingEngine | None) -> dict[str, Any]:
     stats = eng.statistics() if eng is not None else None
-    return _flat(stats, engine.EngineStatistics, {}, None)
+    fields = _flat(stats, engine.EngineStatistics, {}, None)
+    phases = getattr(eng, "start_phases_s", None)  # engine.Engine's: what its start took
+    fields["start_phases_s"] = dict(phases) if isinstance(phases, dict) else None
+    return fields
 
 
 def _hub_fields(hub: streams.Hub | None) -> dict[str, Any]:

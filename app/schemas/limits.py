@@ -92,6 +92,14 @@ def check_prompt_chars(length: int, limits: RequestLimits) -> None:
         )
 
 
+def check_top_logprobs(value: int | None, logprobs: object) -> int | None:
+    """Refuse top log-probabilities without ``logprobs`` (as OpenAI does)."""
+    if value and logprobs is not True:
+        raise PydanticCustomError("logprobs_required",
+                                  "top_logprobs needs logprobs set to true", {})
+    return value
+
+
 def check_new_tokens(value: int | None, limits: RequestLimits) -> int | None:
     """Refuse more new tokens than the server allows; None (the default) passes."""
     limit = limits.max_new_tokens_limit

@@ -15,7 +15,7 @@ import uuid
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from engine import MIN_TOP_K, GenerationRequest, SamplingParams
+from engine import MAX_TOP_LOGPROBS, MIN_TOP_K, GenerationRequest, SamplingParams
 from streams import PolicyName
 
 from .limits import (
@@ -29,6 +29,7 @@ from .limits import (
     TopP,
     check_new_tokens,
     check_prompt_chars,
+    check_top_logprobs,
     limits_of,
 )
 
@@ -37,7 +38,9 @@ _HOW = "validate a GenerateBody with parse_generate_body(raw, limits)"
 
 class GenerateBody(BaseModel):
     """``{"prompt", "max_new_tokens", "stop", "temperature", "top_p", "top_k", "seed",
-    "ignore_eos", "policy", "resumable", "deadline_ms"}``; only ``prompt`` is required.
+    "ignore_eos", "logprobs", "top_logprobs", "policy", "resumable", "deadline_ms"}``;
+    only ``prompt`` is required. With ``logprobs`` every ``token`` event carries the
+    token's log-probability, and the likeliest ``top_logprobs`` (0 to 20) tokens'.
 
     Validate with ``parse_generate_body`` (the limits are its context).
     """
@@ -52,6 +55,8 @@ class GenerateBody(BaseModel):
     top_k: int = Field(default=0, ge=MIN_TOP_K)
     seed: Seed | None = None
     ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)
     policy: PolicyName | None = None  # the slow-reader policy for this stream only
     resumable: bool = False  # /v1/stream: ids <request_id>:<n>, resumable
     deadline_ms: DeadlineMs | None = None  # None: the server's default
@@ -69,6 +74,12 @@ class GenerateBody(BaseModel):
         if value is None:
             return limits.default_max_new_tokens
         check_new_tokens(value, limits)
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, value: int, info: ValidationInfo) -> int:
+        check_top_logprobs(value, info.data.get("logprobs"))
         return value
 
     @field_validator("policy")
@@ -98,6 +109,8 @@ class GenerateBody(BaseModel):
                 top_k=self.top_k,
                 seed=self.seed,
                 ignore_eos=self.ignore_eos,
+                logprobs=self.logprobs,
+                top_logprobs=self.top_logprobs,
             ),
             ttft_deadline=ttft_deadline,
         )

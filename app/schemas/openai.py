@@ -8,7 +8,9 @@ Three kinds of field:
   ``temperature``, ``top_p``, ``stop``, ``seed``, ``stream``,
   ``stream_options.include_usage``, and the extensions vLLM accepts ``ignore_eos`` and
   ``top_k`` (``-1`` or ``0``: no cut), and streamscope's ``deadline_ms`` (a TTFT deadline,
-  as on ``/v1/stream``); chat also ``messages`` and ``add_generation_prompt``;
+  as on ``/v1/stream``); chat also ``messages``, ``add_generation_prompt``, ``logprobs``
+  (a boolean) and ``top_logprobs`` (0 to 20, with ``logprobs``); completions also
+  ``logprobs`` (0 to 5: the chosen token's and that many likeliest tokens');
 * unsupported (``UNSUPPORTED``, in ``unsupported.py``): accepted at their neutral value
   (``n: 1``, ``frequency_penalty: 0``, ``logit_bias: {}``, null, ...), refused otherwise
   with a 400 whose ``param`` names the field. ``min_tokens`` is one: the engine has no
@@ -28,7 +30,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from engine import GenerationRequest, SamplingParams
+from engine import MAX_TOP_LOGPROBS, GenerationRequest, SamplingParams
 
 from .limits import (
     DeadlineMs,
@@ -42,6 +44,7 @@ from .limits import (
     TopP,
     check_new_tokens,
     check_prompt_chars,
+    check_top_logprobs,
     limits_of,
 )
 from .unsupported import (
@@ -52,6 +55,7 @@ from .unsupported import (
 )
 
 OPENAI_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for completions
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions' logprobs
 
 _HOW = "validate an OpenAI body with the request limits as its context"
 
@@ -105,6 +109,10 @@ class OpenAIBody(BaseModel):
     def new_tokens(self, limits: RequestLimits) -> int:
         return self.max_tokens or OPENAI_DEFAULT_MAX_TOKENS
 
+    def logprob_request(self) -> tuple[bool, int]:
+        """(whether to report log-probabilities, how many likeliest tokens)."""
+        return False, 0
+
     def generation_request(
         self, prompt: str, limits: RequestLimits, prompt_ids: tuple[int, ...] | None = None,
         ttft_deadline: float | None = None,
@@ -112,6 +120,7 @@ class OpenAIBody(BaseModel):
         """The engine's request for ``prompt`` (and its ids, if already encoded), due
         its first token by ``ttft_deadline`` (see ``serving.ttft_deadline``)."""
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        logprobs, top_logprobs = self.logprob_request()
         return GenerationRequest(
             request_id=uuid.uuid4().hex,
             prompt=prompt,
@@ -123,6 +132,8 @@ class OpenAIBody(BaseModel):
                 top_k=max(self.top_k or 0, 0),
                 seed=self.seed,
                 ignore_eos=bool(self.ignore_eos),
+                logprobs=logprobs,
+                top_logprobs=top_logprobs,
             ),
             prompt_token_ids=prompt_ids,
             ttft_deadline=ttft_deadline,
@@ -135,7 +146,7 @@ class CompletionsBody(OpenAIBody):
     UNSUPPORTED: ClassVar[dict[str, tuple[object, ...]]] = COMPLETIONS_UNSUPPORTED
 
     prompt: Prompt
-    logprobs: Any = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: Any = None
     suffix: Any = None
 
@@ -146,6 +157,9 @@ class CompletionsBody(OpenAIBody):
     def _prompt_within_limit(cls, value: str, info: ValidationInfo) -> str:
         check_prompt_chars(len(value), limits_of(info, _HOW))
         return value
+
+    def logprob_request(self) -> tuple[bool, int]:
+        return self.logprobs is not None, self.logprobs or 0
 
 
 class TextPart(BaseModel):
@@ -187,8 +201,8 @@ class ChatBody(OpenAIBody):
     messages: list[ChatMessage] = Field(min_length=1)
     add_generation_prompt: bool = True  # vLLM; false to continue the last message
     max_completion_tokens: NewTokens | None = None
-    logprobs: Any = None
-    top_logprobs: Any = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: Any = None
     tool_choice: Any = None
     functions: Any = None
@@ -216,6 +230,14 @@ class ChatBody(OpenAIBody):
         text = sum(len(m.as_template_input()["content"]) for m in value)
         check_prompt_chars(text, limits_of(info, _HOW))
         return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return check_top_logprobs(value, info.data.get("logprobs"))
+
+    def logprob_request(self) -> tuple[bool, int]:
+        return bool(self.logprobs), self.top_logprobs or 0
 
     def template_input(self) -> list[dict[str, str]]:
         return [m.as_template_input() for m in self.messages]

@@ -27,14 +27,11 @@ COMMON_UNSUPPORTED: dict[str, tuple[object, ...]] = {
 }
 COMPLETIONS_UNSUPPORTED = {
     **COMMON_UNSUPPORTED,
-    "logprobs": (),
     "echo": (False,),
     "suffix": ("",),
 }
 CHAT_UNSUPPORTED = {
     **COMMON_UNSUPPORTED,
-    "logprobs": (False,),
-    "top_logprobs": (0,),
     "tools": ([],),
     "tool_choice": ("none",),
     "functions": ([],),

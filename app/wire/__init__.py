@@ -18,6 +18,7 @@ from .native import NativeEvents as NativeEvents
 from .native import encode_json_event as encode_json_event
 from .native import error_data as error_data
 from .native import item_event as item_event
+from .native import logprobs_data as logprobs_data
 from .native import start_event as start_event
 from .native import token_event as token_event
 from .openai_chunks import DONE as DONE
@@ -59,6 +60,7 @@ __all__ = [
     "error_data",
     "event_without_id",
     "item_event",
+    "logprobs_data",
     "start_event",
     "token_event",
     "usage",

@@ -23,9 +23,8 @@ the first byte is an ``error`` event ``{"type": "error", "error": {"type", "mess
 the refusals' object, which the routes build (``ErrorEnvelope``); nothing follows it.
 
 ``stop_reason``: ``end_turn`` (the end-of-sequence token), ``max_tokens``, or
-``stop_sequence`` with ``stop_sequence`` the string that matched. The engine says only
-that a stop string matched, not which one: with one ``stop_sequences`` entry it is that
-one; with several, ``stop_sequence`` is null (``matched_stop``), never a guess.
+``stop_sequence`` with ``stop_sequence`` the string that matched, as the engine's stop
+matcher recorded it (``FinishEvent.stop_sequence``), whichever of several it was.
 """
 
 from __future__ import annotations
@@ -60,13 +59,9 @@ def _event(name: str, data: Mapping[str, Any]) -> bytes:
 PING_EVENT = _event("ping", {})
 
 
-def matched_stop(stops: tuple[str, ...], finish: FinishEvent) -> str | None:
-    """The stop sequence that ended ``finish``: the one given, or None if it ended
-    otherwise or several were given (the engine does not say which one matched)."""
-    distinct = set(stops)
-    if finish.reason is not FinishReason.STOP or len(distinct) != 1:
-        return None
-    return next(iter(distinct))
+def matched_stop(finish: FinishEvent) -> str | None:
+    """The stop sequence that ended ``finish``, or None if it ended otherwise."""
+    return finish.stop_sequence if finish.reason is FinishReason.STOP else None
 
 
 def message_usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
@@ -75,7 +70,7 @@ def message_usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
 
 def message_object(
     request_id: str, model: str, content: list[dict[str, Any]], input_tokens: int,
-    finish: FinishEvent | None = None, stops: tuple[str, ...] = (),
+    finish: FinishEvent | None = None,
 ) -> dict[str, Any]:
     """The ``message`` object: a whole answer's (with its finish), or the one
     ``message_start`` carries (none yet: no content, no stop reason)."""
@@ -86,18 +81,16 @@ def message_object(
         "model": model,
         "content": content,
         "stop_reason": None if finish is None else STOP_REASONS[finish.reason],
-        "stop_sequence": None if finish is None else matched_stop(stops, finish),
+        "stop_sequence": None if finish is None else matched_stop(finish),
         "usage": message_usage(input_tokens,
                                0 if finish is None else finish.completion_tokens),
     }
 
 
-def whole_message(
-    request_id: str, model: str, text: str, finish: FinishEvent, stops: tuple[str, ...] = ()
-) -> dict[str, Any]:
+def whole_message(request_id: str, model: str, text: str, finish: FinishEvent) -> dict[str, Any]:
     """The answer of a request without ``"stream": true``: one text block."""
     return message_object(request_id, model, [{"type": "text", "text": text}],
-                          finish.prompt_tokens, finish, stops)
+                          finish.prompt_tokens, finish)
 
 
 class AnthropicEvents:
@@ -108,7 +101,6 @@ class AnthropicEvents:
         model: the name the message carries.
         input_tokens: the prompt's length in tokens (``message_start``'s usage).
         error_envelope: Anthropic's error object for a failure (the routes own it).
-        stops: the request's ``stop_sequences``, for ``stop_sequence``.
     """
 
     def __init__(
@@ -118,13 +110,11 @@ class AnthropicEvents:
         input_tokens: int,
         *,
         error_envelope: AnthropicErrorEnvelope,
-        stops: tuple[str, ...] = (),
     ) -> None:
         self.request_id = request_id
         self.model = model
         self.input_tokens = input_tokens
         self.error_envelope = error_envelope
-        self.stops = stops
 
     def opening(self) -> bytes:
         """``message_start``, ``content_block_start`` and a first ``ping``."""
@@ -159,7 +149,7 @@ class AnthropicEvents:
                           {"index": 0, "delta": {"type": "text_delta", "text": item.text}})
         if isinstance(item, FinishEvent):
             delta = {"stop_reason": STOP_REASONS[item.reason],
-                     "stop_sequence": matched_stop(self.stops, item)}
+                     "stop_sequence": matched_stop(item)}
             usage = message_usage(item.prompt_tokens, item.completion_tokens)
             return (_event("content_block_stop", {"index": 0})
                     + _event("message_delta", {"delta": delta, "usage": usage})

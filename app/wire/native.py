@@ -4,13 +4,17 @@ Events, with SSE ids counting events from 1 (keep-alive comments carry no id)::
 
     start  {"id": request id, "prompt_tokens": n}                      always first, id 1
     token  {"index": i, "id": token id, "text": delta}                 one per token
+           + "logprobs": {"token": its own text, "logprob": x,         if the request
+             "top": [{"id", "token", "logprob"}, ...]}                 asked for them
     done   {"finish_reason": "eos"|"length"|"stop",
             "usage": {"prompt_tokens": n, "completion_tokens": m}}     last, or
     error  {"error": {"type": "slow_client"|"engine_error"|"shutdown", "message": ...}}
 
 The data is compact JSON escaped to ASCII (``encode_json_event``). A token event, the
 one made once a token, is built by hand (``token_event``) to the same bytes as the
-general encoding; a test holds the two equal.
+general encoding; a test holds the two equal. A token with log-probabilities
+(``engine.TokenLogprobs``: natural logs after the temperature, the likeliest first)
+takes the general encoding.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from engine import FinishEvent, TokenEvent
+from engine import FinishEvent, TokenEvent, TokenLogprobs
 from streams import encode_event
 
 from .encoder import KEEPALIVE_COMMENT
@@ -41,6 +45,8 @@ def token_event(event_id: int, item: TokenEvent) -> bytes:
     """``encode_json_event("token", event_id, item_event(item)[1])``, byte for byte (a
     test checks it), built directly: the one event made once a token. The text is a JSON
     string escaped to ASCII, so the data is one line and needs no splitting."""
+    if item.logprobs is not None:  # the general encoding: a rare and larger event
+        return encode_json_event("token", event_id, item_event(item)[1])
     text = json.dumps(item.text, ensure_ascii=True)
     return (f'event: token\nid: {event_id}\ndata: {{"index":{item.index},'
             f'"id":{item.token_id},"text":{text}}}\n\n').encode("ascii")
@@ -58,7 +64,10 @@ def item_event(item: StreamItem) -> tuple[str, dict[str, Any]]:
     not imported at run time: it lives beside the stream, with Trio).
     """
     if isinstance(item, TokenEvent):
-        return "token", {"index": item.index, "id": item.token_id, "text": item.text}
+        data: dict[str, Any] = {"index": item.index, "id": item.token_id, "text": item.text}
+        if item.logprobs is not None:
+            data["logprobs"] = logprobs_data(item.logprobs)
+        return "token", data
     if isinstance(item, FinishEvent):
         return "done", {
             "finish_reason": item.reason.value,
@@ -68,6 +77,13 @@ def item_event(item: StreamItem) -> tuple[str, dict[str, Any]]:
             },
         }
     return "error", error_data(item.type, item.message)
+
+
+def logprobs_data(logprobs: TokenLogprobs) -> dict[str, Any]:
+    """A token's log-probabilities as the native events (and ``/v1/generate``) carry them."""
+    return {"token": logprobs.token, "logprob": logprobs.logprob,
+            "top": [{"id": i, "token": text, "logprob": value}
+                    for i, text, value in logprobs.top]}
 
 
 def error_data(error_type: str, message: str) -> dict[str, Any]:

@@ -6,6 +6,8 @@ as JSON (openai-python issues 2722 and 3833). Keep-alives are comment lines, whi
 ignores. The chunks' choices are the route's shape (``openai_shapes.py``); with
 ``stream_options.include_usage`` every chunk carries ``usage`` (null), and after the
 last choice one more chunk with ``choices: []`` has the totals. Then ``data: [DONE]``.
+A token of a request that asked for log-probabilities carries its own in its chunk, as
+the whole answer has them (``openai_shapes.py``).
 
 A failure after the first byte is ``data: {"error": {...}}`` then ``data: [DONE]``, as
 vLLM sends it; the SDK raises it as ``APIError``. Its object is OpenAI's error envelope,
@@ -64,6 +66,7 @@ class OpenAIChunks:
         self.include_usage = include_usage
         # Invariant: one id and created per stream
         self.created = int(time.time()) if created is None else created
+        self._chars = 0  # of the text sent so far: completions' text_offset
 
     def opening(self) -> bytes:
         """The shape's first chunk (chat's role), or b"" for none."""
@@ -88,7 +91,9 @@ class OpenAIChunks:
 
     def _encode(self, item: StreamItem) -> bytes:
         if isinstance(item, TokenEvent):
-            return self._chunk([self.shape.delta_choice(item.text)])
+            logprobs = None if item.logprobs is None else self.shape.logprobs([item], self._chars)
+            self._chars += len(item.text)
+            return self._chunk([self.shape.delta_choice(item.text, logprobs)])
         if isinstance(item, FinishEvent):
             last = self._chunk([self.shape.last_choice(FINISH_REASONS[item.reason])])
             if self.include_usage:

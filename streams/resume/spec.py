@@ -43,6 +43,7 @@ def spec_of(request: GenerationRequest, policy: PolicyName | None) -> bytes:
         "stop": list(request.stop),
         "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
         "seed": s.seed, "ignore_eos": s.ignore_eos,
+        "logprobs": s.logprobs, "top_logprobs": s.top_logprobs,
         "policy": None if policy is None else policy.value,  # JSON holds the name
     }, separators=(",", ":")).encode()
 

@@ -12,6 +12,9 @@ by ``create_lab_app``: ``app.factory.create_app()`` as a user runs it, then
   handed out (``on_prefill``) as soon as the step's start has applied it and released its
   blocks, before any forward pass; a finish the decode pass makes is stamped when the
   step returns. The engine stays as it is: ``FinishClock`` wraps its ``step`` in place;
+* ``GET /v1/lab/queues``: how many items each open ``/v1/stream`` stream has queued for
+  its reader now (``TokenStream.statistics().queued``), by request id (the logprobs
+  experiment polls it for the peak a slow reader's stream holds);
 * ``STREAMSCOPE_LAB_PAD_BYTES`` (0, off, by default): each token event of ``/v1/stream``
   is followed by an SSE comment of that many bytes (at least 2), built as it is written,
   so that a slow reader meets real backpressure (the slowclient experiment);
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -53,7 +57,7 @@ from app.runtime import MakeEngine, Runtime, ServingEngine, load_engine_from_set
 from app.settings import Settings
 from app.wire import NativeEvents
 from engine import EngineEvent, FinishEvent, TokenEvent
-from streams import StreamItem
+from streams import StreamItem, StreamState, TokenStream
 from tools.lab._flood import make_flood_blueprint
 from tools.lab._settings import LabSettings, lab_padding
 from tools.lab.naive import NaiveGate
@@ -144,9 +148,36 @@ class FinishClock:
             return self._times.get(request_id)
 
 
-def make_lab_blueprint(runtime: Runtime, clock: FinishClock) -> Blueprint:
-    """``GET /v1/lab/requests/<id>`` (see the module docstring)."""
+class QueueWatch:
+    """The open streams of ``/v1/stream`` bodies, by request id, held weakly."""
+
+    def __init__(self) -> None:
+        self._streams: weakref.WeakValueDictionary[str, TokenStream] = (
+            weakref.WeakValueDictionary())
+
+    def add(self, stream: TokenStream) -> None:
+        self._streams[stream.request_id] = stream
+
+    def queued(self) -> dict[str, int]:
+        """Items queued for each stream not yet closed."""
+        found = {}
+        for request_id, stream in list(self._streams.items()):
+            statistics = stream.statistics()
+            if statistics.state is StreamState.CLOSED:
+                self._streams.pop(request_id, None)
+            else:
+                found[request_id] = statistics.queued
+        return found
+
+
+def make_lab_blueprint(runtime: Runtime, clock: FinishClock, watch: QueueWatch) -> Blueprint:
+    """``GET /v1/lab/requests/<id>`` and ``GET /v1/lab/queues`` (the module docstring)."""
     bp = Blueprint("streamscope_lab", __name__)
+
+    @bp.get("/v1/lab/queues")
+    async def queues() -> Response:
+        """``{"queued": {request id: items}}``. Cancellation: no checkpoint."""
+        return json_response({"queued": watch.queued()})
 
     @bp.get("/v1/lab/requests/<request_id>")
     async def finished_request(request_id: str) -> Response:
@@ -187,9 +218,19 @@ def create_lab_app(
                      drain_on_sigterm=drain_on_sigterm,
                      step_gate=NaiveGate() if lab.naive else None)  # the hub's seam (naive.py)
     app.register_blueprint(make_flood_blueprint())
-    app.register_blueprint(make_lab_blueprint(app.runtime, clock))
+    watch = QueueWatch()
+    app.register_blueprint(make_lab_blueprint(app.runtime, clock, watch))
     if not lab.detect_disconnect:
         app.asgi_http_class = UnheedingConnection
+
+    @app.after_request
+    async def watch_queues(response: Response) -> Response:
+        """Note a ``/v1/stream`` body's stream. Cancellation: no checkpoint."""
+        body = response.response
+        if (request.path == "/v1/stream" and isinstance(body, EventStreamBody)
+                and isinstance(body.source, TokenStream)):
+            watch.add(body.source)
+        return response
 
     if lab.pad_bytes:
 

@@ -106,7 +106,7 @@ async def slowclient(lab: Lab) -> Report:
             warm.close_rst()
             for rep, k in itertools.product(range(repetitions), levels):
                 await lab.wait_idle(url)
-                run = await _one_condition(
+                run = await one_condition(
                     lab, url, prompts, policy, k, tokens, pause_s, read_bytes
                 )
                 runs.append({"rep": rep, **run})
@@ -158,12 +158,13 @@ async def slowclient(lab: Lab) -> Report:
     return Report(summary, {"runs": runs}, plot=lambda fig: _draw(fig, policies, levels, runs))
 
 
-async def _one_condition(
+async def one_condition(
     lab: Lab, url: str, prompts: list[str], policy: str, k: int, tokens: int, pause_s: float,
-    read_bytes: int,
+    read_bytes: int, extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Eight streams on the server at ``url`` (whose policy is ``policy``), the first ``k``
-    of them read slowly."""
+    of them read slowly; ``extra``: more fields of every request body (the logprobs
+    experiment's)."""
     clients = [RawStream(url) for _ in prompts]
     async with trio.open_nursery() as nursery:
         for client in clients:
@@ -173,7 +174,7 @@ async def _one_condition(
     async def run(i: int, client: RawStream) -> None:
         await go.wait()
         body = {"prompt": prompts[i], "max_new_tokens": tokens, "ignore_eos": True,
-                "temperature": 0.0}
+                "temperature": 0.0, **(extra or {})}
         await client.post("/v1/stream", body)
         if i < k:
             await client.read_slowly(pause_s, read_bytes)

@@ -1,0 +1,148 @@
+"""Prefix caching's side of a sequence: block identities, what admission may share, commits.
+
+A full block's identity is a digest chained over the tokens before it: block ``i`` of
+a token list is ``sha256(identity(i - 1) + tokens[i * B:(i + 1) * B])`` (B the block
+size; the first block's parent is ``ROOT``), as vLLM's automatic prefix caching hashes
+a block with its parent's hash. Two sequences whose tokens agree up to a block's end
+have the same identity for it, and the same keys and values in it (the model, its
+dtype and device are one per engine). A SHA-256 is used, not Python's ``hash``, so
+that two different prefixes never meet in practice (a collision would hand a sequence
+another's cache).
+
+A sequence's identities are memoized on it (``Sequence.block_digests``) and only
+extended: its tokens (prompt, then generated) never change, and a recompute's
+``prefill_ids`` are a prefix of them. What the scheduler calls:
+
+* ``admission_digests(allocator, seq)``: the identities admission may share: the full
+  blocks of ``prefill_ids`` but never its last position, so that at least one
+  position is computed (a fresh prompt's last one gives the logits of its first token;
+  a recompute's keeps the table covering what decode writes next);
+* ``defer``: admission waits while the admitted still have a step's prefill to do;
+* ``commit(allocator, seq, num_written)``: after a pass wrote positions, offer the
+  newly full blocks to the cache;
+* ``expected_hit_tokens`` and ``cached_tokens``: what a waiting sequence, or a prompt
+  not submitted yet, would find cached now (the TTFT estimate counts only the rest).
+
+Every function is a no-op (no digest computed) when the allocator's ``prefix_cache``
+is off. Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
+
+from .block_manager import BlockAllocator, BlockTable
+from .sequence import Sequence
+
+ROOT = b"streamscope-prefix-cache-v1"
+
+
+def block_digests(tokens: Seq[int], block_size: int, known: list[bytes] | None = None,
+                  num_blocks: int | None = None) -> list[bytes]:
+    """The identities of the full blocks of ``tokens`` (the first ``num_blocks`` of
+    them), extending ``known`` (the identities already computed, for the same tokens)
+    in place."""
+    digests = [] if known is None else known
+    full = len(tokens) // block_size
+    want = full if num_blocks is None else min(num_blocks, full)
+    while len(digests) < want:
+        index = len(digests)
+        parent = digests[-1] if digests else ROOT
+        block = array("q", tokens[index * block_size:(index + 1) * block_size])
+        digests.append(hashlib.sha256(parent + block.tobytes()).digest())
+    return digests
+
+
+def _digests(seq: Sequence, block_size: int, num_blocks: int) -> list[bytes]:
+    """The first ``num_blocks`` identities of ``seq``'s tokens (memoized on it)."""
+    known = seq.block_digests
+    if len(known) < num_blocks:
+        end = num_blocks * block_size
+        prompt = seq.prompt_ids
+        tokens = prompt[:end] if end <= len(prompt) else prompt + seq.generated_ids
+        block_digests(tokens, block_size, known, num_blocks)
+    return known[:num_blocks]
+
+
+def admission_digests(allocator: BlockAllocator, seq: Sequence) -> list[bytes]:
+    """The identities of the blocks ``seq``'s admission may find cached (see above)."""
+    if not allocator.prefix_cache:
+        return []
+    return _digests(seq, allocator.block_size, (seq.prefill_end - 1) // allocator.block_size)
+
+
+def fits(allocator: BlockAllocator, seq: Sequence, positions: int, headroom: int) -> bool:
+    """Whether ``seq`` can be admitted with a table of ``positions``, sharing what is
+    cached, leaving ``headroom`` blocks free (``BlockAllocator.can_reserve``)."""
+    return allocator.can_reserve(positions, headroom, admission_digests(allocator, seq))
+
+
+def admit(allocator: BlockAllocator, seq: Sequence, positions: int) -> BlockTable:
+    """``seq``'s new table of ``positions``, its cached prefix shared: those positions
+    count as prefilled, so its prefill starts after them (the caller checked ``fits``)."""
+    table = allocator.reserve(seq.request_id, positions, admission_digests(allocator, seq),
+                              query_tokens=seq.prefill_end)
+    seq.num_prefilled = table.num_hit_tokens
+    return table
+
+
+def defer(allocator: BlockAllocator, running: Mapping[str, Sequence], budget: int) -> bool:
+    """Whether admission waits a step (prefix cache only): the admitted sequences still
+    have a step's ``budget`` of positions to prefill, so one admitted now would not be
+    prefilled this step anyway, and next step it may find cached what this step commits
+    (a burst of prompts with one system prompt computes it once, not once each)."""
+    return allocator.prefix_cache and sum(s.num_to_cache for s in running.values()) >= budget
+
+
+def commit(allocator: BlockAllocator, seq: Sequence, num_written: int) -> None:
+    """``seq``'s first ``num_written`` positions are in its blocks: offer the full ones."""
+    table = seq.block_table
+    if not allocator.prefix_cache or table is None:
+        return
+    full = num_written // allocator.block_size
+    if full > table.num_committed:
+        allocator.commit(table, _digests(seq, allocator.block_size, full), num_written)
+
+
+def expected_hit_tokens(allocator: BlockAllocator, seq: Sequence) -> int:
+    """Positions of a waiting ``seq``'s prefill that admission would find cached now."""
+    if not allocator.prefix_cache:
+        return 0
+    return len(allocator.match(admission_digests(allocator, seq))) * allocator.block_size
+
+
+def cached_tokens(allocator: BlockAllocator, prompt_ids: Seq[int]) -> int:
+    """Positions of a new prompt that are cached now (never its last one). Any thread:
+    it only reads the committed identities, an estimate if a step changes them."""
+    if not allocator.prefix_cache or not prompt_ids:
+        return 0
+    size = allocator.block_size
+    digests = block_digests(prompt_ids, size, num_blocks=(len(prompt_ids) - 1) // size)
+    return len(allocator.match(digests)) * size
+
+
+def statistics_of(allocator: BlockAllocator) -> dict[str, int]:
+    """The prefix cache's counters, as ``EngineStatistics`` names them."""
+    return {
+        "prefix_cache_queries": allocator.num_query_tokens,
+        "prefix_cache_hits": allocator.num_hit_tokens,
+        "blocks_cached": allocator.num_cached,
+        "blocks_evicted": allocator.num_evictions,
+    }
+
+
+__all__ = [
+    "ROOT",
+    "admission_digests",
+    "admit",
+    "block_digests",
+    "cached_tokens",
+    "commit",
+    "defer",
+    "expected_hit_tokens",
+    "fits",
+    "statistics_of",
+]

@@ -1,0 +1,487 @@
+"""HTTP/2 and TLS for the tests: certificates made by ``openssl``, the app served over TLS,
+and a raw HTTP/2 client (the ``h2`` library on a Trio TLS stream).
+
+``make_certificate`` runs ``openssl req -x509`` for a throwaway self-signed certificate for
+``localhost`` and ``127.0.0.1`` (nothing secret is committed). ``open_tls_servers`` is
+``http_server.open_servers`` with hypercorn's ``certfile``/``keyfile`` set, so that the
+server offers ``h2`` and ``http/1.1`` by ALPN, and the same checks at the end (no stream
+open, the engine empty, its cache whole, releases == admitted).
+
+``H2Client`` speaks HTTP/2 frame by frame where httpx cannot: it resets one stream
+(``RST_STREAM``), withholds one stream's ``WINDOW_UPDATE``s (a reader that stops reading
+that stream only), sends floods, ends the TCP connection with a FIN or an RST, and
+records the server's ``GOAWAY``. It grants its connection-level window once, hugely, at
+the start, so only the per-stream windows ever limit the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import socket
+import ssl
+import struct
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+import hpack
+import httpx
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+from hyperframe.frame import DataFrame, HeadersFrame, PingFrame, RstStreamFrame, SettingsFrame
+
+from app.edge import h2_fixes
+from app.factory import StreamscopeApp, create_app
+from app.runtime import Phase, ServingEngine
+from app.settings import Settings
+from streams import ServerSentEvent, SSEParser
+from tests.http_server import (
+    GRACEFUL_TIMEOUT_S,
+    SETTLE_TIMEOUT_S,
+    TEST_SETTINGS,
+    RecordingEngine,
+    RunningServer,
+)
+
+READ_TIMEOUT_S = 10.0  # a safety net only: every read waits for a condition
+CONNECTION_WINDOW = 2**30  # granted at once: only the per-stream windows limit the server
+
+
+@dataclass(frozen=True)
+class Certificate:
+    cert: Path
+    key: Path
+
+    def client_context(self, alpn: Sequence[str] = ("h2",)) -> ssl.SSLContext:
+        """A client's TLS context that trusts this certificate and offers ``alpn``."""
+        context = ssl.create_default_context(cafile=str(self.cert))
+        context.set_alpn_protocols(list(alpn))
+        return context
+
+
+def make_certificate(directory: Path) -> Certificate:
+    """A self-signed certificate (P-256, one day) for localhost and 127.0.0.1, by openssl."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    assert shutil.which("openssl"), "no openssl: apt-get install -y openssl"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60)
+    return Certificate(cert, key)
+
+
+def h2_client(server: RunningServer, certificate: Certificate, **kwargs: Any) -> httpx.AsyncClient:
+    """httpx over TLS that speaks HTTP/2 (ALPN h2) to ``server``."""
+    return httpx.AsyncClient(base_url=server.base_url, http2=True, trust_env=False,
+                             verify=certificate.client_context(("h2", "http/1.1")),
+                             timeout=SETTLE_TIMEOUT_S, **kwargs)
+
+
+StartServer = Callable[..., Awaitable[RunningServer]]
+
+
+@asynccontextmanager
+async def open_tls_servers(
+    loaded_model: Any, certificate: Certificate
+) -> AsyncIterator[StartServer]:
+    """``http_server.open_servers`` over TLS: yield ``start(**options, **settings)``.
+
+    Options: ``create`` (default ``create_app``), ``graceful_timeout_s``, ``goaway_on_drain``
+    (start ``h2_fixes.goaway_on_drain`` beside the server, as ``streamscope serve`` does),
+    ``hypercorn`` (more of hypercorn's settings, by name).
+    """
+    from engine.engine import Engine  # tests may use engine internals; app may not
+
+    servers: list[RunningServer] = []
+    failures: list[BaseException] = []
+
+    def default_engine(settings: Settings) -> ServingEngine:
+        return RecordingEngine(Engine(loaded_model, max_batch=settings.max_batch,
+                                      num_blocks=settings.cache_blocks,
+                                      block_size=settings.block_size))
+
+    async with trio.open_nursery() as nursery:
+
+        async def start(
+            *,
+            create: Callable[..., StreamscopeApp] = create_app,
+            graceful_timeout_s: float = GRACEFUL_TIMEOUT_S,
+            goaway_on_drain: bool = False,
+            hypercorn: dict[str, Any] | None = None,
+            **overrides: Any,
+        ) -> RunningServer:
+            app = create(TEST_SETTINGS.replace(**overrides), make_engine=default_engine)
+            config = Config()
+            config.bind = ["127.0.0.1:0"]
+            config.graceful_timeout = graceful_timeout_s
+            config.certfile, config.keyfile = str(certificate.cert), str(certificate.key)
+            for name, value in (hypercorn or {}).items():
+                setattr(config, name, value)
+            stop, stopped = trio.Event(), trio.Event()
+            binds = await nursery.start(_serve_one, app, config, stop, stopped)
+            host, port = binds[0].removeprefix("https://").rsplit(":", 1)
+            server = RunningServer(app, binds[0], host, int(port), stop, stopped)
+            servers.append(server)
+            if goaway_on_drain:
+                nursery.start_soon(h2_fixes.goaway_on_drain, app.runtime, config)
+            with trio.fail_after(SETTLE_TIMEOUT_S):
+                phase = await app.runtime.wait_settled()
+            assert phase is Phase.READY, app.runtime.failure
+            return server
+
+        yield start
+
+        for server in servers:
+            if server.engine is not None:
+                server.engine.release()
+                server.engine.pace(0)
+        for server in servers:
+            try:
+                if not server._stop.is_set():
+                    await server.assert_settled()
+            except Exception as exc:  # reported after every server stopped
+                failures.append(exc)
+            server.stop()
+            try:
+                await server.wait_stopped()
+            except trio.TooSlowError:
+                failures.append(AssertionError("the server did not stop"))
+                break
+            if server.engine is not None:
+                stats = server.engine.statistics()
+                if stats.blocks_free != stats.blocks_total:
+                    failures.append(AssertionError(f"cache not whole after shutdown: {stats}"))
+        nursery.cancel_scope.cancel(reason="the servers have stopped")
+    if failures:
+        raise failures[0]
+
+
+async def _serve_one(
+    app: StreamscopeApp, config: Config, stop: trio.Event, stopped: trio.Event,
+    *, task_status: trio.TaskStatus[list[str]],
+) -> None:
+    try:
+        await serve(app, config, shutdown_trigger=stop.wait, task_status=task_status)
+    finally:
+        stopped.set()
+
+
+# -- a raw HTTP/2 client ---------------------------------------------------------------
+
+
+@dataclass
+class H2Stream:
+    """One request's stream as the client saw it."""
+
+    stream_id: int
+    status: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    raw: bytearray = field(default_factory=bytearray)
+    events: list[ServerSentEvent] = field(default_factory=list)
+    parser: SSEParser = field(default_factory=SSEParser)
+    ended: bool = False  # END_STREAM came
+    reset: int | None = None  # the error code of the server's RST_STREAM
+    held: bool = False  # the client withholds this stream's WINDOW_UPDATEs
+    unacknowledged: int = 0  # bytes received while held
+    arrivals: list[float] = field(default_factory=list)  # trio.current_time() of each token
+
+    @property
+    def done(self) -> bool:
+        return self.ended or self.reset is not None
+
+    def request_id(self) -> str:
+        start = next(e for e in self.events if e.event == "start")
+        return str(json.loads(start.data)["id"])
+
+    def tokens(self) -> list[int]:
+        return [json.loads(e.data)["id"] for e in self.events if e.event == "token"]
+
+
+class H2Client:
+    """An HTTP/2 connection over TLS (ALPN h2), driven by the test (see the module docstring).
+
+    Reads happen only inside ``read_until``: the test decides when the client reads.
+    """
+
+    def __init__(self, stream: trio.SSLStream[trio.SocketStream], host: str) -> None:
+        self.stream = stream
+        self.host = host
+        self.conn = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=True, header_encoding=None))
+        self.streams: dict[int, H2Stream] = {}
+        self.goaway: h2.events.ConnectionTerminated | None = None
+        self.eof = False  # the server closed the TCP connection
+        self.ping_acks = 0
+
+    @classmethod
+    async def connect(
+        cls, server: RunningServer | tuple[str, int], certificate: Certificate, *,
+        stream_window: int | None = None,
+    ) -> H2Client:
+        """Connect to ``server`` (or a host and port), check ALPN chose h2, send the
+        preface (and ``stream_window`` as the initial window of every stream), and grant
+        the connection's window."""
+        host, port = server if isinstance(server, tuple) else (server.host, server.port)
+        tcp = await trio.open_tcp_stream(host, port)
+        tls = trio.SSLStream(tcp, certificate.client_context(), server_hostname="localhost")
+        await tls.do_handshake()
+        assert tls.selected_alpn_protocol() == "h2"
+        client = cls(tls, host)
+        client.conn.initiate_connection()
+        if stream_window is not None:
+            client.conn.update_settings(
+                {h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: stream_window})
+        client.conn.increment_flow_control_window(CONNECTION_WINDOW)
+        await client.flush()
+        return client
+
+    async def flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data:
+            await self.stream.send_all(data)
+
+    def _headers(self, method: str, path: str, extra: Sequence[tuple[str, str]]) -> list[Any]:
+        return [(b":method", method.encode()), (b":scheme", b"https"),
+                (b":authority", self.host.encode()), (b":path", path.encode()),
+                *((k.encode(), v.encode()) for k, v in extra)]
+
+    def start_post(self, path: str, body: dict[str, Any], *, reset: bool = False) -> H2Stream:
+        """Queue a POST with a JSON body (and, with ``reset``, its RST_STREAM) without
+        sending: ``flush`` sends everything queued in one write."""
+        payload = json.dumps(body).encode()
+        stream_id = self.conn.get_next_available_stream_id()
+        headers = [("content-type", "application/json"), ("content-length", str(len(payload)))]
+        self.conn.send_headers(stream_id, self._headers("POST", path, headers))
+        self.conn.send_data(stream_id, payload, end_stream=True)
+        if reset:
+            self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+        self.streams[stream_id] = stream = H2Stream(stream_id)
+        return stream
+
+    async def post(self, path: str, body: dict[str, Any]) -> H2Stream:
+        stream = self.start_post(path, body)
+        await self.flush()
+        return stream
+
+    async def get(self, path: str, headers: Sequence[tuple[str, str]] = ()) -> H2Stream:
+        stream_id = self.conn.get_next_available_stream_id()
+        self.conn.send_headers(stream_id, self._headers("GET", path, headers), end_stream=True)
+        self.streams[stream_id] = stream = H2Stream(stream_id)
+        await self.flush()
+        return stream
+
+    async def reset(self, stream: H2Stream) -> None:
+        """RST_STREAM (CANCEL): the client gives this stream up."""
+        self.conn.reset_stream(stream.stream_id, h2.errors.ErrorCodes.CANCEL)
+        await self.flush()
+
+    async def release(self, stream: H2Stream) -> None:
+        """Acknowledge what a held stream received, and stop holding it."""
+        stream.held = False
+        if stream.unacknowledged:
+            self.conn.acknowledge_received_data(stream.unacknowledged, stream.stream_id)
+            stream.unacknowledged = 0
+        await self.flush()
+
+    async def read_until(self, condition: Callable[[], bool]) -> None:
+        """Read and handle frames until ``condition()`` holds; fail if the server closed
+        the connection first."""
+        with trio.fail_after(READ_TIMEOUT_S):
+            while not condition():
+                assert not self.eof, "the server closed the connection"
+                await self.read_once()
+
+    async def read_once(self) -> None:
+        data = await self.stream.receive_some(65536)
+        if not data:
+            self.eof = True
+            return
+        for event in self.conn.receive_data(data):
+            self._handle(event)
+        await self.flush()
+
+    async def read_to_eof(self) -> None:
+        with trio.fail_after(READ_TIMEOUT_S):
+            while not self.eof:
+                try:
+                    await self.read_once()
+                except (trio.BrokenResourceError, h2.exceptions.ProtocolError):
+                    self.eof = True
+
+    def _handle(self, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.ConnectionTerminated):
+            self.goaway = event
+            return
+        if isinstance(event, h2.events.PingAckReceived):
+            self.ping_acks += 1
+            return
+        stream = self.streams.get(getattr(event, "stream_id", 0) or 0)
+        if stream is None:
+            return
+        if isinstance(event, h2.events.ResponseReceived):
+            headers = {bytes(k).decode(): bytes(v).decode() for k, v in event.headers}
+            stream.status = int(headers.pop(":status"))
+            stream.headers = headers
+        elif isinstance(event, h2.events.DataReceived):
+            stream.raw += event.data
+            new = stream.parser.feed(bytes(event.data))
+            now = trio.current_time()
+            stream.arrivals += [now for e in new if e.event == "token"]
+            stream.events += new
+            if stream.held:
+                stream.unacknowledged += event.flow_controlled_length
+            else:
+                self.conn.acknowledge_received_data(event.flow_controlled_length,
+                                                    stream.stream_id)
+        elif isinstance(event, h2.events.StreamEnded):
+            stream.ended = True
+            stream.events += stream.parser.close()
+        elif isinstance(event, h2.events.StreamReset):
+            stream.reset = event.error_code
+
+    async def close_clean(self) -> None:
+        """FIN: shut down the TCP connection for writing (no TLS close_notify, no GOAWAY),
+        then close."""
+        sock = self.stream.transport_stream.socket
+        sock.shutdown(socket.SHUT_WR)
+        with trio.move_on_after(READ_TIMEOUT_S):
+            while await self.stream.transport_stream.receive_some(65536):
+                pass
+        sock.close()
+
+    def close_abort(self) -> None:
+        """RST: linger on with a zero timeout makes close() reset the connection."""
+        sock = self.stream.transport_stream.socket
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+
+
+def token_ids(events: list[ServerSentEvent]) -> list[int]:
+    return [json.loads(e.data)["id"] for e in events if e.event == "token"]
+
+
+# -- floods: raw frames, built ahead, sent as fast as the socket takes them -------------
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+FLOOD_BODY = {"prompt": "a", "max_new_tokens": 4}
+
+
+def flood_frames(kind: str, count: int, host: str = "127.0.0.1") -> bytes:
+    """The client preface and ``count`` units of a flood, as raw frames: ``reset``, a
+    POST to /v1/stream (HEADERS, DATA) and its RST_STREAM; ``ping``, a PING; ``settings``,
+    a SETTINGS frame. Built with hyperframe and hpack, not h2, whose client would stop at
+    its flow-control window: the server hands the window back as it reads (a rapid-reset
+    client need not read)."""
+    encoder = hpack.Encoder()
+    payload = json.dumps(FLOOD_BODY).encode()
+    headers = [(":method", "POST"), (":scheme", "https"), (":authority", host),
+               (":path", "/v1/stream"), ("content-type", "application/json"),
+               ("content-length", str(len(payload)))]
+    frames = [PREFACE, SettingsFrame(0).serialize()]
+    for i in range(count):
+        if kind == "reset":
+            stream_id = 1 + 2 * i
+            frames += [HeadersFrame(stream_id, encoder.encode(headers),
+                                    flags=["END_HEADERS"]).serialize(),
+                       DataFrame(stream_id, payload, flags=["END_STREAM"]).serialize(),
+                       RstStreamFrame(stream_id, h2.errors.ErrorCodes.CANCEL).serialize()]
+        elif kind == "ping":
+            frames.append(PingFrame(0, i.to_bytes(8, "big")).serialize())
+        elif kind == "settings":
+            frames.append(SettingsFrame(0, {h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE:
+                                            65536 + i % 2}).serialize())
+        else:
+            raise ValueError(kind)
+    return b"".join(frames)
+
+
+@dataclass(frozen=True)
+class FloodResult:
+    sent: int  # bytes the server took before it closed
+    goaway: h2.events.ConnectionTerminated | None
+    goaway_after_s: float | None  # from the connection's start
+    ping_acks: int
+    elapsed_s: float  # until the server closed
+
+
+async def flood(host: str, port: int, certificate: Certificate, frames: bytes) -> FloodResult:
+    """Send ``frames`` over one TLS connection (ALPN h2), then read what the server
+    answers until it closes the connection (or READ_TIMEOUT_S)."""
+    started = trio.current_time()
+    tcp = await trio.open_tcp_stream(host, port)
+    tls = trio.SSLStream(tcp, certificate.client_context(), server_hostname="localhost")
+    await tls.do_handshake()
+    assert tls.selected_alpn_protocol() == "h2"
+    reader = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=True, header_encoding=None))
+    reader.initiate_connection()  # only to parse the server's frames
+    reader.clear_outbound_data_buffer()
+    goaway, goaway_at, acks, sent = None, None, 0, 0
+
+    async def read() -> None:
+        nonlocal goaway, goaway_at, acks
+        with contextlib.suppress(trio.BrokenResourceError, h2.exceptions.ProtocolError):
+            while data := await tls.receive_some(65536):
+                for event in reader.receive_data(data):
+                    if isinstance(event, h2.events.ConnectionTerminated):
+                        goaway, goaway_at = event, trio.current_time() - started
+                    elif isinstance(event, h2.events.PingAckReceived):
+                        acks += 1
+
+    with trio.move_on_after(READ_TIMEOUT_S):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            with contextlib.suppress(trio.BrokenResourceError):
+                for start in range(0, len(frames), 16384):
+                    if goaway is not None:  # the rest would only break the stream: a
+                        break  # Trio TLS stream whose send failed can no longer receive
+                    await tls.send_all(frames[start:start + 16384])
+                    sent = start + 16384
+    return FloodResult(min(sent, len(frames)), goaway, goaway_at, acks,
+                       trio.current_time() - started)
+
+
+def main(argv: Sequence[str]) -> None:
+    """``python -m tests.http2_clients HOST PORT CERT SECONDS``: an attacker in its own
+    process (so that its own work is not the test's server's): builds a rapid-reset, a
+    PING and a SETTINGS flood of ``FLOOD_UNITS`` each and prints ``ready``; then for each
+    line on stdin, a round: each flood over a connection of its own, spread over SECONDS,
+    each one's result printed as a JSON line, and ``done``."""
+    host, port, cert, seconds = argv
+    floods = [flood_frames(kind, FLOOD_UNITS, host) for kind in ("reset", "ping", "settings")]
+    certificate = Certificate(Path(cert), Path(cert))
+
+    async def round_of_floods() -> None:
+        for frames in floods:
+            await trio.sleep(float(seconds) / (len(floods) + 1))
+            result = await flood(host, int(port), certificate, frames)
+            goaway = None if result.goaway is None else int(result.goaway.error_code or 0)
+            print(json.dumps({"goaway": goaway, "after_s": result.goaway_after_s,
+                              "ping_acks": result.ping_acks, "elapsed_s": result.elapsed_s}),
+                  flush=True)
+
+    print("ready", flush=True)
+    while sys.stdin.readline():
+        trio.run(round_of_floods)
+        print("done", flush=True)
+
+
+FLOOD_UNITS = 10_000
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

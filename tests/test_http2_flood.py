@@ -1,0 +1,245 @@
+"""Floods on one HTTP/2 connection are bounded (issue 25, item 3; CVE-2023-44487).
+
+``h2_fixes.GuardedH2Protocol`` gives each connection budgets of client RST_STREAMs, PINGs
+and SETTINGS frames; past one, GOAWAY ``ENHANCE_YOUR_CALM`` and the connection closes.
+A stream that its client resets in the same read that opened it is never started. The
+floods are raw frames (``http2_clients.flood_frames``), sent as fast as the socket takes
+them, over TLS; a flood of resets of streams that did start (each reset after the
+stream's first event) is driven frame by frame by ``H2Client``.
+
+Without the fixes (hypercorn 0.18 alone, measured here): 10,000 HEADERS + DATA + RST_STREAM
+triples started 1,122 requests before hypercorn closed the connection (its
+``keep_alive_max_requests``, then a PROTOCOL_ERROR), 0.85 s in; 10,000 PINGs got 10,000
+answers and no GOAWAY, 10,000 SETTINGS no GOAWAY; resets of streams that started get
+none, whatever their number. With them: the GOAWAY within 30 ms, no request started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
+from typing import Any
+
+import h2.errors
+import h2.exceptions
+import pytest
+import trio
+
+from app.edge import h2_fixes
+from app.edge.h2_fixes import FloodBudget
+from engine.model import LoadedModel
+from tests.http2_clients import (
+    Certificate,
+    H2Client,
+    H2Stream,
+    StartServer,
+    flood,
+    flood_frames,
+    make_certificate,
+    open_tls_servers,
+)
+from tests.http_clients import stream_body
+from tests.http_server import RunningServer
+from tests.test_app_drain import REPO_ROOT
+
+ENHANCE_YOUR_CALM = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+REFUSED_STREAM = h2.errors.ErrorCodes.REFUSED_STREAM
+FLOOD = 10_000  # the issue's: HEADERS + DATA + RST_STREAM triples on one connection
+PACE_S = 0.01
+VICTIM_TOKENS = 120
+P99_FACTOR, P99_SLACK_S = 1.5, 0.004
+ATTACK_S = 1.5  # the attacker's floods are spread over this long: the victims' run
+ROUNDS = 3
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> Certificate:
+    return make_certificate(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture
+async def start_tls(
+    tiny_model: Callable[[str], LoadedModel], certificate: Certificate
+) -> AsyncIterator[StartServer]:
+    async with open_tls_servers(tiny_model("tiny-gpt2"), certificate) as start:
+        yield start
+
+
+@pytest.fixture
+async def tls_server(start_tls: StartServer) -> RunningServer:
+    return await start_tls(max_batch=8)
+
+
+def test_a_flood_budget_is_a_token_bucket() -> None:
+    budget = FloodBudget(burst=3, per_s=2.0, now=0.0)
+
+    assert [budget.spend(0.0) for _ in range(4)] == [True, True, True, False]
+    assert budget.spend(0.4) is False  # 0.8 of a token came back: not one yet
+    assert budget.spend(0.5) is True  # one
+    assert [budget.spend(100.0) for _ in range(4)] == [True, True, True, False]  # burst caps
+
+
+async def assert_still_serves(server: RunningServer, certificate: Certificate) -> None:
+    client = await H2Client.connect(server, certificate)
+    stream = await client.post("/v1/stream", stream_body(max_new_tokens=4, ignore_eos=True))
+    await client.read_until(lambda: stream.ended)
+    assert [e.event for e in stream.events] == ["start"] + ["token"] * 4 + ["done"]
+    await client.close_clean()
+
+
+@pytest.mark.parametrize("kind", ["reset", "ping", "settings"])
+async def test_a_flood_gets_goaway_enhance_your_calm_and_starts_nothing(
+    tls_server: RunningServer, certificate: Certificate, kind: str
+) -> None:
+    frames = flood_frames(kind, FLOOD)
+
+    result = await flood(tls_server.host, tls_server.port, certificate, frames)
+
+    assert result.goaway is not None and result.goaway.error_code == ENHANCE_YOUR_CALM
+    # Read and thrown away meanwhile; the connection closes within the linger.
+    assert result.elapsed_s <= h2_fixes.LINGER_S + 2.0
+    assert result.ping_acks <= h2_fixes.PING_BURST
+    # Each reset stream was reset in the read that opened it: none was started.
+    assert tls_server.recorder.submitted == []
+    await assert_still_serves(tls_server, certificate)
+
+
+def started_or_goaway(client: H2Client, stream: H2Stream) -> bool:
+    return bool(stream.events) or client.goaway is not None
+
+
+async def test_resets_of_streams_that_started_are_bounded(
+    tls_server: RunningServer, certificate: Certificate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(h2_fixes, "RESET_BURST", 5)
+    monkeypatch.setattr(h2_fixes, "RESETS_PER_S", 1.0)
+    client = await H2Client.connect(tls_server, certificate)
+    started = trio.current_time()
+    resets = 0
+    with contextlib.suppress(trio.BrokenResourceError, h2.exceptions.ProtocolError):
+        while client.goaway is None and resets < 100:  # (h2 refuses to send after one)
+            stream = await client.post("/v1/stream", stream_body(max_new_tokens=400,
+                                                                  ignore_eos=True))
+            await client.read_until(partial(started_or_goaway, client, stream))
+            await client.reset(stream)
+            resets += 1
+    await client.read_to_eof()
+    elapsed = trio.current_time() - started
+
+    assert client.goaway is not None and client.goaway.error_code == ENHANCE_YOUR_CALM
+    bound = 5 + elapsed * 1.0 + 1
+    assert resets <= bound + 1
+    assert len(tls_server.recorder.submitted) <= bound + 1
+    for request_id in tls_server.recorder.submitted:  # every one was cancelled
+        await tls_server.wait_finished(request_id)
+    await assert_still_serves(tls_server, certificate)
+
+
+async def test_keep_alive_max_requests_ends_a_connection_with_a_graceful_goaway(
+    start_tls: StartServer, certificate: Certificate
+) -> None:
+    server = await start_tls(max_batch=8, hypercorn={"keep_alive_max_requests": 3})
+    client = await H2Client.connect(server, certificate)
+    running = [client.start_post("/v1/stream", stream_body(max_new_tokens=60, ignore_eos=True))
+               for _ in range(3)]
+    late = client.start_post("/v1/stream", stream_body(max_new_tokens=4))  # the 4th
+    await client.flush()
+
+    await client.read_until(lambda: all(s.done for s in running) and late.done)
+    assert late.reset == REFUSED_STREAM  # not processed: safe to retry elsewhere
+    for stream in running:  # hypercorn's own close would have cut these short
+        assert stream.events[-1].event == "done" and len(stream.tokens()) == 60
+    await client.read_to_eof()  # and then the GOAWAY, and the server closed the connection
+    assert client.goaway is not None
+    assert (client.goaway.error_code, client.goaway.last_stream_id) == (0, 5)
+
+
+def p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100)[98]
+
+
+async def victims_gaps(
+    server: RunningServer, certificate: Certificate,
+    attack: Callable[[], Awaitable[None]] | None,
+) -> list[float]:
+    """Two streams on their own connection read to their ends, with ``attack`` (floods
+    from other connections) running meanwhile: their token gaps."""
+    client = await H2Client.connect(server, certificate)
+    victims: list[H2Stream] = [
+        client.start_post("/v1/stream", stream_body(max_new_tokens=VICTIM_TOKENS,
+                                                     ignore_eos=True)) for _ in range(2)]
+    await client.flush()
+    async with trio.open_nursery() as nursery:
+        if attack is not None:
+            nursery.start_soon(attack)
+        await client.read_until(lambda: all(v.ended for v in victims))
+        nursery.cancel_scope.cancel(reason="the victims are done")
+    await client.close_clean()
+    for victim in victims:
+        assert len(victim.tokens()) == VICTIM_TOKENS
+    return [b - a for v in victims for a, b in zip(v.arrivals, v.arrivals[1:], strict=False)]
+
+
+class Attacker:
+    """``python -m tests.http2_clients``'s attacker, one round of floods at a time."""
+
+    def __init__(self, proc: trio.Process) -> None:
+        assert proc.stdin is not None and proc.stdout is not None
+        self.proc, self.stdin, self.stdout = proc, proc.stdin, proc.stdout
+        self.out = b""
+        self.results: list[dict[str, Any]] = []
+
+    async def read_until(self, line: bytes) -> None:
+        with trio.fail_after(60):  # it builds its floods first
+            while line not in self.out:
+                chunk = await self.stdout.receive_some()
+                assert chunk, self.out
+                self.out += chunk
+
+    async def a_round(self) -> None:
+        """Start a round; return at once (cancelled with the victims' run: no matter)."""
+        await self.stdin.send_all(b"go\n")
+
+    async def round_results(self) -> None:
+        await self.read_until(b"done\n")
+        lines, _, self.out = self.out.partition(b"done\n")
+        self.results += [json.loads(line) for line in lines.decode().splitlines()
+                         if line.startswith("{")]
+
+
+async def test_other_clients_keep_their_pace_through_floods(
+    tls_server: RunningServer, certificate: Certificate
+) -> None:
+    tls_server.recorder.pace(PACE_S)
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "tests.http2_clients", tls_server.host, str(tls_server.port),
+         str(certificate.cert), str(ATTACK_S)],
+        cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    attacker = Attacker(proc)
+    quiet: list[float] = []
+    loud: list[float] = []
+    try:
+        await attacker.read_until(b"ready\n")
+        for _ in range(ROUNDS):  # alternately, so that the machine's own noise hits both
+            quiet.append(p99(await victims_gaps(tls_server, certificate, None)))
+            loud.append(p99(await victims_gaps(tls_server, certificate, attacker.a_round)))
+            await attacker.round_results()
+        await attacker.stdin.aclose()
+        with trio.fail_after(30):
+            await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+    assert proc.returncode == 0
+    assert len(attacker.results) == 3 * ROUNDS  # a flood of each kind a round
+    assert all(r["goaway"] == ENHANCE_YOUR_CALM for r in attacker.results), attacker.results
+    assert statistics.median(loud) <= P99_FACTOR * statistics.median(quiet) + P99_SLACK_S, (
+        loud, quiet)
+    assert len(tls_server.recorder.submitted) == 4 * ROUNDS  # the victims', nothing else

@@ -1,0 +1,160 @@
+"""Prefix caching on and off, in one run: multi-turn chats with a common system prompt.
+
+``python -m tools.prefixcachebench [--json FILE]`` loads the model once and runs the
+same workload on two fresh engines over it, ``prefix_cache`` off then on, in-process
+(no HTTP: what is measured is the engine). Each of ``--conversations`` chats has
+``--turns`` turns; every turn re-sends its chat's whole history (a ``--system``-token
+system prompt shared by all, then each turn's user tokens and the answer that engine
+gave), every chat's turn submitted at once. Per turn and mode: TTFT (median and max,
+from the submit to the first token event), the prompt positions actually prefilled
+(queries less hits), tokens/s; then the share of answers identical between the modes.
+``--burst N`` adds N simultaneous requests sharing one ``--burst-system``-token system
+prompt (TTFT p50/p99). Greedy, ``ignore_eos``: every answer is ``--answer`` tokens.
+Wrap it in ``flock /tmp/streamscope-bench.lock`` on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from engine import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
+from engine.engine import Engine
+from engine.model import LoadedModel, load_model
+from tools.prompts import load_prompts
+
+GREEDY = SamplingParams(ignore_eos=True)
+
+
+def _text_tokens(loaded: LoadedModel, count: int, offset: int = 0) -> list[int]:
+    """``count`` token ids of the experiments' English prompts, from prompt ``offset``."""
+    prompts = load_prompts()
+    ids: list[int] = []
+    index = offset
+    while len(ids) < count:
+        ids += loaded.tokenizer.encode(" " + prompts[index % len(prompts)],
+                                       add_special_tokens=False)
+        index += 1
+    return ids[:count]
+
+
+def _run_batch(engine: Engine, prompts: dict[str, list[int]], answer: int
+               ) -> tuple[dict[str, float], dict[str, list[int]], float]:
+    """Submit every prompt at once, step until done: TTFT ms and ids per request, and
+    the wall time in s."""
+    started = time.perf_counter()
+    for rid, ids in prompts.items():
+        engine.submit(GenerationRequest(rid, "", answer, sampling=GREEDY,
+                                        prompt_token_ids=tuple(ids)))
+    ttft: dict[str, float] = {}
+    ids_of: dict[str, list[int]] = {rid: [] for rid in prompts}
+    done = 0
+    while done < len(prompts):
+        for event in engine.step():
+            if isinstance(event, TokenEvent):
+                ttft.setdefault(event.request_id, (time.perf_counter() - started) * 1000)
+                ids_of[event.request_id].append(event.token_id)
+            elif isinstance(event, FinishEvent):
+                done += 1
+    return ttft, ids_of, time.perf_counter() - started
+
+
+def _prefilled(engine: Engine) -> int:
+    stats = engine.statistics()
+    return stats.prefix_cache_queries - stats.prefix_cache_hits
+
+
+def chats(loaded: LoadedModel, on: bool, args: argparse.Namespace) -> dict[str, Any]:
+    engine = Engine(loaded, max_batch=max(args.conversations, args.burst, 1),
+                    num_blocks=args.blocks, block_size=16, prefix_cache=on)
+    system = _text_tokens(loaded, args.system)
+    history = {f"c{c}": list(system) for c in range(args.conversations)}
+    turns: list[dict[str, Any]] = []
+    answers: list[dict[str, list[int]]] = []
+    for turn in range(args.turns):
+        for c, rid in enumerate(history):
+            history[rid] += _text_tokens(loaded, args.user, offset=3 + c * 7 + turn)
+        prompt_tokens = sum(len(h) for h in history.values())
+        before = engine.statistics()
+        computed_before = before.prefix_cache_queries - before.prefix_cache_hits
+        ttft, ids, wall = _run_batch(engine, {f"{r}t{turn}": h for r, h in history.items()},
+                                     args.answer)
+        stats = engine.statistics()
+        computed = (stats.prefix_cache_queries - stats.prefix_cache_hits - computed_before
+                    if on else prompt_tokens)
+        for rid in history:
+            history[rid] += ids[f"{rid}t{turn}"]
+        answers.append({rid: ids[f"{rid}t{turn}"] for rid in history})
+        turns.append({
+            "turn": turn + 1, "prompt_tokens": prompt_tokens, "prefilled_tokens": computed,
+            "ttft_ms_median": round(statistics.median(ttft.values()), 1),
+            "ttft_ms_max": round(max(ttft.values()), 1),
+            "tokens_per_s": round(args.conversations * args.answer / wall, 1),
+        })
+    stats = engine.statistics()
+    return {"turns": turns, "answers": answers, "blocks_cached": stats.blocks_cached,
+            "blocks_evicted": stats.blocks_evicted}
+
+
+def burst(loaded: LoadedModel, on: bool, args: argparse.Namespace) -> dict[str, Any]:
+    engine = Engine(loaded, max_batch=args.burst, num_blocks=args.blocks, block_size=16,
+                    prefix_cache=on)
+    system = _text_tokens(loaded, args.burst_system)
+    prompts = {f"b{i}": system + _text_tokens(loaded, args.user, offset=i)
+               for i in range(args.burst)}
+    ttft, _, wall = _run_batch(engine, prompts, args.answer)
+    ordered = sorted(ttft.values())
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return {"ttft_ms_p50": round(statistics.median(ordered), 1), "ttft_ms_p99": round(p99, 1),
+            "wall_s": round(wall, 2), "prefilled_tokens": _prefilled(engine) if on else
+            sum(len(p) for p in prompts.values())}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--conversations", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--system", type=int, default=500, help="system prompt tokens")
+    parser.add_argument("--user", type=int, default=30, help="user tokens a turn")
+    parser.add_argument("--answer", type=int, default=16, help="tokens an answer")
+    parser.add_argument("--burst", type=int, default=0)
+    parser.add_argument("--burst-system", type=int, default=1000)
+    parser.add_argument("--blocks", type=int, default=1024)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: as is)")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    loaded = load_model(args.model, "cpu")
+    result: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items() if k != "json"}}
+    runs = {mode: chats(loaded, mode == "on", args) for mode in ("off", "on")}
+    answers = [(a, b) for t_off, t_on in zip(runs["off"]["answers"], runs["on"]["answers"],
+                                             strict=True)
+               for a, b in zip(t_off.values(), t_on.values(), strict=True)]
+    result["chats"] = {mode: {k: v for k, v in run.items() if k != "answers"}
+                       for mode, run in runs.items()}
+    result["identical_answers"] = sum(a == b for a, b in answers) / max(len(answers), 1)
+    last_off, last_on = runs["off"]["turns"][-1], runs["on"]["turns"][-1]
+    result["last_turn_ttft_ratio"] = round(last_on["ttft_ms_median"]
+                                           / last_off["ttft_ms_median"], 3)
+    result["prefilled_share"] = round(
+        sum(t["prefilled_tokens"] for t in runs["on"]["turns"])
+        / sum(t["prefilled_tokens"] for t in runs["off"]["turns"]), 3)
+    if args.burst:
+        result["burst"] = {mode: burst(loaded, mode == "on", args) for mode in ("off", "on")}
+    text = json.dumps(result, indent=2)
+    if args.json:
+        args.json.write_text(text + "\n")
+    print(text)
+    return result
+
+
+if __name__ == "__main__":
+    main()
