@@ -10,8 +10,11 @@ app shows in ``/stats`` (``start_phases_s``) and ``tools.startbench`` reads.
 Phases (seconds, where they ran): ``import_torch``, ``import_transformers``, ``tokenizer``,
 ``weights`` (reading the model: from the converted copy or the folder), ``gguf_convert``
 (dequantizing the embedded GGUF file, a first start only), ``save_converted`` (writing
-the copy that the next start reads), ``to_device``, ``cache`` (allocating the KV cache),
-``calibration`` (the step-cost passes, with a step-time target). Pure stdlib.
+the copy that the next start reads), ``to_device``, ``engine`` (the Engine's own set-up:
+the prompt encoder's copy of the tokenizer, the scheduler), ``cache`` (allocating the KV
+cache), ``calibration`` (the step-cost passes, with a step-time target) or
+``calibration_check`` (the check of a saved one, ``start_cache``); the app adds
+``gc_freeze`` and ``process_until_load`` (``app/runtime/loading.py``). Pure stdlib.
 """
 
 from __future__ import annotations
@@ -50,13 +53,21 @@ def recording() -> Iterator[StartPhases]:
 
 @contextmanager
 def phase(name: str) -> Iterator[None]:
-    """Time the block into this thread's recording, if one is open."""
+    """Time the block into this thread's recording, if one is open. A phase inside
+    another counts for itself alone: the outer one gets its time without the inner's,
+    so that the phases add up to the whole."""
     phases: StartPhases | None = getattr(_local, "phases", None)
     if phases is None:
         yield
         return
+    inner: list[float] = getattr(_local, "inner", [])
+    _local.inner = inner
+    inner.append(0.0)  # the time of phases nested in this one
     started = time.perf_counter()
     try:
         yield
     finally:
-        phases.add(name, time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        phases.add(name, elapsed - inner.pop())
+        if inner:
+            inner[-1] += elapsed

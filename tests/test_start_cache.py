@@ -141,3 +141,21 @@ def test_a_tied_weight_is_kept_once_under_the_model_s_first_name() -> None:
     weights = _weights_once(model)
     assert "transformer.wte.weight" in weights and "lm_head.weight" not in weights
     assert set(weights) == set(model.state_dict()) - {"lm_head.weight"}
+
+
+def test_a_phase_inside_another_counts_for_itself_alone() -> None:
+    import time
+
+    with startup.recording() as phases:
+        with startup.phase("outer"):
+            time.sleep(0.02)
+            with startup.phase("inner"):
+                time.sleep(0.05)
+        with startup.phase("outer"):
+            pass
+    seconds = phases.seconds
+    assert list(seconds) == ["inner", "outer"]
+    assert 0.05 <= seconds["inner"] < 0.2
+    assert 0.02 <= seconds["outer"] < 0.05
+    with startup.phase("nobody records"):
+        pass  # no recording open: nothing happens

@@ -21,7 +21,8 @@ For each start: ``listening_s`` (spawned until the process logged its address: t
 interpreter, the imports, for ``hypercorn`` the app's build), ``ready_s`` (spawned until
 ``/ready``, the peer's ``/health``, first answered 200; polled every ``POLL_S``), the
 server's own ``start_phases_s`` from ``/stats`` (``engine.startup``: imports, tokenizer,
-weights, GGUF conversion, cache, calibration, ``gc_freeze``, ``process_until_load``),
+weights, GGUF conversion, engine set-up, cache, calibration, ``gc_freeze``,
+``process_until_load``; ``unphased_s``: the rest of ``ready_s``),
 the first request (one stream of ``FIRST_TOKENS`` tokens: its TTFT and its end, from
 spawn too, as a client that waits for ``/ready`` and asks at once sees it), and the RSS
 of the server's process tree after the start (``rss_ready_mb``). The first start of each
@@ -158,7 +159,9 @@ async def start_once(system: str, args: argparse.Namespace, env: Mapping[str, st
             out["rss_ready_mb"] = tree_rss_mb(process.proc.pid)
             if ready_path == "/ready":
                 stats = (await client.get(url + "/stats")).json()
-                out["start_phases_s"] = stats.get("start_phases_s")
+                out["start_phases_s"] = phases = stats.get("start_phases_s")
+                if phases:  # what no phase covers: the hub's start, /ready's poll, exec
+                    out["unphased_s"] = round(out["ready_s"] - sum(phases.values()), 3)
                 out["blocks_total"] = stats.get("blocks_total")
         first = await run_load(url, load_prompts(), clients=1, max_new_tokens=FIRST_TOKENS,
                                ignore_eos=True, protocol=protocol, progress=False)
@@ -211,9 +214,10 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for system in dict.fromkeys(r["system"] for r in runs):
         mine = [r for r in runs if r["system"] == system]
         figures: dict[str, Any] = {}
-        for key in ("listening_s", "ready_s", "first_token_from_spawn_s"):
+        for key in ("listening_s", "ready_s", "first_token_from_spawn_s", "unphased_s"):
             values = [r[key] for r in mine if r.get(key) is not None]
-            figures[key] = {"median": round(statistics.median(values), 3), "all": values}
+            if values:
+                figures[key] = {"median": round(statistics.median(values), 3), "all": values}
         phases: dict[str, list[float]] = {}
         for r in mine:
             for name, s in (r.get("start_phases_s") or {}).items():
