@@ -147,7 +147,7 @@ def _load_smollm2(model_cache: bool = True) -> tuple[PreTrainedModel, PreTrained
         )
     if model_cache:
         with phase("save_converted"):
-            _save_converted(model, tokenizer, converted)
+            save_converted(model, tokenizer, converted)
         stale = converted.with_name(converted.name.rsplit("-v", 1)[0])  # format 1's name
         if converted.is_dir() and stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
@@ -168,10 +168,11 @@ def converted_copy_dir() -> Path:
         f"{smollm2_path().stem}-{stat.st_size}-{stat.st_mtime_ns}-v{CONVERTED_FORMAT}")
 
 
-def _save_converted(
+def save_converted(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path
 ) -> None:
-    """Best effort: a read-only or full disk only costs the next start its speed."""
+    """The GGUF-loaded model as a transformers folder (also the peer's, in ``tools.peer``).
+    Best effort: a read-only or full disk only costs the next start its speed."""
     import safetensors.torch
 
     try:
@@ -181,6 +182,7 @@ def _save_converted(
             # quantization config); its weights are plain float32 tensors by now.
             config = model.config.to_dict()
             config.pop("quantization_config", None)
+            config["architectures"] = [type(model).__name__]  # transformers serve needs it
             Path(scratch, "config.json").write_text(json.dumps(config, indent=2))
             model.generation_config.save_pretrained(scratch)
             safetensors.torch.save_file(_weights_once(model),

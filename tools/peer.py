@@ -33,7 +33,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -60,15 +59,14 @@ def peer_model_dir() -> Path:
     target = converted_cache_dir() / f"peer-smollm2-{stat.st_size}-{stat.st_mtime_ns}"
     if (target / "config.json").is_file():
         return target
-    from engine.model import load_model
+    from engine.model import load_model, save_converted
 
+    # Not save_pretrained: it refuses a model loaded from GGUF on a machine with no
+    # converted copy yet (the GGUF quantization config), which is a fresh machine.
     loaded = load_model("smollm2", "cpu")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        loaded.model.save_pretrained(scratch)
-        loaded.tokenizer.save_pretrained(scratch)
-        os.rename(scratch, target)
-        os.mkdir(scratch)  # TemporaryDirectory removes the name it made
+    save_converted(loaded.model, loaded.tokenizer, target)
+    if not (target / "config.json").is_file():
+        raise OSError(f"could not write the peer's model folder {target}")
     return target
 
 
