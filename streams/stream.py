@@ -48,14 +48,15 @@ Invariants:
 Writing. From an item queued until its reader comes back for more with the queue empty
 (or the stream closes), the stream tells its control it is *writing*; the hub holds back
 further steps' events while streams are writing, so that a lagging loop coalesces
-(``stepper.py``). A reader a policy counts as behind is not waited for.
+(``stepper.py``). A reader a policy counts as behind is not waited for, nor one whose
+writer said its write waits for the client (``write_blocked``: a full socket, a shut
+HTTP/2 window), until that writer comes back for more: the others' tokens must not wait
+for a reader that does not read (its policy deals with it).
 """
 
 from __future__ import annotations
 
-import enum
 from collections import deque
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol
 
@@ -65,48 +66,11 @@ from engine import FinishEvent, FinishReason, TokenEvent
 
 from .error_type import ErrorType
 from .policy import CAUGHT_UP, Lag, Policy
-
-
-class StreamState(enum.Enum):
-    """Where a stream is in its life; the engine's share of it is in each comment."""
-
-    WAITING = "waiting"  # submitted; the engine holds it; no token yet (counts for max_waiting)
-    STREAMING = "streaming"  # the engine generates; tokens flow into the queue
-    ENDED = "ended"  # terminal item queued; the engine is done or asked to cancel
-    CLOSED = "closed"  # close() ran: unregistered, queue discarded; nothing more happens
-
-
-class StreamEnd(enum.Enum):
-    """How a stream ended; see the module docstring for who causes each."""
-
-    FINISHED = "finished"  # the engine's FinishEvent: eos, length or stop
-    CLIENT_GONE = "client_gone"  # close() before the end: scope cancelled or reader gave up
-    ERROR = "error"  # StreamError slow_client or engine_error
-    SHUTDOWN = "shutdown"  # StreamError shutdown after the grace period
-
-
-@dataclass(frozen=True, slots=True)
-class StreamError:
-    """A terminal item: the stream ends without a FinishEvent."""
-
-    type: ErrorType  # slow_client, engine_error, shutdown, resume_log_full, deadline_missed
-    message: str
-
-
-StreamItem = TokenEvent | FinishEvent | StreamError
-
-
-@dataclass(frozen=True, slots=True)
-class StreamStatistics:
-    """A snapshot of one stream."""
-
-    state: StreamState
-    end: StreamEnd | None  # None until the stream ends
-    queued: int  # items waiting for the reader
-    delivered: int  # items the reader took
-    discarded: int  # backlog thrown away when the hub queued a StreamError
-    is_paused: bool  # the engine was asked to leave the sequence out of decode
-    stall_deadline: float | None  # Trio time the reader is dropped unless it catches up
+from .stream_types import StreamEnd as StreamEnd
+from .stream_types import StreamError as StreamError
+from .stream_types import StreamItem as StreamItem
+from .stream_types import StreamState as StreamState
+from .stream_types import StreamStatistics as StreamStatistics
 
 
 class StreamControl(Protocol):
@@ -147,6 +111,7 @@ class TokenStream:
         self._delivered = 0
         self._discarded = 0
         self._writing = False  # see "Writing" in the module docstring
+        self._write_blocked = False  # write_blocked() until the writer comes back
 
     @property
     def state(self) -> StreamState:
@@ -180,7 +145,22 @@ class TokenStream:
             self._nudged = True
             self._readable.unpark_all()
 
+    def write_blocked(self) -> None:
+        """The writer's write waits for the client (its socket or its HTTP/2 window is
+        full): the hub no longer waits for this stream until the writer comes back for
+        more (see "Writing" in the module docstring). Sync, never a checkpoint."""
+        self._write_blocked = True
+        self._mark_written()
+
+    def _writer_back(self) -> None:
+        # The blocked write is done: the writer is back for what was queued meanwhile.
+        self._write_blocked = False
+        if self._items and self._lag == CAUGHT_UP and self._state is not StreamState.CLOSED:
+            self._mark_writing()
+
     async def _receive(self, *, nudgeable: bool) -> StreamItem | None:
+        if self._write_blocked:
+            self._writer_back()
         if self._items or self._state in (StreamState.ENDED, StreamState.CLOSED):
             await trio.lowlevel.checkpoint()
         else:  # it will wait: the park below is its checkpoint (one schedule point less)
@@ -205,6 +185,8 @@ class TokenStream:
         a writer catching up pays no schedule point and no timeout scope per write."""
         if self._state is StreamState.CLOSED:
             return []
+        if self._write_blocked:
+            self._writer_back()
         items: list[StreamItem] = []
         while self._items and len(items) < max_items:
             items.append(self._take())
@@ -377,7 +359,7 @@ class TokenStream:
         self._readable.unpark_all()
 
     def _mark_writing(self) -> None:
-        if not self._writing:
+        if not self._writing and not self._write_blocked:
             self._writing = True
             self._control.writing(self)
 

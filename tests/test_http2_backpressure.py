@@ -144,11 +144,6 @@ async def test_a_stream_whose_window_stays_shut_is_paused_then_dropped_as_a_slow
     await client.close_clean()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "streams/: the hub waits for a writer blocked in its write (its 'writing' mark) for "
-    "up to steps_ahead steps until the policy counts it as behind, so the others get "
-    "their tokens steps_ahead at a time until then (after the drop they no longer "
-    "wait: TokenStream._end_with); not HTTP/2's"))
 async def test_the_neighbours_of_a_slow_stream_keep_their_gap_p99(
     start_tls: StartServer, certificate: Certificate
 ) -> None:

@@ -210,3 +210,44 @@ def test_stream_alone_closes_through_its_owner() -> None:
     stream.close()
     stream.close()
     assert calls == [("cancel", "a"), ("unregister", "a")]
+
+
+class MarkRecorder:
+    """A control that records the writing marks (and ignores the rest)."""
+
+    def __init__(self) -> None:
+        self.marks: list[str] = []
+
+    def pause(self, request_id: str) -> None: ...
+    def resume(self, request_id: str) -> None: ...
+    def watch(self, deadline: float) -> None: ...
+    def cancel(self, request_id: str) -> None: ...
+    def unregister(self, stream: TokenStream) -> None: ...
+
+    def writing(self, stream: TokenStream) -> None:
+        self.marks.append("writing")
+
+    def written(self, stream: TokenStream) -> None:
+        self.marks.append("written")
+
+
+async def test_a_blocked_writer_is_not_waited_for_until_it_comes_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    control = MarkRecorder()
+    stream = TokenStream("a", 3, Policy(PolicyName.PAUSE_DROP), control)
+    stream.deliver(TokenEvent("a", 0, 0, " t0"))
+    assert stream.take_ready(8) == [TokenEvent("a", 0, 0, " t0")]
+    assert control.marks == ["writing"]  # its write of t0 is under way
+    with trio.testing.assert_no_checkpoints():
+        stream.write_blocked()  # ... and waits for the client
+    assert control.marks == ["writing", "written"]
+    stream.deliver(TokenEvent("a", 1, 1, " t1"))  # queued meanwhile: still not waited for
+    stream.deliver(TokenEvent("a", 2, 2, " t2"))
+    assert control.marks == ["writing", "written"]
+    # The write went out: the writer is back for what was queued, and is waited for again.
+    assert len(stream.take_ready(8)) == 2
+    assert control.marks == ["writing", "written", "writing"]
+    stream.write_blocked()
+    stream.close()  # no second "written": it was not waited for
+    assert control.marks == ["writing", "written", "writing", "written"]

@@ -20,7 +20,9 @@ response body). ``StreamingConnection`` keeps that shape and adds three things:
    do not conflict. The request's metrics timer is owned the same way (it records
    ``cancelled`` unless its stream ended).
 
-It also counts a client that left before its response was complete (``metrics.py``).
+It also counts a client that left before its response was complete (``metrics.py``),
+and tells what it owns when the response's write waits for the client
+(``write_blocks.py``: the protocol layers tell it where a write blocks).
 
 The disconnect path
 -------------------
@@ -48,6 +50,7 @@ from quart_trio.asgi import TrioASGIHTTPConnection
 
 from ..errors import ErrorType
 from ..quart_app import StreamscopeApp
+from .write_blocks import serving
 
 # The farewell is one small write to a socket that was fine a moment ago; if it cannot
 # go out in this long the reader is not reading, and shutdown must not wait for it. The
@@ -101,6 +104,7 @@ class StreamingConnection(TrioASGIHTTPConnection):
         Cancellation: propagates (hypercorn cancels connections at shutdown); the
         streams are closed first, synchronously.
         """
+        serving(cast(list[object], _owned(self.scope)))  # write_blocks: for write_blocked
         try:
             await super().__call__(receive, send)
         finally:

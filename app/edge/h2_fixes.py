@@ -90,6 +90,7 @@ from hypercorn.protocol.h2 import (
 )
 
 from ..runtime import Phase, Runtime
+from .write_blocks import write_blocked
 
 log = logging.getLogger("streamscope.http")
 
@@ -125,6 +126,8 @@ class FlowBuffer(StreamBuffer):
             raise BufferCompleteError()
         self.buffer.extend(data)
         await self._is_empty.clear()
+        if len(self.buffer) >= BUFFER_HIGH_WATER:
+            write_blocked()  # the window is shut: the hub no longer waits for it
         while len(self.buffer) >= BUFFER_HIGH_WATER:  # ``close`` empties it
             await self._paused.clear()
             await self._paused.wait()

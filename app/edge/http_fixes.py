@@ -88,6 +88,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from . import h2_fixes
+from .write_blocks import write_blocked
 
 log = logging.getLogger("streamscope.http")
 
@@ -198,6 +199,7 @@ class ClosingTCPServer(TCPServer):
             global partial_writes
             partial_writes += 1
             frame = frame[written:]
+            write_blocked()  # the client does not take the bytes: not waited for
         self.send_lock.acquire_nowait()
         try:
             with trio.CancelScope(shield=True):
