@@ -17,10 +17,12 @@ given back when the request ends; a resumable stream takes its request's slot ov
 its streams generating with no reader count too. Past the limit: 429
 ``too_many_streams`` with ``Retry-After``, before the first byte.
 
-Binding. A resumable stream made with a key gets an id that key owns
-(``api_keys.Credential.new_owned_id``); ``check_owner`` answers another key's read,
-take-over (``GET /v1/stream/<id>``) or ``DELETE`` with 404 ``not_found``, as for an id
-that never was, on any replica (the id alone says who owns it).
+Binding. Every request made with a key (a stream, a whole answer, a resumable stream)
+gets an id that key owns (``owned_request``: ``api_keys.Credential.new_owned_id``);
+``check_owner`` answers another key's read, take-over (``GET /v1/stream/<id>``) or
+``DELETE`` with 404 ``not_found``, as for an id that never was, on any replica (the id
+alone says who owns it), and ``GET /v1/requests/<id>`` answers another key's request
+(``may_see``) as one it never heard of.
 
 The browser page (``routes/page.py``) reads a stream with ``EventSource``, which cannot send
 headers. So ``POST /v1/requests`` (made with a key) answers a ``stream_url`` that
@@ -185,14 +187,18 @@ def owned_request(generation: GenerationRequest) -> GenerationRequest:
     return dataclasses.replace(generation, request_id=access.credential.new_owned_id())
 
 
+def may_see(request_id: str) -> bool:
+    """Whether this request may see ``request_id``: no key, or the key that made it."""
+    access = _access()
+    return access is None or access.credential is None or access.credential.owns(request_id)
+
+
 def check_owner(request_id: str) -> None:
     """Refuse a request made with a key for a stream of another key (or none).
 
     Raises: ApiError 404 not_found, as for a stream that does not exist.
     """
-    access = _access()
-    if access is not None and access.credential is not None \
-            and not access.credential.owns(request_id):
+    if not may_see(request_id):
         raise ApiError(ErrorType.NOT_FOUND,
                        f"no resumable request {request_id[:64]!r}: unknown or over")
 

@@ -19,6 +19,12 @@ framework; this module chooses the ``ApiError`` that answers an exception
     │                                  request_timeout 408, body_too_large 413, else bad_request
     └── anything else              ->  internal_error        500  (logged with its traceback)
 
+A blueprint whose routes answer in another protocol's shape (``routes/anthropic.py``)
+says so with ``answer_errors_under``: the errors of every request under its path prefix
+that reach the app's handler (a 405 for a method it lacks, a 404 for an unknown path
+below it, a 401 for one: none of them ever reaches the blueprint's own handler, since no
+route of it matched) are then answered in that shape too.
+
 ``trio.Cancelled`` is a BaseException: no handler here ever sees it.
 """
 
@@ -29,7 +35,7 @@ import logging
 from collections.abc import Callable
 
 import pydantic
-from quart import Quart, Response
+from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException, InternalServerError, MethodNotAllowed
 
 import engine
@@ -50,6 +56,9 @@ _HTTP_TYPES = {
     408: ErrorType.REQUEST_TIMEOUT,
     413: ErrorType.BODY_TOO_LARGE,
 }
+
+_PATH_ERRORS = "streamscope_path_errors"  # app.extensions: [(prefix, error_for)]
+ErrorFor = Callable[[BaseException], ApiError]
 
 _NOT_ACCEPTING_TYPES = {
     streams.HubState.NEW.value: ErrorType.NOT_READY,
@@ -113,12 +122,25 @@ def register_error_handlers(
 
     async def handle(exc: Exception) -> Response:
         """Cancellation: no checkpoint."""
-        error = api_error_for(exc)
+        error = _error_for_path(app, request.path)(exc)
         if on_refusal is not None:
             on_refusal(error)
         return error_response(error)
 
     app.register_error_handler(Exception, handle)
+
+
+def answer_errors_under(app: Quart, prefix: str, error_for: ErrorFor) -> None:
+    """Answer the errors of ``prefix`` and every path below it with ``error_for``
+    instead of ``api_error_for``, in the app's own handler (see the module docstring)."""
+    app.extensions.setdefault(_PATH_ERRORS, []).append((prefix.rstrip("/"), error_for))
+
+
+def _error_for_path(app: Quart, path: str) -> ErrorFor:
+    for prefix, error_for in app.extensions.get(_PATH_ERRORS, ()):
+        if path == prefix or path.startswith(prefix + "/"):
+            return error_for  # type: ignore[no-any-return]
+    return api_error_for
 
 
 def _validation_error(exc: pydantic.ValidationError) -> ApiError:

@@ -127,7 +127,8 @@ class Settings(BaseSettings):
         "share the KV cache's full blocks between prompts that begin with the same tokens "
         "(a conversation's history, a common system prompt): a cached prefix is not "
         "prefilled again; unreferenced cached blocks are evicted least recently used first "
-        "when blocks are needed")
+        "when blocks are needed; a request whose next block another's prefill is computing "
+        "waits for it and shares it (a burst with one system prompt computes it once)")
     ttft_deadline_ms: Milliseconds | None = _setting(None,
         "a time-to-first-token deadline in milliseconds for requests that give no "
         "`deadline_ms`: one whose first token the engine estimates later is refused at "
@@ -186,7 +187,7 @@ class Settings(BaseSettings):
     api_keys: Annotated[tuple[ApiKey, ...], NoDecode] = _setting((),
         "more API keys, each with its own name and optional limit on the streams it holds "
         'open (429 too_many_streams past it), a JSON list `[{"name": "ci", "key": "...", '
-        '"max_streams": 4}]`; a key\'s resumable streams are its own (404 for another key)',
+        '"max_streams": 4}]`; a key\'s streams and requests are its own (404 for another key)',
         shown="(none)", repr=False)
     stream_token_ttl_s: Seconds = _setting(3600.0,
         "how long the read token in a stream_url (`?token=`, made with a key) opens its "

@@ -80,7 +80,7 @@ from .types import (
     EngineStatistics,
     GenerationRequest,
 )
-from .validation import validate_request
+from .validation import validate_given_ids, validate_request, vocab_size_of
 
 PrefillCallback = Callable[[list[EngineEvent]], None]
 
@@ -147,6 +147,7 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.loaded = loaded
+        self.vocab_size = vocab_size_of(loaded)  # token ids given to submit are below it
         self.tokenizer = loaded.tokenizer  # the stepping thread's: detokenizers use it
         self._text_decoder = text_decoder(loaded.tokenizer)
         self._encoder = PromptEncoder(loaded.tokenizer)
@@ -243,10 +244,12 @@ class Engine:
 
         Raises:
             EmptyPrompt, InvalidMaxNewTokens, InvalidSampling, PromptTooLong,
-            DuplicateRequestId: nothing was queued.
+            DuplicateRequestId, InvalidTokenId (a given id outside the vocabulary):
+            nothing was queued.
         """
         validate_request(request)
         given = request.prompt_token_ids
+        validate_given_ids(given, resume_from, self.vocab_size)
         prompt_ids = list(given) if given is not None else self.tokenize(request.prompt)
         if not prompt_ids:
             raise EmptyPrompt("the prompt is empty")
@@ -301,7 +304,8 @@ class Engine:
         (``ttft.TtftEstimator``), less its ids' cached prefix. Thread-safe: it reads the
         last step boundary's state.
         """
-        return self._ttft.estimate_ms(prompt_tokens - cached_tokens(self.allocator, prompt_ids))
+        cached = cached_tokens(self.allocator, prompt_ids, self._ttft.ahead)
+        return self._ttft.estimate_ms(prompt_tokens - cached)
 
     # -- the step: only its one caller runs it --------------------------------
 

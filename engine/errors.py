@@ -3,6 +3,7 @@
 EngineError
 ├── InvalidRequest            the request can never be served as given
 │   ├── EmptyPrompt           the prompt has no tokens
+│   ├── InvalidTokenId        a given token id is not in the model's vocabulary
 │   ├── InvalidMaxNewTokens   max_new_tokens < 1
 │   ├── PromptTooLong         prompt + max_new_tokens exceed the cache or the model's context
 │   ├── InvalidSampling       temperature, top_p, top_k or seed out of range
@@ -25,6 +26,12 @@ class InvalidRequest(EngineError, ValueError):
 
 class EmptyPrompt(InvalidRequest):
     pass
+
+
+class InvalidTokenId(InvalidRequest):
+    """A token id given to ``submit`` (``prompt_token_ids``, ``resume_from``) is not an
+    integer in ``[0, vocabulary size)``: it must never reach the model, whose embedding
+    lookup would fail (on a GPU, a device-side assert that ends the process's CUDA use)."""
 
 
 class InvalidMaxNewTokens(InvalidRequest):

@@ -18,6 +18,9 @@ extended: its tokens (prompt, then generated) never change, and a recompute's
   position is computed (a fresh prompt's last one gives the logits of its first token;
   a recompute's keeps the table covering what decode writes next);
 * ``defer``: admission waits while the admitted still have a step's prefill to do;
+* ``in_flight`` and ``waits_for``: admission also waits while the first block a
+  sequence would compute is one that a running prefill is computing: it shares that
+  block once committed, instead of computing it again in the same step;
 * ``commit(allocator, seq, num_written)``: after a pass wrote positions, offer the
   newly full blocks to the cache;
 * ``expected_hit_tokens`` and ``cached_tokens``: what a waiting sequence, or a prompt
@@ -31,8 +34,9 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from collections.abc import Sequence as Seq
+from collections.abc import Set as AbstractSet
 
 from .block_manager import BlockAllocator, BlockTable
 from .sequence import Sequence
@@ -97,6 +101,36 @@ def defer(allocator: BlockAllocator, running: Mapping[str, Sequence], budget: in
     return allocator.prefix_cache and sum(s.num_to_cache for s in running.values()) >= budget
 
 
+def in_flight(allocator: BlockAllocator, running: Iterable[Sequence]) -> set[bytes]:
+    """The identities of the full blocks that running sequences' prefills are computing
+    and have not committed yet (paused ones excluded: they make no progress)."""
+    pending: set[bytes] = set()
+    for seq in running:
+        table = seq.block_table
+        if not seq.is_paused and seq.needs_prefill and table is not None:
+            pending.update(prefill_digests(allocator, seq)[table.num_committed:])
+    return pending
+
+
+def prefill_digests(allocator: BlockAllocator, seq: Sequence) -> list[bytes]:
+    """The identities of the full blocks ``seq``'s prefill writes (none if off)."""
+    if not allocator.prefix_cache:
+        return []
+    return _digests(seq, allocator.block_size, seq.prefill_end // allocator.block_size)
+
+
+def waits_for(allocator: BlockAllocator, seq: Sequence, pending: AbstractSet[bytes]) -> bool:
+    """Whether admitting ``seq`` now would compute a block that another sequence is
+    computing (its first uncached block is in ``pending``): then it waits, and is
+    admitted when that block is committed, sharing it. Without this, identical prompts
+    admitted in one step (a burst with one system prompt) would each compute it."""
+    if not pending:
+        return False
+    digests = admission_digests(allocator, seq)
+    hits = len(allocator.match(digests))
+    return hits < len(digests) and digests[hits] in pending
+
+
 def commit(allocator: BlockAllocator, seq: Sequence, num_written: int) -> None:
     """``seq``'s first ``num_written`` positions are in its blocks: offer the full ones."""
     table = seq.block_table
@@ -107,21 +141,34 @@ def commit(allocator: BlockAllocator, seq: Sequence, num_written: int) -> None:
         allocator.commit(table, _digests(seq, allocator.block_size, full), num_written)
 
 
-def expected_hit_tokens(allocator: BlockAllocator, seq: Sequence) -> int:
-    """Positions of a waiting ``seq``'s prefill that admission would find cached now."""
+def expected_hit_tokens(allocator: BlockAllocator, seq: Sequence,
+                        pending: AbstractSet[bytes] = frozenset()) -> int:
+    """Positions of a waiting ``seq``'s prefill that admission would find cached now,
+    or, with ``pending`` (``in_flight``), once what is being computed is committed: a
+    sequence waiting for those blocks computes none of them."""
     if not allocator.prefix_cache:
         return 0
-    return len(allocator.match(admission_digests(allocator, seq))) * allocator.block_size
+    return _hits(allocator, admission_digests(allocator, seq), pending) * allocator.block_size
 
 
-def cached_tokens(allocator: BlockAllocator, prompt_ids: Seq[int]) -> int:
-    """Positions of a new prompt that are cached now (never its last one). Any thread:
-    it only reads the committed identities, an estimate if a step changes them."""
+def cached_tokens(allocator: BlockAllocator, prompt_ids: Seq[int],
+                  pending: AbstractSet[bytes] = frozenset()) -> int:
+    """Positions of a new prompt that are cached now (never its last one), or will be
+    once ``pending`` (what the sequences ahead compute) is. Any thread: it only reads
+    the committed identities, an estimate if a step changes them."""
     if not allocator.prefix_cache or not prompt_ids:
         return 0
     size = allocator.block_size
     digests = block_digests(prompt_ids, size, num_blocks=(len(prompt_ids) - 1) // size)
-    return len(allocator.match(digests)) * size
+    return _hits(allocator, digests, pending) * size
+
+
+def _hits(allocator: BlockAllocator, digests: list[bytes], pending: AbstractSet[bytes]) -> int:
+    """How many leading ``digests`` are committed, or in ``pending`` after those."""
+    hits = len(allocator.match(digests))
+    while hits < len(digests) and digests[hits] in pending:
+        hits += 1
+    return hits
 
 
 def statistics_of(allocator: BlockAllocator) -> dict[str, int]:
@@ -144,5 +191,8 @@ __all__ = [
     "defer",
     "expected_hit_tokens",
     "fits",
+    "in_flight",
+    "prefill_digests",
     "statistics_of",
+    "waits_for",
 ]

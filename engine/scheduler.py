@@ -23,9 +23,10 @@ for a sequence's prefill, with ``watermark`` of the blocks left over when others
 table covers at admission is the admission policy's (``admission.AdmissionPolicy``:
 an injected one that covers all a sequence can need is never preempted). Admission
 stops at the first one that does not fit, so a long request is never overtaken
-forever by short ones. It takes the decode rows
-(every running, unpaused sequence whose prefill is done) and then the prefills
-(fresh prompts and recomputes) of this step, in arrival order, within the
+forever by short ones, or (prefix cache) that would compute a block another's prefill
+is computing (``prefix_cache.waits_for``: it shares it once committed). It takes the
+decode rows (every running, unpaused sequence whose prefill is done) and then the
+prefills (fresh prompts and recomputes) of this step, in arrival order, within the
 step's prefill budget: ``max_prefill_tokens``, or fewer with a step-time target
 (``max_step_ms``), what the measured costs (``costs.StepCosts``) say fits beside
 this step's decode rows (a step with nothing to decode keeps the whole budget: no
@@ -63,7 +64,7 @@ from .block_manager import BlockAllocator
 from .costs import StepCosts, cost_tokens, tokens_within
 from .inbox import Inbox, Op
 from .logprobs import Outcome, Sampled, event_logprobs, token_id_of
-from .prefix_cache import admit, commit, defer, fits
+from .prefix_cache import admit, commit, defer, fits, in_flight, waits_for
 from .sequence import Chunk, Sequence, SequenceState
 from .types import EngineEvent, FinishEvent, FinishReason, TokenEvent
 
@@ -146,12 +147,11 @@ class Scheduler:
         """Whether a step would do anything. For the step's caller, between steps."""
         if not self.inbox.is_empty():
             return True
-        if any(_expired(s, self.clock()) for s in self.waiting):
+        if any(_expired(s, self.clock()) for s in (*self.waiting, *self.running.values())):
             return True  # the next step finishes it (expire_deadlines): once, no spin
-        can_admit = bool(self.waiting) and (
-            len(self.running) < self.max_batch and self._fits(self.waiting[0])
-        )
-        return can_admit or any(not s.is_paused for s in self.running.values())
+        if self.waiting and len(self.running) < self.max_batch and self._fits(self.waiting[0]):
+            return True
+        return any(not s.is_paused for s in self.running.values())
 
     # -- the step's phases: the stepping thread only ------------------------------
 
@@ -321,23 +321,26 @@ class Scheduler:
         return sum(s.is_paused for s in self.running.values())
 
     def _fits(self, seq: Sequence) -> bool:
-        """Whether ``seq`` can be admitted now. The watermark applies only while others
-        run: alone, a sequence that fits the cache at all is admitted."""
+        """Whether ``seq`` fits now (the watermark only while others run: alone, one
+        that fits the cache at all is admitted)."""
         headroom = self.watermark_blocks if self.running else 0
         return fits(self.allocator, seq, self.admission.positions_at_admission(seq), headroom)
 
     def _admit(self) -> None:
+        pending = in_flight(self.allocator, self.running.values())  # prefix cache: shared
         while self.waiting and len(self.running) < self.max_batch:
             head = self.waiting[0]
-            if not self._fits(head) or defer(self.allocator, self.running, self.max_prefill_tokens):
+            if (not self._fits(head) or waits_for(self.allocator, head, pending)
+                    or defer(self.allocator, self.running, self.max_prefill_tokens)):
                 break
             self.waiting.popleft()
-            # Invariant: a table is never reused after its release: a new one each time.
             positions = self.admission.positions_at_admission(head)
+            # Invariant: a new table each time (never reused after its release).
             head.block_table = admit(self.allocator, head, positions)  # + a cached prefix
             head.state = SequenceState.RUNNING
             self.running[head.request_id] = head
             self.num_admitted += 1
+            pending |= in_flight(self.allocator, [head])  # the next waits for these
 
     def _grow_decoding(self) -> bool:
         """Give every decode row the block its next position falls in, preempting the
@@ -387,7 +390,11 @@ class Scheduler:
 
 
 def _expired(seq: Sequence, now: float) -> bool:
-    """Whether ``seq`` is past its TTFT deadline with nothing of it computed yet."""
+    """Whether ``seq`` is past its TTFT deadline with no token and no position written
+    by a pass: the ones it found cached at admission (``num_prefilled`` starts at its
+    table's hit) are not a begun prefill, or a cache hit would outlive its deadline."""
     deadline = seq.request.ttft_deadline
-    return (deadline is not None and deadline < now
-            and not seq.generated_ids and seq.num_prefilled == 0)
+    if deadline is None or not deadline < now or seq.generated_ids:
+        return False
+    found = seq.block_table.num_hit_tokens if seq.block_table is not None else 0
+    return seq.num_prefilled <= found

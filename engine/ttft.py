@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .prefix_cache import expected_hit_tokens
+from .prefix_cache import expected_hit_tokens, in_flight, prefill_digests
 from .scheduler import Scheduler
 from .step_timing import StepTiming
 
@@ -35,17 +35,27 @@ class Boundary:
     decoding: int  # sequences that decode in a step
     queued: int  # waiting sequences
     steps_left: tuple[int, ...]  # tokens each running sequence may still make, ascending
+    # Prefix cache: the identities of the full blocks that the admitted and the waiting
+    # will have computed (a newcomer waits for them and shares them: none to compute).
+    ahead: frozenset[bytes] = frozenset()
 
     @classmethod
     def of(cls, scheduler: Scheduler) -> Boundary:
-        """Take it now (the stepping thread, between steps)."""
+        """Take it now (the stepping thread, between steps). A waiting sequence computes
+        neither its cached prefix nor what those ahead of it compute (``waits_for``)."""
+        allocator = scheduler.allocator
+        ahead = in_flight(allocator, scheduler.running.values())
+        shared = 0
+        for seq in scheduler.waiting:
+            shared += expected_hit_tokens(allocator, seq, ahead)
+            ahead.update(prefill_digests(allocator, seq))
         return cls(
-            to_prefill=scheduler.prompt_tokens_to_prefill() - sum(  # a cached prefix: none
-                expected_hit_tokens(scheduler.allocator, s) for s in scheduler.waiting),
+            to_prefill=scheduler.prompt_tokens_to_prefill() - shared,
             decoding=scheduler.num_decoding,
             queued=len(scheduler.waiting),
             steps_left=tuple(sorted(s.request.max_new_tokens - len(s.generated_ids)
                                     for s in scheduler.running.values())),
+            ahead=frozenset(ahead),
         )
 
 
@@ -56,6 +66,11 @@ class TtftEstimator:
         self._scheduler = scheduler
         self._timing = timing
         self._boundary = Boundary.of(scheduler)
+
+    @property
+    def ahead(self) -> frozenset[bytes]:
+        """The blocks the sequences in the engine will have computed (``Boundary``)."""
+        return self._boundary.ahead
 
     def observe_boundary(self) -> None:
         """The stepping thread is at a step boundary: take the scheduler's state."""

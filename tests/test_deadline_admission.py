@@ -275,6 +275,39 @@ def test_a_request_whose_prefill_began_is_not_let_go() -> None:
     assert engine.scheduler.expire_deadlines(math.inf) == []
 
 
+def test_a_request_admitted_with_a_cache_hit_is_let_go_at_its_deadline() -> None:
+    # Prefix cache, 4-position blocks, 8 prompt tokens a step. "b" finds 3 blocks cached
+    # (12 positions: num_prefilled starts at 12), is admitted beside "c", whose 7
+    # positions take the step's budget; "b" waits admitted (then paused), and at its
+    # deadline no pass has computed any of its own positions: it is let go, its
+    # references released.
+    now = [100.0]
+    engine = scripted_engine(clock=lambda: now[0], prefix_cache=True, max_prefill_tokens=8)
+    cached = tuple(range(65, 79))  # 14 tokens
+    engine.submit(GenerationRequest("a", "", 1, prompt_token_ids=cached))
+    while engine.has_work():
+        engine.step()
+    engine.submit(GenerationRequest("c", "", 4, prompt_token_ids=tuple(range(90, 97))))
+    engine.submit(GenerationRequest("b", "", 4, prompt_token_ids=cached,
+                                    ttft_deadline=now[0] + 0.01))
+    engine.step()
+    b = engine.scheduler.running["b"]
+    assert b.block_table is not None and b.block_table.num_hit_tokens == b.num_prefilled == 12
+    engine.pause("c")  # both paused: only the deadline wakes the idle loop
+    engine.pause("b")
+    engine.step()
+    assert "b" in engine.scheduler.running and not engine.has_work()
+    now[0] += 0.02
+    assert engine.has_work()
+    events = engine.step()
+    assert [(e.request_id, e.reason) for e in events if isinstance(e, FinishEvent)] == [
+        ("b", FinishReason.DEADLINE)]
+    engine.cancel("c")
+    engine.step()
+    engine.allocator.check()
+    assert engine.allocator.num_free == engine.allocator.num_blocks
+
+
 @pytest.mark.parametrize("raw", ["0", "-5", "nan", "inf", "soon"])
 def test_a_bad_default_deadline_fails_at_startup(raw: str) -> None:
     expected = re.escape(f"STREAMSCOPE_TTFT_DEADLINE_MS={raw!r}: expected a")

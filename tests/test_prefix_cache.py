@@ -125,8 +125,8 @@ def test_a_conversation_reuses_its_history_and_answers(
 def test_identical_prompts_at_once_and_while_others_decode(
     model: str, make_tiny_engine: MakeEngine
 ) -> None:
-    # Two identical prompts in one step both compute (nothing is committed before a pass
-    # ends); joiners then find them cached while they decode.
+    # Two identical prompts submitted together: y waits while x computes the blocks it
+    # would share, then finds them cached; joiners find them while they decode.
     def run(engine: Engine) -> list[EngineEvent]:
         events: list[EngineEvent] = []
         engine.submit(_request("x", BASE[:21], max_new=12))
@@ -139,7 +139,25 @@ def test_identical_prompts_at_once_and_while_others_decode(
         return events
     off, on, engine = _both(make_tiny_engine, model, run)
     assert on == off
-    assert engine.statistics().prefix_cache_hits == 4 * (5 + 3)
+    assert engine.statistics().prefix_cache_hits == 4 * (5 + 5 + 3)
+
+
+@MODELS
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_a_burst_with_one_system_prompt_computes_it_once(
+    model: str, sampling: SamplingParams, make_tiny_engine: MakeEngine
+) -> None:
+    # Eight prompts at once, each BASE[:33] then its own 3 tokens, a budget that would
+    # prefill them all in one step: the first computes the 8 full blocks of BASE, the
+    # others wait for them, then share them (the mixed blocks past 32 are each its own).
+    def run(engine: Engine) -> list[EngineEvent]:
+        return _waves([_request(f"b{i}", BASE[:33] + OTHER[3 * i:3 * i + 3], max_new=5,
+                                sampling=sampling) for i in range(8)])(engine)
+    off, on, engine = _both(make_tiny_engine, model, run, max_prefill_tokens=512)
+    assert on == off and len(on) == 8
+    stats = engine.statistics()
+    assert stats.prefix_cache_hits == 7 * 4 * 8
+    assert stats.prefix_cache_queries - stats.prefix_cache_hits == 36 + 7 * 4
 
 
 @MODELS

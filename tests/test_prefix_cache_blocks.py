@@ -272,3 +272,40 @@ def test_the_ttft_estimate_counts_only_the_positions_to_compute() -> None:
     assert engine._ttft._boundary.to_prefill == len(prompt) - 12
     while engine.has_work():
         engine.step()
+
+
+def test_a_prompt_waits_for_the_blocks_another_computes_then_shares_them() -> None:
+    engine, _ = _engine(64, max_prefill_tokens=8)
+    prompt = (*PREFIXES[0], 120)  # 15 positions: 3 full blocks shared
+    for rid in ("a", "b"):
+        engine.submit(GenerationRequest(rid, "", 2, prompt_token_ids=prompt))
+    engine.step()  # a computes 8 positions; b waits for the blocks a computes
+    assert list(engine.scheduler.running) == ["a"]
+    assert [s.request_id for s in engine.scheduler.waiting] == ["b"]
+    engine._ttft.observe_boundary()  # b, and a newcomer, compute none of a's blocks
+    assert engine._ttft._boundary.to_prefill == (15 - 8) + (15 - 12)
+    warm = engine.estimate_ttft_ms(15, prompt)
+    assert warm is not None and warm == engine.estimate_ttft_ms(3)
+    engine.step()  # a's prefill done and committed; b admitted next step with its 3 blocks
+    engine.step()
+    b = engine.scheduler.running["b"]
+    assert b.block_table is not None and b.block_table.num_hit_tokens == 12
+    while engine.has_work():
+        engine.step()
+        _check_references(engine)
+
+
+def test_a_paused_prefill_holds_nobody_back() -> None:
+    engine, _ = _engine(64, max_prefill_tokens=8)
+    prompt = (*PREFIXES[0], 120)
+    engine.submit(GenerationRequest("a", "", 2, prompt_token_ids=prompt))
+    engine.step()  # a computed 8 of its 15 positions
+    engine.pause("a")
+    engine.submit(GenerationRequest("b", "", 2, prompt_token_ids=prompt))
+    engine.step()  # a makes no progress: b does not wait for it, computes its own
+    assert "b" in engine.scheduler.running
+    engine.resume("a")
+    while engine.has_work():
+        engine.step()
+        _check_references(engine)
+    assert engine.statistics().releases == engine.statistics().admitted == 2

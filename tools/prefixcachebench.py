@@ -114,6 +114,30 @@ def burst(loaded: LoadedModel, on: bool, args: argparse.Namespace) -> dict[str, 
             sum(len(p) for p in prompts.values())}
 
 
+def plot(result: dict[str, Any], path: Path) -> None:
+    """TTFT per turn (median, cache off and on) and the prompt positions prefilled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4))
+    ttft, filled = fig.subplots(1, 2)
+    for mode, run in result["chats"].items():
+        turns = [t["turn"] for t in run["turns"]]
+        ttft.plot(turns, [t["ttft_ms_median"] for t in run["turns"]], marker="o",
+                  label=f"cache {mode}")
+        filled.plot(turns, [t["prefilled_tokens"] for t in run["turns"]], marker="o",
+                    label=f"cache {mode}")
+    ttft.set(xlabel="turn", ylabel="TTFT median (ms)", title="time to first token")
+    filled.set(xlabel="turn", ylabel="positions prefilled", title="prompt prefilled")
+    for axes in (ttft, filled):
+        axes.legend()
+        axes.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--model", default="smollm2")
@@ -127,13 +151,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--blocks", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: as is)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--plot", type=Path, help="a PNG of TTFT and prefill per turn")
+    parser.add_argument("--replot", type=Path, help="only draw --plot from this JSON")
     args = parser.parse_args(argv)
+    if args.replot:
+        saved: dict[str, Any] = json.loads(args.replot.read_text())
+        plot(saved, args.plot or args.replot.with_suffix(".png"))
+        return saved
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
     loaded = load_model(args.model, "cpu")
-    result: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items() if k != "json"}}
+    result: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items()
+                                           if k not in ("json", "plot", "replot")}}
     runs = {mode: chats(loaded, mode == "on", args) for mode in ("off", "on")}
     answers = [(a, b) for t_off, t_on in zip(runs["off"]["answers"], runs["on"]["answers"],
                                              strict=True)
@@ -141,6 +172,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result["chats"] = {mode: {k: v for k, v in run.items() if k != "answers"}
                        for mode, run in runs.items()}
     result["identical_answers"] = sum(a == b for a, b in answers) / max(len(answers), 1)
+    # Where a pair differs: the turn, the chat and the first token that differs (a later
+    # turn's prompt carries its chat's earlier answers, so one difference propagates).
+    result["differences"] = [
+        {"turn": t + 1, "chat": rid, "first_token": next(
+            (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), len(a))}
+        for t, (t_off, t_on) in enumerate(zip(runs["off"]["answers"], runs["on"]["answers"],
+                                              strict=True))
+        for rid, a, b in zip(t_off, t_off.values(), t_on.values(), strict=True) if a != b]
+    # Where a pair differs: the turn, the chat and the first token that differs (a later
+    # turn's prompt carries its chat's earlier answers, so one difference propagates).
+    result["differences"] = [
+        {"turn": t + 1, "chat": rid, "first_token": next(
+            (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))}
+        for t, (t_off, t_on) in enumerate(zip(runs["off"]["answers"], runs["on"]["answers"],
+                                              strict=True))
+        for rid, a, b in zip(t_off, t_off.values(), t_on.values(), strict=True) if a != b]
     last_off, last_on = runs["off"]["turns"][-1], runs["on"]["turns"][-1]
     result["last_turn_ttft_ratio"] = round(last_on["ttft_ms_median"]
                                            / last_off["ttft_ms_median"], 3)
@@ -152,6 +199,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     text = json.dumps(result, indent=2)
     if args.json:
         args.json.write_text(text + "\n")
+    if args.plot:
+        plot(result, args.plot)
     print(text)
     return result
 

@@ -14,6 +14,9 @@ policy and disconnect path (``docs/cancellation.md``); only the bytes differ
 
 ``count_tokens`` renders and encodes the same way and answers the prompt's length; it
 opens nothing (the prepared request is dropped unsubmitted).
+
+Every other answer under ``/v1/messages`` (a wrong method's 405, an unknown path's 404,
+the API key's 401 there) is in Anthropic's shape as well (``answer_errors_under``).
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from quart import Blueprint, Response, request
 
 from engine import GenerationRequest
 
+from ..auth import owned_request
 from ..edge.connection import own
-from ..error_handlers import error_response
+from ..error_handlers import answer_errors_under, error_response
 from ..metrics import Metrics
 from ..runtime import Runtime
 from ..schemas import CountTokensBody, MessagesBody, RequestLimits, count_request
@@ -34,6 +38,8 @@ from .anthropic_errors import anthropic_error_envelope, anthropic_error_for
 from .body import EventStreamBody
 from .openai_errors import ServedModels
 from .serving import collect, json_response, read_body, sse_response, submitted, ttft_deadline
+
+MESSAGES_PATH = "/v1/messages"
 
 
 class AnthropicViews:
@@ -59,7 +65,8 @@ class AnthropicViews:
         deadline = ttft_deadline(timer, None, self.runtime.settings.ttft_deadline_ms)
 
         def build(text: str, prompt_ids: tuple[int, ...]) -> GenerationRequest:
-            return body.generation_request(text, prompt_ids, ttft_deadline=deadline)
+            return owned_request(body.generation_request(text, prompt_ids,
+                                                         ttft_deadline=deadline))
 
         prepared = await self.runtime.prepare_chat(body.template_input(), True, build, None)
         stream = self.runtime.open(prepared)
@@ -105,8 +112,11 @@ def make_anthropic_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     """The Anthropic routes, bound to one app's runtime; each request reports to ``metrics``."""
     bp = Blueprint("anthropic", __name__)
     views = AnthropicViews(runtime, metrics)
-    bp.add_url_rule("/v1/messages", view_func=views.messages, methods=["POST"])
-    bp.add_url_rule("/v1/messages/count_tokens", view_func=views.count_tokens,
+    bp.add_url_rule(MESSAGES_PATH, view_func=views.messages, methods=["POST"])
+    bp.add_url_rule(f"{MESSAGES_PATH}/count_tokens", view_func=views.count_tokens,
                     methods=["POST"])
     bp.register_error_handler(Exception, views.refuse)
+    # A wrong method, an unknown path below /v1/messages, a 401 there: Anthropic's shape.
+    bp.record_once(lambda state: answer_errors_under(state.app, MESSAGES_PATH,  # type: ignore[arg-type]
+                                                      anthropic_error_for))
     return bp

@@ -15,7 +15,9 @@ ranges, the prompt's length, the policy against the allow-list), and opens it th
 (no prompt token id comes from the store) and the engine checks the token budget. The
 token ids the logged ``token`` events carry (``generated_ids``; authenticated with the
 events) are what the stream continues after (``prepare(resume_from=)``: the tokens that
-follow are the uninterrupted run's). A spec refused ends its reader's body with one
+follow are the uninterrupted run's); the engine refuses any of them outside its
+vocabulary (``engine.InvalidRequest``, as everything else it refuses at the submit: the
+stream is refused, not run). A spec refused ends its reader's body with one
 ``error`` event ``unavailable`` (``refusal``) and counts in ``resume_spec_rejected``.
 Knows the ``Runtime``, and ``streams.resume`` and the engine only at their roots.
 """
@@ -26,6 +28,7 @@ from dataclasses import replace
 
 import pydantic
 
+import engine
 from streams.resume import Adopt, StoreRejected, generated_ids
 
 from ..errors import ErrorType
@@ -66,7 +69,11 @@ class Rebuilder:
         timer = self._metrics.start_request()
         try:
             prepared = await self._runtime.prepare(request, body.policy, resume_from=tokens)
-            stream = self._runtime.open(prepared)
+            try:
+                stream = self._runtime.open(prepared)
+            except engine.InvalidRequest as exc:  # a token id outside the vocabulary, ...
+                raise StoreRejected(f"the stored stream {request_id} is refused by the "
+                                    f"engine here: {exc}") from None
             timer.submitted(stream.prompt_tokens)
             adopt(stream, ResumableEvents(request_id, stream.prompt_tokens), timer)
         except BaseException:

@@ -7,7 +7,8 @@ remembers it (the most recent ``streams.hub.RECENT_FINISHES`` finishes): the fin
 reason (``eos``, ``length``, ``stop``, ``cancelled`` for a client that left, ``error``),
 the prompt and completion token counts, and the error message if any. It answers "what
 happened to request X" (the id is the stream's ``X-Request-ID``). 404 ``not_found`` while
-the request is still running, or if the id is unknown or forgotten.
+the request is still running, or if the id is unknown or forgotten. With API keys, a
+request's id is its key's (``auth.owned_request``), and another key's is 404 as well.
 
 Each route reads and validates its request, and refuses whatever it can (an envelope
 from ``app.errors``) BEFORE a stream opens; after the first byte of a stream a failure is
@@ -26,6 +27,7 @@ from typing import Any
 
 from quart import Blueprint, Response, request
 
+from ..auth import may_see, owned_request
 from ..edge.connection import own
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics
@@ -66,7 +68,7 @@ class NativeViews:
         generation = body.to_generation_request(deadline)
         if body.resumable:
             return await open_resumable(self.runtime, generation, body.policy, timer)
-        prepared = await self.runtime.prepare(generation, body.policy)
+        prepared = await self.runtime.prepare(owned_request(generation), body.policy)
         stream = self.runtime.open(prepared)
         own(request.scope, stream)
         submitted(timer, stream)
@@ -90,7 +92,8 @@ class NativeViews:
             raise ApiError(ErrorType.INVALID_REQUEST,
                            "resumable applies to /v1/stream and /v1/requests only")
         deadline = ttft_deadline(timer, body.deadline_ms, self.runtime.settings.ttft_deadline_ms)
-        prepared = await self.runtime.prepare(body.to_generation_request(deadline), body.policy)
+        prepared = await self.runtime.prepare(owned_request(body.to_generation_request(deadline)),
+                                              body.policy)
         stream = self.runtime.open(prepared)
         own(request.scope, stream)
         submitted(timer, stream)
@@ -115,8 +118,8 @@ class NativeViews:
         """How the engine let a request go (see the module docstring), or 404.
 
         Cancellation: no checkpoint."""
-        finish = self.runtime.finished(request_id)
-        if finish is None:
+        finish = self.runtime.finished(request_id) if may_see(request_id) else None
+        if finish is None:  # another API key's request too: as if it never was
             raise ApiError(
                 ErrorType.NOT_FOUND,
                 f"no finished request {request_id[:64]!r}: unknown, still running, or forgotten",

@@ -18,6 +18,7 @@ from quart import Blueprint, Response, request
 
 from engine import GenerationRequest
 
+from ..auth import owned_request
 from ..edge.connection import own
 from ..error_handlers import error_response
 from ..metrics import Metrics, RequestTimer
@@ -58,7 +59,7 @@ class OpenAIViews:
         model = self.models.check(body.model)
         generation = body.generation_request(body.prompt, self.limits,
                                              ttft_deadline=self.deadline_of(timer, body))
-        prepared = await self.runtime.prepare(generation, None)
+        prepared = await self.runtime.prepare(owned_request(generation), None)
         return await self.answer(prepared, timer, body, model, COMPLETION)
 
     async def chat_completions(self) -> Response:
@@ -72,8 +73,8 @@ class OpenAIViews:
         model = self.models.check(body.model)
 
         def build(text: str, prompt_ids: tuple[int, ...]) -> GenerationRequest:
-            return body.generation_request(text, self.limits, prompt_ids,
-                                           ttft_deadline=self.deadline_of(timer, body))
+            return owned_request(body.generation_request(
+                text, self.limits, prompt_ids, ttft_deadline=self.deadline_of(timer, body)))
 
         prepared = await self.runtime.prepare_chat(
             body.template_input(), body.add_generation_prompt, build, None
