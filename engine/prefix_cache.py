@@ -103,8 +103,11 @@ def defer(allocator: BlockAllocator, running: Mapping[str, Sequence], budget: in
 
 def in_flight(allocator: BlockAllocator, running: Iterable[Sequence]) -> set[bytes]:
     """The identities of the full blocks that running sequences' prefills are computing
-    and have not committed yet (paused ones excluded: they make no progress)."""
+    and have not committed yet (paused ones excluded: they make no progress). Called
+    every step: with the cache off, no walk over the running sequences."""
     pending: set[bytes] = set()
+    if not allocator.prefix_cache:
+        return pending
     for seq in running:
         table = seq.block_table
         if not seq.is_paused and seq.needs_prefill and table is not None:
