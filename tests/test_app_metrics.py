@@ -69,6 +69,10 @@ async def run_finishing_traffic(server: RunningServer) -> tuple[int, int]:
 
 async def test_finished_streams_agree_with_stats_and_usage(server: RunningServer) -> None:
     prompt_tokens, completion_tokens = await run_finishing_traffic(server)
+    # A client may read its last event before the engine's step that made it has released
+    # the sequence and the hub has closed the stream: the counts settle just after.
+    await server.wait_for(lambda: server.recorder.statistics().releases == 4
+                          and server.hub.statistics().streams_open == 0, "four releases")
 
     samples, current = await scrape(server), await stats(server)
     assert value(samples, "streamscope_generation_tokens_total") == completion_tokens == 19

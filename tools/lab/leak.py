@@ -27,8 +27,11 @@ is drawn with ``lab.rng``:
   ``connection_close_without_eof``.
 
 And ``bursts`` (one per 1,000 streams, at least one) spread over the run: ``max_waiting
-+ 32`` streams opened at once, each reading to the end: some must be refused with 429,
-every one let in must get ``done``.
++ 32`` streams at once, each reading to the end: some must be refused with 429, every one
+let in must get ``done``. "At once" is made independent of the machine's speed: each burst
+stream connects and sends all of its request but the last byte, and only when all have
+done so do the last bytes go out together; and a burst stream asks for ``BURST_TOKENS``
+tokens, so the slots its first-admitted members take stay taken while the rest arrive.
 
 While they run, ``/stats`` is sampled every 0.25 s. Before and afterwards (the server
 idle, its clients' connections closed) the lab counts the open file descriptors of the
@@ -81,6 +84,7 @@ SAMPLE_S = 0.25
 SAMPLED = ("blocks_free", "blocks_total", "running", "waiting", "streams_open", "releases")
 EOF_WAIT_S = 2.0  # after a Connection: close stream's end, for the server's EOF
 BURST_EXTRA = 32  # streams beyond the waiting limit in a burst
+BURST_TOKENS = (256, 128)  # a burst stream's max_new_tokens (full, quick)
 STREAMS_PER_BURST = 1000
 FDS_SETTLE_S = 15.0  # for the server to close what its clients closed
 # Each kind's share of the streams, in the order drawn (see the module docstring).
@@ -112,10 +116,12 @@ class LeakStream(RawStream):
     """A ``RawStream`` that can send part of its request, or ``Connection: close``."""
 
     eof_after_end: bool | None = None  # close: the server's EOF came after the body's end
+    unsent: bytes = b""  # what ``send`` with a ``fraction`` below 1 held back
 
     async def send(self, path: str, body: dict[str, Any], *, close: bool = False,
-                   fraction: float = 1.0) -> None:
-        """Send the request, or its first ``fraction`` of bytes. Cancellation: the socket
+                   fraction: float = 1.0, hold_back: int = 0) -> None:
+        """Send the request, or its first ``fraction`` of bytes, or all but its last
+        ``hold_back`` bytes (the rest is kept in ``unsent``). Cancellation: the socket
         stays open; ``close_rst`` it."""
         if not self._connected:
             await self.connect()
@@ -126,7 +132,16 @@ class LeakStream(RawStream):
             headers.append(("Connection", "close"))
         data = self.conn.send(h11.Request(method="POST", target=path, headers=headers))
         data += self.conn.send(h11.Data(data=payload)) + self.conn.send(h11.EndOfMessage())
-        data = data[: max(1, int(len(data) * fraction))]
+        cut = len(data) - hold_back if hold_back else max(1, int(len(data) * fraction))
+        data, self.unsent = data[:cut], data[cut:]
+        await self._send_all(data)
+
+    async def send_unsent(self) -> None:
+        """Send what ``send`` held back: the request is complete from here."""
+        data, self.unsent = self.unsent, b""
+        await self._send_all(data)
+
+    async def _send_all(self, data: bytes) -> None:
         self.sent_at, self.sent_wall = time.perf_counter(), time.time()
         while data:
             data = data[await self.sock.send(data):]
@@ -193,6 +208,7 @@ async def leak(lab: Lab) -> Report:
     pause_s = lab.pick(0.25, 0.05)
     plans = _plans(lab, count)
     max_waiting = int(str(lab.server_settings.get("max_waiting") or 256))
+    burst_tokens = lab.pick(*BURST_TOKENS)
     bursts = max(1, count // STREAMS_PER_BURST)
 
     before = await lab.wait_idle()
@@ -215,9 +231,13 @@ async def leak(lab: Lab) -> Report:
             while done_count[0] < count * b / (bursts + 1):  # noqa: ASYNC110
                 await trio.sleep(0.05)
             size = max_waiting + BURST_EXTRA
+            go = trio.Event()
             async with trio.open_nursery() as burst:
                 for i in range(size):
-                    burst.start_soon(_burst_stream, lab.url, plans[i % count], burst_streams)
+                    # start() returns once the stream's request, but its last byte, is sent.
+                    await burst.start(_burst_stream, lab.url, plans[i % count], burst_tokens,
+                                      go, burst_streams)
+                go.set()
 
     async with trio.open_nursery() as monitor:
         monitor.start_soon(_sample, lab, samples, started)
@@ -337,12 +357,18 @@ async def _one_stream(url: str, plan: Plan, pause_s: float) -> LeakStream:
     return stream
 
 
-async def _burst_stream(url: str, plan: Plan, out: list[LeakStream]) -> None:
-    """One stream of a burst: read to the end (or the refusal), then reset."""
+async def _burst_stream(url: str, plan: Plan, tokens: int, go: trio.Event,
+                        out: list[LeakStream], *,
+                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """One stream of a burst: all of the request but its last byte, then (``go``) the last
+    byte; read to the end (or the refusal), then reset."""
     stream = LeakStream(url)
     try:
-        await stream.send("/v1/stream", {"prompt": plan.prompt, "ignore_eos": True,
-                                         "max_new_tokens": plan.max_new_tokens})
+        body = {"prompt": plan.prompt, "ignore_eos": True, "max_new_tokens": tokens}
+        await stream.send("/v1/stream", body, hold_back=1)
+        task_status.started()
+        await go.wait()
+        await stream.send_unsent()
         await stream.read_to_end()
     finally:
         stream.close_rst()
