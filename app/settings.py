@@ -123,12 +123,13 @@ class Settings(BaseSettings):
         "tokens that measured costs (calibrated at startup, then from every step) say fit "
         "beside its decode pass, within max_prefill_tokens; unset: max_prefill_tokens "
         "alone", shown="(off)")
-    prefix_cache: bool = _setting(False,
+    prefix_cache: bool = _setting(True,
         "share the KV cache's full blocks between prompts that begin with the same tokens "
         "(a conversation's history, a common system prompt): a cached prefix is not "
         "prefilled again; unreferenced cached blocks are evicted least recently used first "
         "when blocks are needed; a request whose next block another's prefill is computing "
-        "waits for it and shares it (a burst with one system prompt computes it once)")
+        "waits for it and shares it (a burst with one system prompt computes it once); "
+        "false: every prompt is prefilled whole")
     ttft_deadline_ms: Milliseconds | None = _setting(None,
         "a time-to-first-token deadline in milliseconds for requests that give no "
         "`deadline_ms`: one whose first token the engine estimates later is refused at "
