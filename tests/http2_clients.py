@@ -9,21 +9,19 @@ open, the engine empty, its cache whole, releases == admitted).
 
 ``H2Client`` speaks HTTP/2 frame by frame where httpx cannot: it resets one stream
 (``RST_STREAM``), withholds one stream's ``WINDOW_UPDATE``s (a reader that stops reading
-that stream only), sends floods, ends the TCP connection with a FIN or an RST, and
-records the server's ``GOAWAY``. It grants its connection-level window once, hugely, at
+that stream only), ends the TCP connection with a FIN or an RST, and records the
+server's ``GOAWAY``. It grants its connection-level window once, hugely, at
 the start, so only the per-stream windows ever limit the server.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import socket
 import ssl
 import struct
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -36,14 +34,12 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
-import hpack
 import httpx
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
-from hyperframe.frame import DataFrame, HeadersFrame, PingFrame, RstStreamFrame, SettingsFrame
 
-from app.edge import h2_fixes
+from app.edge import h2_retire
 from app.factory import StreamscopeApp, create_app
 from app.runtime import Phase, ServingEngine
 from app.settings import Settings
@@ -102,7 +98,7 @@ async def open_tls_servers(
     """``http_server.open_servers`` over TLS: yield ``start(**options, **settings)``.
 
     Options: ``create`` (default ``create_app``), ``graceful_timeout_s``, ``goaway_on_drain``
-    (start ``h2_fixes.goaway_on_drain`` beside the server, as ``streamscope serve`` does),
+    (start ``h2_retire.goaway_on_drain`` beside the server, as ``streamscope serve`` does),
     ``hypercorn`` (more of hypercorn's settings, by name).
     """
     from engine.engine import Engine  # tests may use engine internals; app may not
@@ -138,7 +134,7 @@ async def open_tls_servers(
             server = RunningServer(app, binds[0], host, int(port), stop, stopped)
             servers.append(server)
             if goaway_on_drain:
-                nursery.start_soon(h2_fixes.goaway_on_drain, app.runtime, config)
+                nursery.start_soon(h2_retire.goaway_on_drain, app.runtime, config)
             with trio.fail_after(SETTLE_TIMEOUT_S):
                 phase = await app.runtime.wait_settled()
             assert phase is Phase.READY, app.runtime.failure
@@ -373,115 +369,3 @@ class H2Client:
 
 def token_ids(events: list[ServerSentEvent]) -> list[int]:
     return [json.loads(e.data)["id"] for e in events if e.event == "token"]
-
-
-# -- floods: raw frames, built ahead, sent as fast as the socket takes them -------------
-
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-FLOOD_BODY = {"prompt": "a", "max_new_tokens": 4}
-
-
-def flood_frames(kind: str, count: int, host: str = "127.0.0.1") -> bytes:
-    """The client preface and ``count`` units of a flood, as raw frames: ``reset``, a
-    POST to /v1/stream (HEADERS, DATA) and its RST_STREAM; ``ping``, a PING; ``settings``,
-    a SETTINGS frame. Built with hyperframe and hpack, not h2, whose client would stop at
-    its flow-control window: the server hands the window back as it reads (a rapid-reset
-    client need not read)."""
-    encoder = hpack.Encoder()
-    payload = json.dumps(FLOOD_BODY).encode()
-    headers = [(":method", "POST"), (":scheme", "https"), (":authority", host),
-               (":path", "/v1/stream"), ("content-type", "application/json"),
-               ("content-length", str(len(payload)))]
-    frames = [PREFACE, SettingsFrame(0).serialize()]
-    for i in range(count):
-        if kind == "reset":
-            stream_id = 1 + 2 * i
-            frames += [HeadersFrame(stream_id, encoder.encode(headers),
-                                    flags=["END_HEADERS"]).serialize(),
-                       DataFrame(stream_id, payload, flags=["END_STREAM"]).serialize(),
-                       RstStreamFrame(stream_id, h2.errors.ErrorCodes.CANCEL).serialize()]
-        elif kind == "ping":
-            frames.append(PingFrame(0, i.to_bytes(8, "big")).serialize())
-        elif kind == "settings":
-            frames.append(SettingsFrame(0, {h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE:
-                                            65536 + i % 2}).serialize())
-        else:
-            raise ValueError(kind)
-    return b"".join(frames)
-
-
-@dataclass(frozen=True)
-class FloodResult:
-    sent: int  # bytes the server took before it closed
-    goaway: h2.events.ConnectionTerminated | None
-    goaway_after_s: float | None  # from the connection's start
-    ping_acks: int
-    elapsed_s: float  # until the server closed
-
-
-async def flood(host: str, port: int, certificate: Certificate, frames: bytes) -> FloodResult:
-    """Send ``frames`` over one TLS connection (ALPN h2), then read what the server
-    answers until it closes the connection (or READ_TIMEOUT_S)."""
-    started = trio.current_time()
-    tcp = await trio.open_tcp_stream(host, port)
-    tls = trio.SSLStream(tcp, certificate.client_context(), server_hostname="localhost")
-    await tls.do_handshake()
-    assert tls.selected_alpn_protocol() == "h2"
-    reader = h2.connection.H2Connection(
-        h2.config.H2Configuration(client_side=True, header_encoding=None))
-    reader.initiate_connection()  # only to parse the server's frames
-    reader.clear_outbound_data_buffer()
-    goaway, goaway_at, acks, sent = None, None, 0, 0
-
-    async def read() -> None:
-        nonlocal goaway, goaway_at, acks
-        with contextlib.suppress(trio.BrokenResourceError, h2.exceptions.ProtocolError):
-            while data := await tls.receive_some(65536):
-                for event in reader.receive_data(data):
-                    if isinstance(event, h2.events.ConnectionTerminated):
-                        goaway, goaway_at = event, trio.current_time() - started
-                    elif isinstance(event, h2.events.PingAckReceived):
-                        acks += 1
-
-    with trio.move_on_after(READ_TIMEOUT_S):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(read)
-            with contextlib.suppress(trio.BrokenResourceError):
-                for start in range(0, len(frames), 16384):
-                    if goaway is not None:  # the rest would only break the stream: a
-                        break  # Trio TLS stream whose send failed can no longer receive
-                    await tls.send_all(frames[start:start + 16384])
-                    sent = start + 16384
-    return FloodResult(min(sent, len(frames)), goaway, goaway_at, acks,
-                       trio.current_time() - started)
-
-
-def main(argv: Sequence[str]) -> None:
-    """``python -m tests.http2_clients HOST PORT CERT SECONDS``: an attacker in its own
-    process (so that its own work is not the test's server's): builds a rapid-reset, a
-    PING and a SETTINGS flood of ``FLOOD_UNITS`` each and prints ``ready``; then for each
-    line on stdin, a round: each flood over a connection of its own, spread over SECONDS,
-    each one's result printed as a JSON line, and ``done``."""
-    host, port, cert, seconds = argv
-    floods = [flood_frames(kind, FLOOD_UNITS, host) for kind in ("reset", "ping", "settings")]
-    certificate = Certificate(Path(cert), Path(cert))
-
-    async def round_of_floods() -> None:
-        for frames in floods:
-            await trio.sleep(float(seconds) / (len(floods) + 1))
-            result = await flood(host, int(port), certificate, frames)
-            goaway = None if result.goaway is None else int(result.goaway.error_code or 0)
-            print(json.dumps({"goaway": goaway, "after_s": result.goaway_after_s,
-                              "ping_acks": result.ping_acks, "elapsed_s": result.elapsed_s}),
-                  flush=True)
-
-    print("ready", flush=True)
-    while sys.stdin.readline():
-        trio.run(round_of_floods)
-        print("done", flush=True)
-
-
-FLOOD_UNITS = 10_000
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

