@@ -128,7 +128,13 @@ async def request_one(client: httpx.AsyncClient, body: dict[str, Any], out: Outc
 
 
 def make_client(url: str) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    """A pool of keep-alive connections, each dropped after 1 s idle: httpx's default
+    (5 s) is hypercorn's keep-alive timeout, and a POST sent on a connection the server
+    is closing at that moment fails with no answer (seen once in the suite, the machine
+    loaded by eight labs at once). A client must expire idle connections before the
+    server does; a POST is not retried."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None,
+                          keepalive_expiry=1.0)
     return httpx.AsyncClient(base_url=url, timeout=300.0, trust_env=False, limits=limits)
 
 
