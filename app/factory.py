@@ -12,6 +12,7 @@ import streams
 from .auth import register_auth
 from .edge import http_fixes
 from .edge.connection import StreamingConnection
+from .edge.h2_retire import goaway_on_drain
 from .edge.signals import watch_for_stop
 from .error_handlers import register_error_handlers
 from .metrics import Metrics, make_metrics_blueprint
@@ -78,8 +79,9 @@ def create_app(
     async def start_runtime() -> None:
         """Start loading in the app's nursery and return at once. Cancellation: none."""
         runtime.start(app.nursery)
-        if drain_on_sigterm:
+        if drain_on_sigterm:  # hypercorn -k trio app:app
             app.nursery.start_soon(watch_for_stop, runtime)
+            app.nursery.start_soon(goaway_on_drain, runtime, None)  # its one server
 
     @app.after_serving
     async def stop_runtime() -> None:

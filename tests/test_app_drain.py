@@ -11,6 +11,10 @@ hub's message, "the server is shutting down"; a stream that hypercorn's graceful
 cut would say "the server is stopping", ``connection.py``'s farewell). The process must
 exit 0 after logging that its cache is whole.
 
+An idle HTTP/2 connection (prior knowledge, in the clear) is open beside them: it must get
+a GOAWAY ``NO_ERROR`` before the server closes it (``app/edge/h2_retire.py``), whichever
+way the signal came.
+
 Two ways the signal arrives (``app/edge/signals.py``): to the app's worker process (hypercorn
 keeps accepting, so new requests and ``/ready`` are answered 503 with Retry-After while
 the streams drain), and to hypercorn's main process, as ``docker stop`` does (hypercorn
@@ -31,6 +35,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
 import httpx
 import trio
 
@@ -177,13 +185,47 @@ async def assert_drained_as_promised(server: Server, short: RawClient, long: Raw
     assert "cache whole: True, 64 of 64 blocks free" in server.log()
 
 
+@dataclass
+class IdleH2Connection:
+    """An HTTP/2 connection in the clear (prior knowledge) with no stream on it."""
+
+    stream: trio.SocketStream
+    conn: h2.connection.H2Connection
+
+    @classmethod
+    async def open(cls, server: Server) -> IdleH2Connection:
+        stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        await stream.send_all(conn.data_to_send())
+        return cls(stream, conn)
+
+    async def goaway(self) -> h2.events.ConnectionTerminated | None:
+        """Read until the server closes the connection: its GOAWAY, if one came."""
+        goaway = None
+        with trio.fail_after(WAIT_TIMEOUT_S):
+            while data := await self.stream.receive_some(65536):
+                for event in self.conn.receive_data(data):
+                    if isinstance(event, h2.events.ConnectionTerminated):
+                        goaway = event
+        await self.stream.aclose()
+        return goaway
+
+
+async def assert_goaway_no_error(idle: IdleH2Connection) -> None:
+    goaway = await idle.goaway()
+    assert goaway is not None and goaway.error_code == h2.errors.ErrorCodes.NO_ERROR
+
+
 async def test_sigterm_to_the_app_drains_refusing_new_requests_then_exits_0(
     tmp_path: Path,
 ) -> None:
     async with cli_server(tmp_path) as server:
         short, long = await open_held_streams(server)
+        idle = await IdleH2Connection.open(server)
 
         os.kill(server.worker_pid, signal.SIGTERM)
+        await assert_goaway_no_error(idle)  # while the streams drain
         async with server.client() as http:
 
             async def not_ready() -> bool:
@@ -210,8 +252,10 @@ async def test_sigterm_to_hypercorns_main_process_drains_before_its_graceful_tim
 ) -> None:
     async with cli_server(tmp_path) as server:
         short, long = await open_held_streams(server)
+        idle = await IdleH2Connection.open(server)
 
         server.proc.send_signal(signal.SIGTERM)
 
+        await assert_goaway_no_error(idle)
         await server.logged("draining (hypercorn is stopping): 2 streams open")
         await assert_drained_as_promised(server, short, long)

@@ -4,7 +4,7 @@ certificate that ``openssl`` makes at test time; ALPN offers ``h2`` and ``http/1
 
 The real-process tests run the console script on the tiny model, as ``test_serve.py``
 does, and end with SIGTERM: the drain, a GOAWAY on every HTTP/2 connection once it has
-no stream running (``h2_fixes.goaway_on_drain``), exit status 0.
+no stream running (``h2_retire.goaway_on_drain``), exit status 0.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ from hypercorn.config import Config
 from ..factory import StreamscopeApp, create_app
 from ..runtime import Phase, Runtime
 from ..settings import Settings, SettingsError
-from .h2_fixes import goaway_on_drain
+from .h2_retire import goaway_on_drain
 from .http_fixes import UnsupportedVersion
 from .signals import DRAIN_MARGIN_S, drain_on_signals
 

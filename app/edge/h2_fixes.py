@@ -47,9 +47,10 @@ connection, is at most ``RESET_BURST`` plus ``RESETS_PER_S`` a second plus the s
 it holds open (``h2_max_concurrent_streams``).
 
 Retiring: a GOAWAY when the server drains, or after ``keep_alive_max_requests``.
-``goaway_on_drain`` (``streamscope serve`` starts it beside hypercorn) retires every HTTP/2
-connection of a server once its runtime drains (and each one made during the drain, once
-it started a stream): a connection with no stream running gets
+``h2_retire.goaway_on_drain`` (beside hypercorn under ``streamscope serve``, in the app
+under ``hypercorn -k trio app:app``) retires every HTTP/2 connection of a server once its
+runtime drains (and each one made during the drain, once it started a stream): a
+connection with no stream running gets
 ``GOAWAY`` (``NO_ERROR``) and is closed at once; one with streams running keeps serving
 them, and new requests on it are answered as over HTTP/1.1 during a drain (503
 ``shutdown``, ``Retry-After``), until its last stream has ended: then the GOAWAY and the
@@ -61,13 +62,15 @@ not to. The same retirement replaces hypercorn's own at ``keep_alive_max_request
 (an h2 ``close_connection`` in the middle of whatever ran on the connection: every stream
 on it was cut off with no final event); a request past that count gets
 ``RST_STREAM`` ``REFUSED_STREAM`` (not processed: the client may retry it elsewhere).
+And when hypercorn itself closes a connection because it stops (its ``terminated``
+Event: an idle connection at once, before the drain may have been seen), the GOAWAY goes
+out first.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,7 +80,6 @@ import h2.exceptions
 import hypercorn.protocol
 import hypercorn.protocol.h2
 import trio
-from hypercorn.config import Config
 from hypercorn.events import Closed, Event, RawData
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.events import StreamClosed
@@ -89,7 +91,7 @@ from hypercorn.protocol.h2 import (
     StreamBuffer,
 )
 
-from ..runtime import Phase, Runtime
+from . import h2_retire
 from .write_blocks import write_blocked
 
 log = logging.getLogger("streamscope.http")
@@ -111,10 +113,6 @@ SLICE_BYTES = 1024
 # flood's client goes on sending): see GuardedH2Protocol._hang_up.
 LINGER_S = 1.0
 LINGER_BYTES = 256 * 1024
-# How often goaway_on_drain looks at the runtime's phase (the runtime has no event for a
-# drain's start); as often as signals.py polls hypercorn's stop Event.
-DRAIN_POLL_S = 0.1
-
 
 class FlowBuffer(StreamBuffer):
     """hypercorn's stream buffer whose writer waits until what it wrote has drained
@@ -160,17 +158,6 @@ class FloodBudget:
         return True
 
 
-# Per server (hypercorn's Config): its live HTTP/2 connections, and whether it drains.
-_connections: weakref.WeakKeyDictionary[Config, weakref.WeakSet[GuardedH2Protocol]] = (
-    weakref.WeakKeyDictionary())
-_draining: weakref.WeakSet[Config] = weakref.WeakSet()
-
-
-def connections_of(config: Config) -> list[GuardedH2Protocol]:
-    """The server's live HTTP/2 connections (for tests and ``goaway_on_drain``)."""
-    return list(_connections.get(config, ()))
-
-
 class GuardedH2Protocol(H2Protocol):
     """hypercorn's HTTP/2 connection with flood budgets, and a GOAWAY once it retires
     (see the module docstring)."""
@@ -191,7 +178,7 @@ class GuardedH2Protocol(H2Protocol):
         self._peer_closed = trio.Event()  # once hung up: the client closed its side
         self._lingered = 0  # bytes thrown away since
         self._ended = False  # Closed was handled
-        _connections.setdefault(self.config, weakref.WeakSet()).add(self)
+        h2_retire.register(self.config, self)
 
     async def handle(self, event: Event) -> None:
         if isinstance(event, RawData) and self.hung_up:
@@ -218,10 +205,12 @@ class GuardedH2Protocol(H2Protocol):
         Cancellation: none (shielded): it runs where a connection ends, cancelled or not.
         """
         self._peer_closed.set()
-        _connections.get(self.config, weakref.WeakSet()).discard(self)
+        h2_retire.forget(self.config, self)
         first = not self._ended
         self._ended = True
         with trio.CancelScope(shield=True):
+            if first and not self.hung_up and self.context.terminated.is_set():
+                await self._goaway(h2.errors.ErrorCodes.NO_ERROR, "the server is stopping")
             await super().handle(Closed())
             if first and not self.hung_up:  # hung up: _close_after_linger closes it
                 await self.send(Closed())  # TCPServer: close the socket, then this again
@@ -249,7 +238,7 @@ class GuardedH2Protocol(H2Protocol):
             await self._cut_off(flooded)
             return
         await super()._handle_events(self._triage(events))
-        if self.retiring is None and self.config in _draining and self.last_started:
+        if self.retiring is None and h2_retire.is_draining(self.config) and self.last_started:
             self.retiring = "drain"  # made during the drain: once its request is answered
         if self.retiring is None and (
                 self.keep_alive_requests >= self.config.keep_alive_max_requests):
@@ -354,35 +343,23 @@ class GuardedH2Protocol(H2Protocol):
         GOAWAY) makes the kernel send an RST, and the client's kernel may then drop the
         GOAWAY before it was read. What the client sends meanwhile is thrown away.
         """
+        await self._goaway(error_code, why)
+        await H2Protocol.handle(self, Closed())  # the streams' disconnects, not the socket's
+        self.task_group.spawn(self._close_after_linger)
+
+    async def _goaway(self, error_code: h2.errors.ErrorCodes, why: str) -> None:
         self.hung_up = True
         with contextlib.suppress(h2.exceptions.ProtocolError):  # h2 has closed already
             self.connection.close_connection(error_code=error_code,
                                              additional_data=why.encode(),
                                              last_stream_id=self.last_started)
         await self._flush()
-        await H2Protocol.handle(self, Closed())  # the streams' disconnects, not the socket's
-        self.task_group.spawn(self._close_after_linger)
 
     async def _close_after_linger(self) -> None:
         """Cancellation: the connection is ending anyway (its task group is cancelled)."""
         with trio.move_on_after(LINGER_S):
             await self._peer_closed.wait()
         await self.send(Closed())
-
-
-async def goaway_on_drain(runtime: Runtime, config: Config) -> None:
-    """Once ``runtime`` drains, retire each of ``config``'s server's HTTP/2 connections
-    (and each new one, after its first stream): a GOAWAY and the close as soon as it has
-    no stream running. Returns then.
-
-    Cancellation: stops waiting; nothing was sent.
-    """
-    # The runtime's drain has no event to wait on; a phase is a plain attribute.
-    while runtime.phase not in (Phase.DRAINING, Phase.STOPPED):  # noqa: ASYNC110
-        await trio.sleep(DRAIN_POLL_S)
-    _draining.add(config)
-    for connection in connections_of(config):
-        connection.retire("drain")
 
 
 def install() -> None:
