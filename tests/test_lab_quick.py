@@ -197,12 +197,13 @@ def test_rapidreset_quick_ends_every_flood_with_goaway_and_starts_nothing(
     results: dict[str, Path],
 ) -> None:
     summary = summary_of(results, "rapidreset")
-    assert summary["floods"] == summary["floods_enhance_your_calm"] == 3  # one of each kind
+    assert summary["floods"] == summary["floods_enhance_your_calm"] >= 6  # spread, reconnect
     assert summary["attacker_streams_started"] == 0  # every reset stream was stillborn
     assert summary["attacker_sequences_admitted"] == 0
     assert summary["ping_acks_max"] <= summary["ping_burst"]
     assert summary["victims_complete"] is True
-    assert summary["gap_p99_ms_quiet"] > 0 and summary["gap_p99_ms_loud"] > 0
+    for condition in ("quiet", "spread", "reconnect", "burn"):
+        assert summary[f"gap_p99_ms_{condition}"] > 0
     # The ratio to the goal is the full run's figure (docs/results.md), not a test's: nine
     # servers and their clients share two cores here.
 

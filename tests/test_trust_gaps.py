@@ -4,7 +4,8 @@
    ``resume_from``) are checked against the vocabulary at ``Engine.submit``; a failover
    whose stored (signed) token events name an id outside it is refused, never run.
 2. ``GET /v1/requests/<id>`` is bound to the API key that made the request.
-3. Every answer under ``/v1/messages`` (405, unknown paths, 401) is in Anthropic's shape.
+3. Every answer under ``/v1/messages`` (405, unknown paths, 401) is in Anthropic's shape,
+   and under the OpenAI routes in OpenAI's.
 4. The fuzzer sends mostly ``application/json``, so its bodies reach the validators.
 """
 
@@ -160,6 +161,26 @@ async def test_every_answer_under_v1_messages_is_in_anthropics_shape(
     assert_anthropic(unknown, 404, "not_found_error")
     assert_anthropic(deeper, 404, "not_found_error")
     assert native.json()["error"]["type"] == "method_not_allowed"
+
+
+async def test_every_answer_under_the_openai_routes_is_in_openais_shape(
+    server: RunningServer,
+) -> None:
+    async with server.client() as client:
+        answers = {
+            405: [await client.get("/v1/chat/completions"), await client.get("/v1/completions"),
+                  await client.post("/v1/models", json={})],
+            404: [await client.get("/v1/chat/completions/x"),
+                  await client.get("/v1/completions/a/b")],
+        }
+
+    for status, responses in answers.items():
+        for response in responses:
+            assert response.status_code == status, response.text
+            error = response.json()["error"]
+            assert set(error) >= {"message", "type", "param", "code"}, error
+            assert error["type"] == "invalid_request_error"
+            assert error["code"] == ("method_not_allowed" if status == 405 else "not_found")
 
 
 async def test_the_sdk_gets_its_typed_errors_under_v1_messages(

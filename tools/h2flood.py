@@ -9,9 +9,17 @@ acks) until the server closes the connection. Over TLS (ALPN ``h2``) when given 
 ``python -m tools.h2flood HOST PORT SECONDS [--cert CERT]`` is an attacker in a process of
 its own, so that its work is not the measured server's or the measuring client's: it
 builds one flood of each kind and prints ``ready``; then for each line on its stdin, a
-round: the three floods, each over a connection of its own, spread over ``SECONDS``, each
-one's result printed as a JSON line, then ``done``. ``Attacker`` drives it, for
-``tools.lab rapidreset`` and ``tests/test_http2_flood.py``.
+round, each flood's result printed as a JSON line, then ``done``. The line names the
+round's kind:
+
+* ``spread`` (or an empty line): one flood of each kind, each over a connection of its
+  own, spread over ``SECONDS``; each waits for the server to close the connection;
+* ``reconnect``: floods of the three kinds in turn for ``SECONDS`` (at least one of each),
+  each hanging up at its GOAWAY and connecting again at once, as an attacker would;
+* ``burn``: no flood; the process keeps one core busy for ``SECONDS``, a control for what
+  the machine's sharing alone costs the server's other clients.
+
+``Attacker`` drives it, for ``tools.lab rapidreset`` and ``tests/test_http2_flood.py``.
 
 The frames are built with hyperframe and hpack, not h2, whose client would stop at its
 flow-control window: the server hands the window back as it reads, and a rapid-reset
@@ -26,6 +34,7 @@ import json
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
@@ -87,17 +96,18 @@ class FloodResult:
     goaway: h2.events.ConnectionTerminated | None
     goaway_after_s: float | None  # from the connection's start
     ping_acks: int
-    elapsed_s: float  # until the server closed (or READ_TIMEOUT_S)
+    elapsed_s: float  # until the server closed, or the GOAWAY (hang_up_at_goaway)
 
     def to_json(self) -> dict[str, Any]:
         goaway = None if self.goaway is None else int(self.goaway.error_code or 0)
         return {**{k: v for k, v in asdict(self).items() if k != "goaway"}, "goaway": goaway}
 
 
-async def flood(host: str, port: int, context: ssl.SSLContext | None,
-                frames: bytes) -> FloodResult:
+async def flood(host: str, port: int, context: ssl.SSLContext | None, frames: bytes, *,
+                hang_up_at_goaway: bool = False) -> FloodResult:
     """Send ``frames`` over one connection (TLS with ``context``, else h2c), then read
-    what the server answers until it closes the connection (or ``READ_TIMEOUT_S``)."""
+    what the server answers until it closes the connection (or ``READ_TIMEOUT_S``), or
+    with ``hang_up_at_goaway`` until its GOAWAY."""
     started = trio.current_time()
     stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
     if context is not None:
@@ -117,6 +127,8 @@ async def flood(host: str, port: int, context: ssl.SSLContext | None,
                 for event in reader.receive_data(data):
                     if isinstance(event, h2.events.ConnectionTerminated):
                         goaway, goaway_at = event, trio.current_time() - started
+                        if hang_up_at_goaway:
+                            nursery.cancel_scope.cancel(reason="the GOAWAY came")
                     elif isinstance(event, h2.events.PingAckReceived):
                         acks += 1
 
@@ -168,9 +180,9 @@ class Attacker:
                 proc.kill()
                 await proc.wait()
 
-    async def start_round(self) -> None:
-        """Start a round of floods; return at once."""
-        await self.stdin.send_all(b"go\n")
+    async def start_round(self, kind: str = "spread") -> None:
+        """Start a round of ``kind`` (see the module docstring); return at once."""
+        await self.stdin.send_all(f"{kind}\n".encode())
 
     async def round_results(self) -> list[dict[str, Any]]:
         """Wait for the round's end: its floods' results (also added to ``results``)."""
@@ -195,7 +207,7 @@ def main(argv: Sequence[str]) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("host")
     parser.add_argument("port", type=int)
-    parser.add_argument("seconds", type=float, help="a round's floods are spread over this")
+    parser.add_argument("seconds", type=float, help="how long a round's floods go on")
     parser.add_argument("--cert", help="the server's certificate: TLS (else h2c)")
     parser.add_argument("--units", type=int, default=FLOOD_UNITS, help="per flood")
     args = parser.parse_args(argv)
@@ -206,16 +218,31 @@ def main(argv: Sequence[str]) -> None:
     floods = [flood_frames(kind, args.units, args.host, tls=context is not None)
               for kind in KINDS]
 
-    async def round_of_floods() -> None:
+    async def spread() -> None:
         for kind, frames in zip(KINDS, floods, strict=True):
             await trio.sleep(args.seconds / (len(floods) + 1))
-            result = await flood(args.host, args.port, context, frames)
-            print(json.dumps({"kind": kind, "units": args.units, **result.to_json()}),
-                  flush=True)
+            report(kind, await flood(args.host, args.port, context, frames))
 
+    async def reconnect() -> None:
+        end, count = trio.current_time() + args.seconds, 0
+        while count < len(KINDS) or trio.current_time() < end:
+            kind = count % len(KINDS)
+            report(KINDS[kind], await flood(args.host, args.port, context, floods[kind],
+                                            hang_up_at_goaway=True))
+            count += 1
+
+    async def burn() -> None:
+        end = time.perf_counter() + args.seconds
+        while time.perf_counter() < end:
+            pass
+
+    def report(kind: str, result: FloodResult) -> None:
+        print(json.dumps({"kind": kind, "units": args.units, **result.to_json()}), flush=True)
+
+    rounds = {"spread": spread, "": spread, "reconnect": reconnect, "burn": burn}
     print("ready", flush=True)
-    while sys.stdin.readline():
-        trio.run(round_of_floods)
+    while line := sys.stdin.readline():
+        trio.run(rounds[line.strip()])
         print("done", flush=True)
 
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import time
 
-from quart import Blueprint, Response, request
+from quart import Blueprint, Quart, Response, request
 
 from engine import GenerationRequest
 
 from ..auth import owned_request
 from ..edge.connection import own
-from ..error_handlers import error_response
+from ..error_handlers import answer_errors_under, error_response
 from ..metrics import Metrics, RequestTimer
 from ..runtime import Prepared, Runtime
 from ..schemas import ChatBody, CompletionsBody, OpenAIBody, RequestLimits
@@ -127,4 +127,11 @@ def make_openai_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     bp.add_url_rule("/v1/chat/completions", view_func=views.chat_completions,
                     methods=["POST"])
     bp.register_error_handler(Exception, views.refuse)
+    # A wrong method, an unknown path below these, a 401 there: OpenAI's shape.
+    bp.record_once(lambda state: answer_openai_errors(state.app))  # type: ignore[arg-type]
     return bp
+
+
+def answer_openai_errors(app: Quart) -> None:
+    for prefix in ("/v1/models", "/v1/completions", "/v1/chat/completions"):
+        answer_errors_under(app, prefix, openai_error_for)

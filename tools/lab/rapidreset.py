@@ -11,28 +11,36 @@ work is neither the server's nor the measuring client's), in the clear with prio
 knowledge (h2c, as ``hypercorn -k trio app:app`` serves without a certificate). It
 builds one flood of each kind, ``--units`` each (default 10,000; quick 2,000): ``reset``,
 HEADERS + DATA (a POST to /v1/stream) + RST_STREAM; ``ping``; ``settings``. Then
-``--rounds`` rounds (default 5; quick 1), each a quiet run and a loud run: in each,
-``VICTIMS`` streams on HTTP/1.1 connections of their own (greedy, ``ignore_eos``,
-``--tokens`` tokens: default 64, quick 24) are read to their ends; in a loud run the
-attacker sends its three floods meanwhile, each on a connection of its own, spread over
-a quiet run's length (that of a warm-up run, not counted). Quiet and loud alternate, so
-that the machine's own noise falls on both.
+``--rounds`` rounds (default 5; quick 1) of four runs. In each run ``VICTIMS`` streams on
+HTTP/1.1 connections of their own (greedy, ``ignore_eos``, ``--tokens`` tokens: default
+64, quick 24) are read to their ends, while the attacker does one of (``CONDITIONS``):
 
-Summary: ``gap_p99_ms_quiet`` and ``gap_p99_ms_loud`` (the median over the rounds of the
-victims' token gap p99), ``p99_ratio`` (loud over quiet; the issue's goal: at most
-``P99_GOAL``), ``floods`` and ``floods_enhance_your_calm`` (ended by that GOAWAY);
+* ``quiet``: nothing;
+* ``spread``: the issue's attack: one flood of each kind, each on a connection of its
+  own, spread over a quiet run's length (that of a warm-up run, not counted);
+* ``reconnect``: floods of the three kinds in turn, back to back for as long: it hangs
+  up at each GOAWAY and connects again at once, as an attacker would;
+* ``burn``: no traffic; it keeps one core busy for as long. The control: on a machine
+  with few cores an attacker's process takes CPU from the server whatever it sends, and
+  this is what that alone costs the victims.
+
+Summary: ``gap_p99_ms_<condition>`` (the median over the rounds of the victims' token gap
+p99), ``p99_ratio_<attack>`` (over quiet; the issue's goal, for ``spread``: at most
+``P99_GOAL``), ``floods`` and ``floods_enhance_your_calm`` (ended by that GOAWAY),
+``floods_per_s_reconnect``;
 for each kind ``goaway_ms_<kind>`` (median, from the flood connection's start),
 ``read_share_<kind>`` (the median share of the flood's bytes the server took before it
 closed the connection) and, for pings, ``ping_acks_max`` (answered PINGs, at most
 ``PING_BURST``); ``attacker_streams_started`` (requests the hub opened beyond the
 victims') and ``attacker_sequences_admitted`` (sequences the engine admitted beyond the
 victims'); ``victims_complete`` (every victim got all of its tokens and ``done``).
-Plot: the victims' gaps, quiet and loud, as distributions.
+Plot: the victims' gaps under each condition, as distributions.
 """
 
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from typing import Any
 
 import h2.errors
@@ -45,6 +53,11 @@ from tools.lab.common import Lab, Report, experiment, median, ms, pct
 
 VICTIMS = 4
 P99_GOAL = 1.5
+ATTACKS = ("spread", "reconnect", "burn")  # tools.h2flood's kinds of round
+CONDITIONS = ("quiet", *ATTACKS)
+LABELS = {"quiet": "quiet", "spread": "one flood of each kind, spread over the run",
+          "reconnect": "floods back to back, reconnecting",
+          "burn": "control: a process keeping one core busy"}
 ENHANCE_YOUR_CALM = int(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
 
 
@@ -67,29 +80,31 @@ async def rapidreset(lab: Lab) -> Report:
 
     await lab.wait_idle()
     warm_up = await _victims(lab.url, prompts, tokens)
-    seconds = warm_up["duration_s"]
     before = await lab.wait_idle()
     runs: list[dict[str, Any]] = []
-    async with Attacker.running(host, port, seconds, units=units) as attacker:
+    async with Attacker.running(host, port, warm_up["duration_s"], units=units) as attacker:
         for index in range(rounds):
-            runs.append({"round": index, "loud": False,
-                         **await _victims(lab.url, prompts, tokens)})
-            loud = await _victims(lab.url, prompts, tokens, attacker.start_round)
-            runs.append({"round": index, "loud": True, **loud,
-                         "floods": await attacker.round_results()})
+            for condition in CONDITIONS:
+                attack = None if condition == "quiet" else partial(attacker.start_round,
+                                                                   condition)
+                run = await _victims(lab.url, prompts, tokens, attack)
+                floods = [] if attack is None else await attacker.round_results()
+                runs.append({"round": index, "condition": condition, **run, "floods": floods})
     after = await lab.wait_idle()
 
     floods = attacker.results
-    victim_streams = 2 * rounds * VICTIMS
-    quiet = median([r["gap_p99_s"] for r in runs if not r["loud"]])
-    loud_p99 = median([r["gap_p99_s"] for r in runs if r["loud"]])
+    victim_streams = len(runs) * VICTIMS
+    p99 = {c: median([r["gap_p99_s"] for r in runs if r["condition"] == c])
+           for c in CONDITIONS}
     summary: dict[str, Any] = {
-        "gap_p99_ms_quiet": ms(quiet),
-        "gap_p99_ms_loud": ms(loud_p99),
-        "p99_ratio": round(loud_p99 / quiet, 2) if quiet and loud_p99 is not None else None,
+        **{f"gap_p99_ms_{c}": ms(p99[c]) for c in CONDITIONS},
+        **{f"p99_ratio_{c}": _ratio(p99[c], p99["quiet"]) for c in ATTACKS},
         "p99_goal": P99_GOAL,
         "floods": len(floods),
         "floods_enhance_your_calm": sum(f["goaway"] == ENHANCE_YOUR_CALM for f in floods),
+        "floods_per_s_reconnect": round(
+            sum(len(r["floods"]) for r in runs if r["condition"] == "reconnect")
+            / sum(r["duration_s"] for r in runs if r["condition"] == "reconnect"), 1),
         **{f"goaway_ms_{kind}": ms(median([f["goaway_after_s"] for f in floods
                                            if f["kind"] == kind])) for kind in KINDS},
         **{f"read_share_{kind}": _rounded(median([f["sent"] / f["total"] for f in floods
@@ -138,19 +153,25 @@ def _delta(after: dict[str, Any], before: dict[str, Any], key: str) -> int:
     return int(after.get(key) or 0) - int(before.get(key) or 0)
 
 
+def _ratio(value: float | None, to: float | None) -> float | None:
+    return None if value is None or not to else round(value / to, 2)
+
+
 def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
 def _draw(fig: Any, runs: list[dict[str, Any]]) -> None:
     axis = fig.subplots()
-    for loud, label in ((False, "quiet"), (True, "during the floods")):
-        gaps = sorted(g * 1000 for r in runs if r["loud"] == loud for g in r["gaps_s"])
+    for condition in CONDITIONS:
+        gaps = sorted(g * 1000 for r in runs if r["condition"] == condition
+                      for g in r["gaps_s"])
         if gaps:
-            axis.plot(gaps, [(i + 1) / len(gaps) for i in range(len(gaps))], label=label)
+            axis.plot(gaps, [(i + 1) / len(gaps) for i in range(len(gaps))],
+                      label=LABELS[condition])
     axis.set_xscale("log")
     axis.set_xlabel("gap between a victim's tokens (ms)")
     axis.set_ylabel("share of gaps at most this")
-    axis.set_title("other clients' token gaps: quiet runs and runs during the floods")
+    axis.set_title("other clients' token gaps, quiet and beside each attacker")
     axis.grid(alpha=0.3)
     axis.legend()
