@@ -9,13 +9,14 @@ acks) until the server closes the connection. Over TLS (ALPN ``h2``) when given 
 ``python -m tools.h2flood HOST PORT SECONDS [--cert CERT]`` is an attacker in a process of
 its own, so that its work is not the measured server's or the measuring client's: it
 builds one flood of each kind and prints ``ready``; then for each line on its stdin, a
-round, each flood's result printed as a JSON line, then ``done``. The line names the
-round's kind:
+round, each flood's result printed as a JSON line, then ``done``. A flood hangs up at
+its GOAWAY (the server would hold the connection open for ``h2_fixes.LINGER_S`` more). The
+line names the round's kind:
 
 * ``spread`` (or an empty line): one flood of each kind, each over a connection of its
-  own, spread over ``SECONDS``; each waits for the server to close the connection;
+  own, at even fractions of ``SECONDS``;
 * ``reconnect``: floods of the three kinds in turn for ``SECONDS`` (at least one of each),
-  each hanging up at its GOAWAY and connecting again at once, as an attacker would;
+  connecting again at once after each, as an attacker would;
 * ``burn``: no flood; the process keeps one core busy for ``SECONDS``, a control for what
   the machine's sharing alone costs the server's other clients.
 
@@ -219,9 +220,11 @@ def main(argv: Sequence[str]) -> None:
               for kind in KINDS]
 
     async def spread() -> None:
-        for kind, frames in zip(KINDS, floods, strict=True):
-            await trio.sleep(args.seconds / (len(floods) + 1))
-            report(kind, await flood(args.host, args.port, context, frames))
+        start = trio.current_time()
+        for i, (kind, frames) in enumerate(zip(KINDS, floods, strict=True)):
+            await trio.sleep_until(start + args.seconds * (i + 1) / (len(floods) + 1))
+            report(kind, await flood(args.host, args.port, context, frames,
+                                     hang_up_at_goaway=True))
 
     async def reconnect() -> None:
         end, count = trio.current_time() + args.seconds, 0
