@@ -96,12 +96,30 @@ async def test_a_flood_gets_goaway_enhance_your_calm_and_starts_nothing(
                          frames)
 
     assert result.goaway is not None and result.goaway.error_code == ENHANCE_YOUR_CALM
+    reason = "stillborn RST_STREAM" if kind == "reset" else kind.upper()
+    assert result.goaway.additional_data == f"too many {reason} frames".encode()
     # Read and thrown away meanwhile; the connection closes within the linger.
     assert result.elapsed_s <= h2_fixes.LINGER_S + 2.0
     assert result.ping_acks <= h2_fixes.PING_BURST
     # Each reset stream was reset in the read that opened it: none was started.
     assert tls_server.recorder.submitted == []
     await assert_still_serves(tls_server, certificate)
+
+
+async def test_a_few_streams_reset_as_they_open_are_not_a_flood(
+    tls_server: RunningServer, certificate: Certificate
+) -> None:
+    client = await H2Client.connect(tls_server, certificate)
+    for _ in range(h2_fixes.STILLBORN_BURST // 2):  # an impatient client's, in one write
+        client.start_post("/v1/stream", stream_body(max_new_tokens=4), reset=True)
+    await client.flush()
+    stream = await client.post("/v1/stream", stream_body(max_new_tokens=4, ignore_eos=True))
+
+    await client.read_until(lambda: stream.ended)
+    assert [e.event for e in stream.events] == ["start"] + ["token"] * 4 + ["done"]
+    assert client.goaway is None
+    assert len(tls_server.recorder.submitted) == 1  # the reset ones never started
+    await client.close_clean()
 
 
 def started_or_goaway(client: H2Client, stream: H2Stream) -> bool:

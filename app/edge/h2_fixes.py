@@ -35,7 +35,12 @@ rate): client ``RST_STREAM``s, ``PING``s and ``SETTINGS`` frames. A frame past i
 budget gets ``GOAWAY`` with ``ENHANCE_YOUR_CALM`` and the connection is closed: its
 streams see a disconnect, so their sequences are cancelled like any client's that left.
 A stream that its client reset in the same read that opened it ("stillborn") is never
-started at all: hypercorn would start its request only to cancel it a moment later. And
+started at all: hypercorn would start its request only to cancel it a moment later; and
+such streams have a budget of their own, far smaller, since a real client seldom
+cancels a request before the server could have read it: a rapid-reset connection is cut
+off within its first slice, before its hundredth reset is parsed (an attacker that
+connects again at once made the server parse 100 triples per connection, 40 connections
+a second: ``tools.lab rapidreset``'s ``reconnect``). And
 a read is parsed ``SLICE_BYTES`` at a time: h2 parses all of what it is given before
 anyone can count, and 64 KiB of a flood's small frames held the event loop for tens of
 milliseconds, every other client's stream with it.
@@ -99,6 +104,9 @@ log = logging.getLogger("streamscope.http")
 # Client RST_STREAMs a connection may send at once, and per second after that.
 RESET_BURST = 100
 RESETS_PER_S = 10.0
+# Of those, of streams reset in the read that opened them (never started).
+STILLBORN_BURST = 16
+STILLBORN_PER_S = 2.0
 # PING frames: keep-alive pings come seconds apart.
 PING_BURST = 50
 PINGS_PER_S = 5.0
@@ -167,6 +175,7 @@ class GuardedH2Protocol(H2Protocol):
         now = trio.current_time()
         self.budgets = {
             "RST_STREAM": FloodBudget(RESET_BURST, RESETS_PER_S, now),
+            "stillborn RST_STREAM": FloodBudget(STILLBORN_BURST, STILLBORN_PER_S, now),
             "PING": FloodBudget(PING_BURST, PINGS_PER_S, now),
             "SETTINGS": FloodBudget(SETTINGS_BURST, SETTINGS_PER_S, now),
         }
@@ -248,8 +257,12 @@ class GuardedH2Protocol(H2Protocol):
     def _judge(self, events: Sequence[h2.events.Event]) -> str | None:
         """The frame whose budget ``events`` exceed, if any."""
         now = trio.current_time()
+        opened = {e.stream_id for e in events if isinstance(e, h2.events.RequestReceived)}
         for event in events:
             if isinstance(event, h2.events.StreamReset) and event.remote_reset:
+                if event.stream_id in opened and not self.budgets[
+                        "stillborn RST_STREAM"].spend(now):
+                    return "stillborn RST_STREAM"
                 frame = "RST_STREAM"
             elif isinstance(event, h2.events.PingReceived):
                 frame = "PING"
