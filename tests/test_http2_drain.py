@@ -6,7 +6,9 @@ gets GOAWAY ``NO_ERROR`` and is closed at once; one with streams running serves 
 their end (or the drain's last event) and answers new requests as over HTTP/1.1 (503
 ``shutdown``), and then gets the GOAWAY. Not at once: the ``h2`` library under httpx
 fails every stream still running on a connection that got a GOAWAY (python-hyper/h2#1181),
-which ``test_httpx_streams_survive_a_drain`` would show.
+which ``test_httpx_streams_survive_a_drain`` would show. And where hypercorn's own stop
+closes an idle connection before the drain has retired it, the GOAWAY goes out first
+(hypercorn alone sent none).
 
 ``tests/test_tls_serve.py`` has the same through SIGTERM to ``streamscope serve``.
 """
@@ -60,6 +62,22 @@ async def test_an_idle_connection_gets_goaway_when_the_server_drains(
     assert client.goaway is not None
     assert (client.goaway.error_code, client.goaway.last_stream_id) == (0, 1)
     assert client.goaway.additional_data == b"drain"
+
+
+async def test_an_idle_connection_gets_goaway_when_hypercorn_itself_stops_first(
+    start_tls: StartServer, certificate: Certificate
+) -> None:
+    server = await start_tls()  # no goaway_on_drain: only hypercorn's own stop closes it
+    client = await H2Client.connect(server, certificate)
+    answered = await client.post("/v1/stream", stream_body(max_new_tokens=2))
+    await client.read_until(lambda: answered.ended)
+
+    server.stop()
+    await client.read_to_eof()
+
+    assert client.goaway is not None  # hypercorn alone closed it with none
+    assert (client.goaway.error_code, client.goaway.last_stream_id) == (0, 1)
+    assert client.goaway.additional_data == b"the server is stopping"
 
 
 async def test_a_busy_connection_finishes_its_streams_then_gets_goaway(

@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import select
 from collections.abc import Sequence
 from typing import Any
 
@@ -218,11 +219,24 @@ class GuardedH2Protocol(H2Protocol):
         first = not self._ended
         self._ended = True
         with trio.CancelScope(shield=True):
-            if first and not self.hung_up and self.context.terminated.is_set():
+            if (first and not self.hung_up and self.context.terminated.is_set()
+                    and self._socket_takes_a_frame()):
                 await self._goaway(h2.errors.ErrorCodes.NO_ERROR, "the server is stopping")
             await super().handle(Closed())
             if first and not self.hung_up:  # hung up: _close_after_linger closes it
                 await self.send(Closed())  # TCPServer: close the socket, then this again
+
+    def _socket_takes_a_frame(self) -> bool:
+        """Whether the socket takes a small write now, without waiting. A write here
+        would be shielded (hypercorn's), so a client that reads nothing could hold the
+        server's stop for as long as it liked. False where the socket is not found."""
+        stream = getattr(getattr(self.send, "__self__", None), "stream", None)
+        sock = getattr(getattr(stream, "transport_stream", stream), "socket", None)
+        if sock is None or sock.fileno() < 0:
+            return False
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLOUT)
+        return bool(poller.poll(0))
 
     async def _handle_in_slices(self, data: bytes) -> None:
         """Parse a read a slice at a time, with a schedule point between: a flood's read
