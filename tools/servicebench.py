@@ -91,6 +91,7 @@ from typing import Any
 
 import httpx
 
+from app.settings import Settings
 from tools.prompts import load_prompts
 from tools.server import READY_TIMEOUT_S, REPO_ROOT, STOP_GRACE_S, LoggedProcess, ServerError
 from tools.servicebench_client import STALL_S
@@ -107,6 +108,9 @@ TINY_MODEL = "tiny-gpt2"
 OURS, PEER = "streamscope", "starlette"
 APPS = {"tiny": "app:app", "simulated": "tools.simulated:build_app()"}
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# The ceilings' engines, as the service's (and the peer's, tools/starlette_peer.py); the
+# short prompts fill no block, so the cache has nothing to share here: only its cost.
+PREFIX_CACHE = Settings().prefix_cache
 WARMUP_STREAMS, WARMUP_TOKENS = 2, 4
 _HYPERCORN_ON = re.compile(rb"Running on (http://127\.0\.0\.1:\d+)")
 _UVICORN_ON = re.compile(rb"Uvicorn running on (http://127\.0\.0\.1:\d+)")
@@ -435,12 +439,13 @@ def measure_ceiling(kind: str, loaded: Any, bodies: list[dict[str, Any]],
     n = len(bodies)
     if kind == "tiny":
         blocks = n * math.ceil(loaded.max_context / 16) + 1
-        alone = engine_alone(Engine(loaded, max_batch=n, num_blocks=blocks, block_size=16),
-                             bodies)
+        alone = engine_alone(Engine(loaded, max_batch=n, num_blocks=blocks, block_size=16,
+                                    prefix_cache=PREFIX_CACHE), bodies)
         return {"tokens_per_s": alone["tokens_per_s"], "step_ms": alone["step_ms"],
                 "method": "engine alone: N / mean step while all N decode",
                 "engine_alone": alone}
-    engine = simulated_engine(loaded, step_ms=sim_step_ms, max_batch=n)
+    engine = simulated_engine(loaded, step_ms=sim_step_ms, max_batch=n,
+                              prefix_cache=PREFIX_CACHE)
     alone = engine_alone(engine, bodies)
     runner = engine.runner
     assert isinstance(runner, SimulatedRunner)

@@ -152,6 +152,7 @@ def make_engine(settings: Settings, step_ms: float = DEFAULT_STEP_MS) -> Engine:
         load_model(settings.model, "cpu"), step_ms=step_ms, max_batch=settings.max_batch,
         block_size=settings.block_size, num_blocks=settings.cache_blocks,
         max_prefill_tokens=settings.max_prefill_tokens, max_step_ms=settings.max_step_ms,
+        prefix_cache=settings.prefix_cache,
     )
 
 

@@ -47,6 +47,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from app.settings import Settings
 from app.wire import encode_json_event, item_event, start_event
 from engine import (
     EngineEvent,
@@ -70,14 +71,17 @@ def build_engine(environ: dict[str, str]) -> Engine:
     kind = environ.get(PREFIX + "ENGINE", "tiny")
     model = environ.get(PREFIX + "MODEL", "tiny-gpt2")
     max_batch = int(environ.get(PREFIX + "MAX_BATCH", "32"))
+    # The same engine as ours, prefix cache as our default (tools.servicebench compares).
+    prefix_cache = Settings().prefix_cache
     if kind == "tiny":
-        return load_engine(model, "cpu", max_batch=max_batch)
+        return load_engine(model, "cpu", max_batch=max_batch, prefix_cache=prefix_cache)
     if kind == "simulated":
         from engine.model import load_model
         from tools.simulated import DEFAULT_STEP_MS, simulated_engine
 
         step_ms = float(environ.get(PREFIX + "SIM_STEP_MS", DEFAULT_STEP_MS))
-        return simulated_engine(load_model(model, "cpu"), step_ms=step_ms, max_batch=max_batch)
+        return simulated_engine(load_model(model, "cpu"), step_ms=step_ms, max_batch=max_batch,
+                                prefix_cache=prefix_cache)
     raise ValueError(f"{PREFIX}ENGINE={kind!r}: expected tiny or simulated")
 
 
