@@ -92,7 +92,7 @@ def flood_frames(kind: str, count: int, host: str = "127.0.0.1", *, tls: bool = 
 
 @dataclass(frozen=True)
 class FloodResult:
-    sent: int  # bytes the server took before it closed (of the flood's ``total``)
+    sent: int  # bytes the socket took (of the flood's ``total``) before the GOAWAY or close
     total: int
     goaway: h2.events.ConnectionTerminated | None
     goaway_after_s: float | None  # from the connection's start

@@ -29,11 +29,12 @@ p99), ``p99_ratio_<attack>`` (over quiet; the issue's goal, for ``spread``: at m
 ``P99_GOAL``), ``floods`` and ``floods_enhance_your_calm`` (ended by that GOAWAY),
 ``floods_per_s_reconnect``;
 for each kind ``goaway_ms_<kind>`` (median, from the flood connection's start),
-``read_share_<kind>`` (the median share of the flood's bytes the server took before it
-closed the connection) and, for pings, ``ping_acks_max`` (answered PINGs, at most
-``PING_BURST``); ``attacker_streams_started`` (requests the hub opened beyond the
-victims') and ``attacker_sequences_admitted`` (sequences the engine admitted beyond the
-victims'); ``victims_complete`` (every victim got all of its tokens and ``done``).
+``read_share_<kind>`` (the median share of the flood's bytes the socket had taken when
+the GOAWAY came; the attacker sends no more after it) and, for pings, ``ping_acks_max``
+(answered PINGs, at most ``PING_BURST``); ``attacker_streams_started`` (requests the hub
+opened beyond the victims') and ``attacker_sequences_admitted`` (sequences the engine
+admitted beyond the victims'); ``victims_complete`` (every victim got all of its tokens and
+``done``).
 Plot: the victims' gaps under each condition, as distributions.
 """
 
