@@ -12,15 +12,15 @@ server. ``STEADY`` streams (greedy, ``ignore_eos``, ``--tokens``: default 96, qu
 are acknowledged as their DATA arrives; in a loud run one more (as many tokens, sent
 first) is never acknowledged while they run. Token events are padded with 4 KiB
 (``lab_pad_bytes``), so its window and hypercorn's 32 KiB buffer fill within about 24
-tokens; queue limit 8, stall timeout 1 s: on SmolLM2 the drop comes well before the
+tokens; queue limit 8, stall timeout 2 s: on SmolLM2 the drop comes well before the
 steady streams end (on the tiny model, quick, often after them), and a steady stream's
-reader would have to stall for a second to be dropped itself (the quick form runs beside
-eight other servers in the test suite). Then the lab's ``GET /v1/lab/requests/<id>``
-says when the engine let the slow stream go, and its reader comes back (acknowledges
-all) and reads it to its end: the server's last word. ``/stats`` is polled every 0.1 s
-in every run (quiet ones too: the same load) for the streams paused. A warm-up run, then
-``--rounds`` (default 5; quick 1) of a quiet and a loud run, alternating so that the
-machine's noise falls on both.
+reader would have to stall for two seconds to be dropped itself (the quick form runs
+beside eight other servers in the test suite). Then the lab's ``GET
+/v1/lab/requests/<id>`` says when the engine let the slow stream go, and its reader
+comes back (acknowledges all) and reads it to its end: the server's last word.
+``/stats`` is polled every 0.1 s in every run (quiet ones too: the same load) for the
+streams paused. A warm-up run, then ``--rounds`` (default 5; quick 1) of a quiet and a
+loud run, alternating so that the machine's noise falls on both.
 
 Summary: ``gap_p99_ms_quiet``/``_loud`` (median over rounds of the steady streams' token
 gap p99), ``p99_ratio`` (loud over quiet; goal at most ``p99_goal``), ``gap_p50_ms_*``
@@ -57,7 +57,7 @@ from tools.lab.common import Lab, Report, experiment, median, ms, pct
 STEADY = 3
 P99_GOAL = 1.5
 PAD_BYTES = 4096
-STALL_S = 1.0
+STALL_S = 2.0
 CONNECTION_WINDOW = 2**30
 READ_TIMEOUT_S = 120.0  # a safety net: every read waits for a condition
 POLL_S = 0.1
