@@ -21,7 +21,7 @@ class StreamState(enum.Enum):
 
 
 class StreamEnd(enum.Enum):
-    """How a stream ended; see the module docstring for who causes each."""
+    """How a stream ended; ``stream.py``'s module docstring says who causes each."""
 
     FINISHED = "finished"  # the engine's FinishEvent: eos, length or stop
     CLIENT_GONE = "client_gone"  # close() before the end: scope cancelled or reader gave up
