@@ -253,6 +253,20 @@ def spread(values: Sequence[float | None]) -> list[float] | None:
     return [min(present), max(present)] if present else None
 
 
+def plot_gap_cdfs(axis: Any, curves: Mapping[str, Sequence[float]], *, whose: str) -> None:
+    """Each label's gaps (seconds) as a distribution on a log axis in ms: the share of
+    gaps at most x. A label with no gaps is left out."""
+    for label, values in curves.items():
+        gaps = sorted(g * 1000 for g in values)
+        if gaps:
+            axis.plot(gaps, [(i + 1) / len(gaps) for i in range(len(gaps))], label=label)
+    axis.set_xscale("log")
+    axis.set_xlabel(f"gap between {whose} tokens (ms)")
+    axis.set_ylabel("share of gaps at most this")
+    axis.grid(alpha=0.3)
+    axis.legend()
+
+
 # -- output ------------------------------------------------------------------------------------
 
 

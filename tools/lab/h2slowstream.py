@@ -52,7 +52,7 @@ import trio
 
 from streams import SSEParser
 from tools.lab._raw import finish_record, host_port
-from tools.lab.common import Lab, Report, experiment, median, ms, pct
+from tools.lab.common import Lab, Report, experiment, median, ms, pct, plot_gap_cdfs
 
 STEADY = 3
 P99_GOAL = 1.5
@@ -290,13 +290,8 @@ def _round(value: float | None) -> float | None:
 
 def _draw(fig: Any, runs: list[dict[str, Any]]) -> None:
     axis = fig.subplots()
-    for loud, label in ((False, "quiet"), (True, "beside a stream whose window stays shut")):
-        gaps = sorted(g * 1000 for r in runs if r["loud"] == loud for g in r["gaps_s"])
-        if gaps:
-            axis.plot(gaps, [(i + 1) / len(gaps) for i in range(len(gaps))], label=label)
-    axis.set_xscale("log")
-    axis.set_xlabel("gap between a steady stream's tokens (ms)")
-    axis.set_ylabel("share of gaps at most this")
+    plot_gap_cdfs(axis, {label: [g for r in runs if r["loud"] == loud for g in r["gaps_s"]]
+                         for loud, label in ((False, "quiet"),
+                                             (True, "beside a stream whose window stays shut"))},
+                  whose="a steady stream's")
     axis.set_title("steady streams on one HTTP/2 connection: alone, and beside a slow stream")
-    axis.grid(alpha=0.3)
-    axis.legend()

@@ -50,7 +50,7 @@ import trio
 from app.edge import h2_fixes
 from tools.h2flood import KINDS, Attacker
 from tools.lab._raw import RawStream, host_port
-from tools.lab.common import Lab, Report, experiment, median, ms, pct
+from tools.lab.common import Lab, Report, experiment, median, ms, pct, plot_gap_cdfs
 
 VICTIMS = 4
 P99_GOAL = 1.5
@@ -164,15 +164,6 @@ def _rounded(value: float | None) -> float | None:
 
 def _draw(fig: Any, runs: list[dict[str, Any]]) -> None:
     axis = fig.subplots()
-    for condition in CONDITIONS:
-        gaps = sorted(g * 1000 for r in runs if r["condition"] == condition
-                      for g in r["gaps_s"])
-        if gaps:
-            axis.plot(gaps, [(i + 1) / len(gaps) for i in range(len(gaps))],
-                      label=LABELS[condition])
-    axis.set_xscale("log")
-    axis.set_xlabel("gap between a victim's tokens (ms)")
-    axis.set_ylabel("share of gaps at most this")
+    plot_gap_cdfs(axis, {LABELS[c]: [g for r in runs if r["condition"] == c for g in r["gaps_s"]]
+                         for c in CONDITIONS}, whose="a victim's")
     axis.set_title("other clients' token gaps, quiet and beside each attacker")
-    axis.grid(alpha=0.3)
-    axis.legend()
