@@ -116,7 +116,7 @@ class LeakStream(RawStream):
     """A ``RawStream`` that can send part of its request, or ``Connection: close``."""
 
     eof_after_end: bool | None = None  # close: the server's EOF came after the body's end
-    unsent: bytes = b""  # what ``send`` with a ``fraction`` below 1 held back
+    unsent: bytes = b""  # what ``send`` held back (a ``fraction`` below 1, ``hold_back``)
 
     async def send(self, path: str, body: dict[str, Any], *, close: bool = False,
                    fraction: float = 1.0, hold_back: int = 0) -> None:
