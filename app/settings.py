@@ -14,8 +14,8 @@ The hub's limits (queue_limit, stall_timeout_s, max_waiting) are checked by the 
 read so that the error names it; the ``HubSettings`` the hub then runs with is built
 with the settings, once, and never checked again.
 
-The README's settings table is ``settings_table()``: each field's description says its
-meaning, so the table and the code cannot drift apart (tests/test_app_settings.py).
+docs/settings.md is ``settings_table()`` (``python -m tools.settings_doc``): each field's
+description says its meaning, so the page and the code cannot drift apart.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class SettingsError(ValueError):
 
 
 def _setting(default: Any, doc: str, *, shown: str | None = None, repr: bool = True) -> Any:
-    """A field with its README row: its meaning, and the default as shown if not its value."""
+    """A field with its settings-page row: its meaning, and the default as shown."""
     return Field(default, description=doc, repr=repr,
                  json_schema_extra={"shown": shown} if shown else None)
 

@@ -8,6 +8,7 @@ import pytest
 
 from app.settings import Settings, SettingsError, settings_table
 from streams import PolicyName
+from tools import settings_doc
 
 
 def test_no_variables_gives_the_defaults() -> None:
@@ -70,16 +71,11 @@ def test_settings_table_lists_every_variable_with_its_default() -> None:
     assert table["STREAMSCOPE_MAX_BODY_BYTES"] == "65536"
 
 
-def test_readme_settings_table_is_the_code_s() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
-    rows = {
-        cells[1].strip("` "): (cells[2].strip("` "), cells[3].strip())
-        for line in readme.splitlines()
-        if line.startswith("| `STREAMSCOPE_")
-        for cells in [line.split("|")]
-    }
+def test_the_settings_page_is_generated_from_the_code() -> None:
+    page = Path(__file__).parent.parent / "docs" / "settings.md"
 
-    assert rows == {name: (default, doc) for name, default, doc in settings_table()}
+    assert page.read_text(encoding="utf-8") == settings_doc.render(), (
+        "docs/settings.md is stale: run python -m tools.settings_doc")
 
 
 def test_the_hub_s_limits_are_checked_by_the_hub_and_named_by_their_variable() -> None:

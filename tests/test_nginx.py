@@ -5,7 +5,7 @@ With its defaults nginx speaks HTTP/1.0 to the upstream and buffers the response
 SSE response (no Content-Length) ends only when the server closes the connection: the
 server that did not close after an HTTP/1.0 request (issue 8) left every stream hanging
 after ``done`` until nginx's 60 s ``proxy_read_timeout``, which then ended it in an error.
-``deploy/nginx.conf`` is what the README offers for several replicas: HTTP/1.1 upstream
+``deploy/nginx.conf`` is what docs/deploy.md offers for several replicas: HTTP/1.1 upstream
 with keep-alive, no buffering; a client that leaves must still reach the replica as a
 disconnect (nginx closes the upstream connection), so that its blocks are released.
 

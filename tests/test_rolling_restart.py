@@ -5,7 +5,7 @@ replicas on the tiny model sharing it (``STREAMSCOPE_RESUME_STORE``), and HAProx
 running ``deploy/haproxy.cfg``. ``tools.load`` sends short streams through HAProxy, half
 of them resumable, retrying what a client may retry (a refusal before the first byte
 with ``Retry-After``, a connection refused; a resumable stream cut before its final
-event, by ``Last-Event-ID``), while each replica in turn is restarted as README
+event, by ``Last-Event-ID``), while each replica in turn is restarted as docs/deploy.md
 ("Several replicas") says: out of HAProxy's pool (``set server ... state drain`` on its
 runtime API), SIGTERM (it drains and exits 0), started again, ready, back in the pool.
 Meanwhile a resumable stream that one replica generates is read on the replica being

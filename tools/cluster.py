@@ -13,7 +13,7 @@ processes sharing it through ``STREAMSCOPE_RESUME_STORE``, and ``haproxy`` runni
 through which ``server_states`` reads what HAProxy thinks of each replica (``show
 stat``). Ports are free loopback ports picked once; a replica restarts on its own.
 
-A rolling restart, as an operator does it (README, Several replicas): for each replica,
+A rolling restart, as an operator does it (docs/deploy.md, Several replicas): for each replica,
 SIGTERM (it drains: ``/ready`` and new requests get 503 with ``Retry-After``, open
 streams finish), wait until it exited (0), start it again on the same port, wait until
 its ``/ready`` says 200 and HAProxy counts it UP again, and only then go to the next;

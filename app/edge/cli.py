@@ -299,7 +299,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     serve_parser = commands.add_parser(
         "serve", help="serve the app (hypercorn's Trio worker, in this process)",
         description="Serve streamscope. Settings: the STREAMSCOPE_* environment variables "
-        "(README, Settings). No --workers: one process holds one model.")
+        "(docs/settings.md). No --workers: one process holds one model.")
     serve_parser.add_argument(
         "--bind", action="append", metavar="HOST:PORT", default=[],
         help=f"an address to listen on (repeatable; default {DEFAULT_BIND}, or the config "

@@ -21,7 +21,7 @@ quick 1) in turn: direct, one replica behind HAProxy (replica b disabled on HAPr
 admin socket: the same processes and proxy), two replicas. Medians over the
 repetitions of tokens/s (tokens over the run's makespan), TTFT p50 and p99.
 
-Rolling restart, twice: as README says (each replica out of HAProxy's pool first with
+Rolling restart, twice: as docs/deploy.md says (each replica out of HAProxy's pool first with
 ``set server replicas/X state drain`` on its runtime API, then SIGTERM), and with SIGTERM
 alone (HAProxy takes the draining replica out when two checks of ``/ready`` have said
 503). Each time the same load runs through HAProxy, half of the streams resumable,
