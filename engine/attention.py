@@ -54,7 +54,7 @@ ATTENTION_NAME = "streamscope_paged"
 # A decode row joins a group of longer rows only if that pads it by at most this many
 # positions. The gather of padded positions is what costs (memory-bound: a step's weights
 # have pushed the cache out of the CPU's caches), a call of its own next to nothing:
-# `python -m tools.paddingbench --threads 1` (embedded model, 32 rows, 2-core CPU): lengths
+# tools/paddingbench.py at a0b2ba5 --threads 1 (embedded model, 32 rows, 2-core CPU): lengths
 # 40-300 took 569 ms a pass in one call, 248 ms with this limit (11 groups); 40-1000
 # 1,440 against 375 ms; 60-64 (one group either way) 191 and 193 ms; a limit of 0 (a
 # call per length) 249 and 376 ms.

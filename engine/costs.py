@@ -57,7 +57,7 @@ from .types import GenerationRequest
 
 WINDOW = 64  # prefill passes in the fit: about a minute of bursts, forgetting older load
 # Cached prefix positions that double a chunk token's cost, measured on the embedded model
-# (2-core CPU, one torch thread) by `python -m tools.prefixbench --threads 1`: chunks of 32
+# (2-core CPU, one torch thread) by tools/prefixbench.py at a0b2ba5 --threads 1: chunks of 32
 # and 96 tokens at prefixes 0-1,500 beside 16 decode rows, three runs: 2,254, 2,052, 1,999.
 PREFIX_POSITIONS = 2100
 DECODE_WEIGHT = 0.2  # each new decode time's weight in its batch size's moving average

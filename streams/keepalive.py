@@ -5,7 +5,7 @@ A writer with nothing to write waits in its source's ``receive_batch``; after
 clients see the connection live. Wrapping each wait in ``trio.move_on_after`` did that,
 but a timeout scope entered and left per wait is on the path of every write of every
 stream whose writer keeps pace with the engine, and it cost about as much as the write
-itself (``python -m tools.writebench``: a park and wake-up with and without the scope).
+itself (tools/writebench.py at a0b2ba5: a park and wake-up with and without the scope).
 
 Here a writer says when it begins to wait (``waiting``: a dict entry) and when it woke
 (``back``); one task (``run``) looks every ``interval_s / TICKS`` and nudges each writer

@@ -26,8 +26,8 @@ import pytest
 import trio
 
 from engine import FinishReason
+from tests.browser import CHROMEDRIVER, CHROMIUM, headless_chromium
 from tests.http_server import SETTLE_TIMEOUT_S, RunningServer, StartServer
-from tools.page_screenshot import CHROMEDRIVER, CHROMIUM, headless_chromium
 
 INSTALL = "apt-get update && apt-get install -y chromium chromium-driver"
 PROMPT = "The capital of France is"

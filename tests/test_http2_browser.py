@@ -23,6 +23,7 @@ import pytest
 import trio
 
 from engine.model import LoadedModel
+from tests.browser import CHROMEDRIVER, CHROMIUM, headless_chromium
 from tests.http2_clients import (
     Certificate,
     StartServer,
@@ -33,7 +34,6 @@ from tests.http2_clients import (
 from tests.http_clients import stream_body
 from tests.http_server import RunningServer
 from tests.test_browser_page import INSTALL, Browser
-from tools.page_screenshot import CHROMEDRIVER, CHROMIUM, headless_chromium
 
 EVENT_SOURCES = 12
 TOKENS = 150

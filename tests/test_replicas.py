@@ -467,20 +467,6 @@ async def wait_ready_through(base_url: str) -> None:
             await trio.sleep(0.05)
 
 
-async def test_the_redis_log_bench_runs_in_a_second(redis_url: str) -> None:
-    """tools/redislogbench.py's two measurements, small."""
-    from tools.redislogbench import burst, stepped
-
-    small_burst = await burst(redis_url, 2, 10)
-    small_stepped = await stepped(redis_url, 4, 10, 1.0)
-
-    assert small_burst["events"] == 20 and small_burst["us_per_event_until_in_redis"] > 0
-    assert small_stepped["events"] == 40
-    delays = small_stepped["follower_delay_ms"]
-    assert 0 < delays["p50"] <= delays["max"]
-    assert not redis.Redis.from_url(redis_url).keys("streamscope:*")  # all expired
-
-
 async def test_without_redis_the_owner_still_serves_and_others_answer_503(
     start_server: StartServer, own_redis: tuple[str, Callable[[], None]],
 ) -> None:

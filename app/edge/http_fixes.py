@@ -175,7 +175,7 @@ class ClosingTCPServer(TCPServer):
         The write is first tried as one non-blocking ``os.write`` on the socket: trio's
         ``send_all`` makes a schedule point of every write (its ``_try_sync``), and a
         trip through the scheduler, with its ``epoll_wait``, cost 15-20 us a write where
-        the write itself costs 1-2 (``python -m tools.writebench``). What the socket does
+        the write itself costs 1-2 (tools/writebench.py at a0b2ba5). What the socket does
         not take at once (its buffer is full: a slow reader) goes the way it went before,
         under the lock and shielded: a chunk is never cut.
 
