@@ -14,8 +14,10 @@ The hub's limits (queue_limit, stall_timeout_s, max_waiting) are checked by the 
 read so that the error names it; the ``HubSettings`` the hub then runs with is built
 with the settings, once, and never checked again.
 
-docs/settings.md is ``settings_table()`` (``python -m tools.settings_doc``): each field's
-description says its meaning, so the page and the code cannot drift apart.
+This module says what can be set and what is valid; ``settings_env.py`` reads the
+environment and words the problems. docs/settings.md is ``settings_table()`` (``python -m
+tools.settings_doc``): each field's description says its meaning, so the page and the
+code cannot drift apart.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import pydantic
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
-    EnvSettingsSource,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
@@ -39,9 +40,9 @@ from pydantic_settings import (
 from streams import HubSettings, PolicyName
 
 from .api_keys import ApiKey, all_keys, check_key, parse_api_keys
-from .settings_problems import problems
+from .settings_env import ENV_PREFIX, SettingsError, env_name, problems, read_environ
+from .settings_env import settings_table as table_of
 
-ENV_PREFIX = "STREAMSCOPE_"
 BUILTIN_MODELS = ("smollm2", "tiny-gpt2", "tiny-llama")
 # A model name is an identifier in JSON and in URLs: printable ASCII, no spaces.
 MAX_MODEL_NAME_CHARS = 256
@@ -53,14 +54,6 @@ _SECRETS = frozenset({"api_key", "api_keys", "resume_store", "resume_secret"})  
 PositiveInt = Annotated[int, Field(ge=1)]
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Milliseconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-
-
-class SettingsError(ValueError):
-    """One or more ``STREAMSCOPE_`` variables are invalid; the message names each one."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("invalid settings:\n  " + "\n  ".join(problems))
-        self.problems = problems
 
 
 def _setting(default: Any, doc: str, *, shown: str | None = None, repr: bool = True) -> Any:
@@ -230,20 +223,7 @@ class Settings(BaseSettings):
         Raises:
             SettingsError: naming every unknown variable and every bad value.
         """
-        env = os.environ if environ is None else environ
-        known = {env_name(name) for name in cls.model_fields}
-        problems = [
-            f"{name} is not a setting (known: {', '.join(sorted(known))})"
-            for name in sorted(env)
-            if name.startswith(ENV_PREFIX) and name not in known
-        ]
-        try:
-            settings = cls(**_EnvironSource(cls, env)())
-        except SettingsError as exc:
-            problems += exc.problems
-        if problems:
-            raise SettingsError(problems)
-        return settings
+        return read_environ(cls, os.environ if environ is None else environ)
 
     def hub_settings(self) -> HubSettings:
         """The hub's policy and limits, as checked when these settings were made."""
@@ -359,41 +339,7 @@ class Settings(BaseSettings):
 
 def settings_table() -> list[tuple[str, str, str]]:
     """(variable, default, meaning) for every setting, in declaration order."""
-    rows = []
-    for name, f in Settings.model_fields.items():
-        extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
-        shown = extra.get("shown") or _show(f.default)
-        rows.append((env_name(name), str(shown), f.description or ""))
-    return rows
-
-
-def env_name(field_name: str) -> str:
-    return ENV_PREFIX + field_name.upper()
-
-
-# -- reading and reporting ---------------------------------------------------------------
-
-
-class _EnvironSource(EnvSettingsSource):
-    """pydantic-settings' environment source, over a given mapping instead of os.environ."""
-
-    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
-        self._environ = environ
-        super().__init__(settings_cls)
-
-    def _load_env_vars(self) -> Mapping[str, str | None]:
-        return {name.lower(): value.strip() for name, value in self._environ.items()
-                if name.startswith(ENV_PREFIX) and value.strip()}
-
-
-def _show(value: object) -> str:
-    if value is None:
-        return "(auto)"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, frozenset):
-        return ",".join(sorted(_show(v) for v in value))
-    return str(getattr(value, "value", value))
+    return table_of(Settings)
 
 
 def _visible_ascii(value: str) -> bool:
