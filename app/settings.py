@@ -162,10 +162,11 @@ class Settings(BaseSettings):
     resume_store_queue: PositiveInt = _setting(4096,
         "with resume_store: most commands queued for it while it does not keep up or "
         "answer; a resumable stream whose event would pass it ends with error unavailable")
-    owner_lease_s: Seconds = _setting(3.0,
-        "with resume_store: the lease of the replica generating a resumable stream, "
-        "renewed every third of it; once it lapses (the replica died), a resume on "
-        "another replica takes the stream over and continues it with the same tokens")
+    writer_lease_s: Seconds = _setting(3.0,
+        "with resume_store: the lease of the replica generating (writing) a resumable "
+        "stream, renewed every third of it; once it lapses (the replica died), a resume on "
+        "another replica takes the stream over and continues it with the same tokens "
+        "(STREAMSCOPE_OWNER_LEASE_S, its old name, is still read, with a warning)")
     max_new_tokens_limit: PositiveInt = _setting(1024,
         "the largest max_new_tokens a request may ask for (422 above)")
     default_max_new_tokens: PositiveInt = _setting(64,

@@ -11,6 +11,7 @@ it and not the other way round.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Collection, Mapping
 from typing import TypeVar
 
@@ -19,6 +20,8 @@ from pydantic_settings import BaseSettings, EnvSettingsSource
 
 ENV_PREFIX = "STREAMSCOPE_"
 Model = TypeVar("Model", bound=BaseSettings)
+# Variables renamed: the old name is still read, with a warning, unless the new one is set.
+RENAMED = {"STREAMSCOPE_OWNER_LEASE_S": "STREAMSCOPE_WRITER_LEASE_S"}
 
 
 class SettingsError(ValueError):
@@ -34,11 +37,19 @@ def env_name(field_name: str) -> str:
 
 
 def read_environ(model: type[Model], environ: Mapping[str, str]) -> Model:
-    """``model`` made from ``environ``'s ``STREAMSCOPE_*`` variables.
+    """``model`` made from ``environ``'s ``STREAMSCOPE_*`` variables (an old name in
+    ``RENAMED`` read as its new one, with a ``FutureWarning``, which Python shows by default).
 
     Raises:
         SettingsError: naming every unknown variable and every bad value.
     """
+    environ = dict(environ)
+    for old, new in RENAMED.items():
+        if old in environ:
+            value = environ.pop(old)
+            warnings.warn(f"{old} is now called {new}: set that instead", FutureWarning,
+                          stacklevel=2)
+            environ.setdefault(new, value)
     known = {env_name(name) for name in model.model_fields}
     found = [
         f"{name} is not a setting (known: {', '.join(sorted(known))})"

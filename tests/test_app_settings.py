@@ -117,3 +117,14 @@ def test_policies_are_read_in_any_case_and_comma_separated() -> None:
 
     assert settings.policy is PolicyName.PAUSE
     assert settings.request_policies == {PolicyName.DROP, PolicyName.PAUSE}
+
+
+def test_the_writer_lease_s_old_name_is_still_read_with_a_warning() -> None:
+    with pytest.warns(FutureWarning, match="STREAMSCOPE_WRITER_LEASE_S"):
+        settings = Settings.from_env({"STREAMSCOPE_OWNER_LEASE_S": "1.5"})
+    with pytest.warns(FutureWarning):
+        both = Settings.from_env({"STREAMSCOPE_WRITER_LEASE_S": "2",
+                                  "STREAMSCOPE_OWNER_LEASE_S": "9"})
+
+    assert settings.writer_lease_s == 1.5
+    assert both.writer_lease_s == 2.0  # the new name wins

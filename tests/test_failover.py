@@ -3,7 +3,7 @@ the tokens of an uninterrupted run and the same event ids.
 
 Real processes: a ``redis-server`` and ``streamscope serve`` replicas on the tiny model
 sharing it (``tools/cluster.py``'s ``Replica``), the owner lease short
-(``STREAMSCOPE_OWNER_LEASE_S``) so that the tests wait a second at most for it to
+(``STREAMSCOPE_WRITER_LEASE_S``) so that the tests wait a second at most for it to
 lapse. A client reads a resumable stream on replica A, A gets SIGKILL, and the client
 resumes with ``Last-Event-ID`` on another replica, as an EventSource does: again after
 a body that ends without a final event (a reader that found the owner gone while its
@@ -39,10 +39,10 @@ from tools.cluster import Replica, free_port
 
 # Renewed every third of it: a live owner loses it only if a renewal comes two refresh
 # periods (2/3 s) late, a scheduler more than 5x slower than this machine's worst seen (as
-# OWNER_LEASE_RENEWED_S); a takeover after a kill waits for it to lapse, 1 s at most.
-OWNER_LEASE_S = 1.0
+# WRITER_LEASE_RENEWED_S); a takeover after a kill waits for it to lapse, 1 s at most.
+WRITER_LEASE_S = 1.0
 SETTINGS = {"model": "tiny-gpt2", "device": "cpu", "cache_blocks": 256,
-            "owner_lease_s": OWNER_LEASE_S, "resume_grace_s": 30,
+            "writer_lease_s": WRITER_LEASE_S, "resume_grace_s": 30,
             "resume_secret": RESUME_SECRET}
 # With ignore_eos. Still running at the kill: between a stream's start and the kill lies
 # only work (HTTP, the log in Redis, reading 10 events), no timer, so the share of it a
@@ -51,7 +51,7 @@ SETTINGS = {"model": "tiny-gpt2", "device": "cpu", "cache_blocks": 256,
 # with both cores busy with other work as well.
 TOKENS = 400
 WAIT_S = 60.0
-OWNER_LEASE_RENEWED_S = 1.0  # the log-only lease test's: renewed every 1/3 s
+WRITER_LEASE_RENEWED_S = 1.0  # the log-only lease test's: renewed every 1/3 s
 GREEDY: dict[str, Any] = {}
 SEEDED = {"temperature": 0.9, "top_p": 0.95, "seed": 1234}
 UNSEEDED = {"temperature": 0.9, "top_p": 0.95}
@@ -217,7 +217,7 @@ async def open_and_kill(owner: Replica, samplings: list[dict[str, Any]], k: int,
 
 # -- the owner lease and the takeover, on the log alone ---------------------------------
 
-async def test_the_owner_lease_is_renewed_while_the_owner_runs_and_taken_over_once_after(
+async def test_the_writer_lease_is_renewed_while_the_owner_runs_and_taken_over_once_after(
     redis_url: str,  # noqa: F811
 ) -> None:
     # The owner renews every third of its lease: a renewal may come two refresh periods
@@ -226,7 +226,7 @@ async def test_the_owner_lease_is_renewed_while_the_owner_runs_and_taken_over_on
     # whenever the renewals come, instead of sleeping and hoping one came in time.
     def log() -> RedisEventLog:
         return redis_log(redis_url, ttl_s=30.0, lease_s=2.0, follow_wait_s=0.1,
-                                      writer_lease_s=OWNER_LEASE_RENEWED_S)
+                                      writer_lease_s=WRITER_LEASE_RENEWED_S)
 
     store = redis.Redis.from_url(redis_url)
     owner, others = log(), [log() for _ in range(8)]
@@ -268,7 +268,7 @@ async def test_the_owner_lease_is_renewed_while_the_owner_runs_and_taken_over_on
     assert await winner.tail("s1") == (3, True)
     # Ended: the owner key lives as long as the events (30 s, not the lease), and
     # nobody takes an ended stream over.
-    assert store.pttl(writer_key("s1")) > OWNER_LEASE_RENEWED_S * 1000
+    assert store.pttl(writer_key("s1")) > WRITER_LEASE_RENEWED_S * 1000
     assert not await others[0].take_over("s1")
     assert winner.expire("s1") > 0
     await winner.flush()

@@ -193,7 +193,7 @@ async def test_delete_on_a_replica_that_does_not_own_the_stream_cancels_it_there
 ) -> None:
     # A renews its leases, and looks for cancel marks, every 0.2 s (a third of its owner
     # lease); paced, its stream of 480 tokens runs 4.8 s at least, long after the DELETE.
-    a, b = await two_replicas(start_server, redis_url, owner_lease_s=0.6)
+    a, b = await two_replicas(start_server, redis_url, writer_lease_s=0.6)
     a.recorder.pace(0.01)
     async with a.client() as client:
         request_id = (await client.post("/v1/requests", json=long_body())).json()["id"]

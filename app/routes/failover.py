@@ -2,7 +2,7 @@
 
 With a shared resume store (``STREAMSCOPE_RESUME_STORE``), a resumable stream's owner
 publishes a spec with its first event (``streams.resume.spec_of``: the request as a
-request body, with its seed) and holds an owner lease (``STREAMSCOPE_OWNER_LEASE_S``).
+request body, with its seed) and holds the writer lease (``STREAMSCOPE_WRITER_LEASE_S``).
 If the owner dies, a resume on another replica takes the stream over
 (``streams.resume``: an atomic operation of the store) and calls ``Rebuilder``.
 

@@ -29,7 +29,7 @@ def resume_log(settings: Settings) -> EventLog:
     assert settings.resume_secret is not None  # the settings refuse a store without one
     return streams.resume.RedisEventLog.from_url(
         settings.resume_store, secret=settings.resume_secret, ttl_s=settings.resume_grace_s,
-        writer_lease_s=settings.owner_lease_s, max_pending=settings.resume_store_queue)
+        writer_lease_s=settings.writer_lease_s, max_pending=settings.resume_store_queue)
 
 
 async def store_refusal(registry: ResumeRegistry | None) -> ApiError | None:
