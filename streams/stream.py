@@ -44,7 +44,6 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Protocol
 
 import trio
@@ -264,12 +263,7 @@ class TokenStream:
     def __enter__(self) -> TokenStream:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def __aiter__(self) -> TokenStream:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import redis
 import trio
 
@@ -44,6 +45,7 @@ class NoRebuild:
 
 async def test_a_takeover_cancelled_after_redis_granted_the_lease_lets_the_lease_go(
     redis_url: str,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     store = redis.Redis.from_url(redis_url)
     dead = redis_log(redis_url, ttl_s=LEASE_S, lease_s=1.0, follow_wait_s=0.1,
@@ -66,7 +68,7 @@ async def test_a_takeover_cancelled_after_redis_granted_the_lease_lets_the_lease
             trio.from_thread.run_sync(request.cancel)  # the client leaves mid-call
             return won
 
-        here._take_over = granted_then_cancelled
+        monkeypatch.setattr(here, "_take_over", granted_then_cancelled)
         await replicas.attach("s1", 1, NoRebuild())
     assert request.cancelled_caught
     assert granted == [1]  # Redis did grant this replica the lease, mid-call
