@@ -17,22 +17,11 @@ unregisters, and only ``close()`` (or an end the hub makes) asks the engine to c
        └──────── terminal item queued before any token ────────────>┘
     WAITING or STREAMING ──close()──> CLOSED      (client gone: the engine is asked to cancel)
 
-Every way a stream ends (``StreamEnd``, recorded once, at the first of these):
-
-    FINISHED     the engine sent FinishEvent (eos, length, stop); it is the last item
-    CLIENT_GONE  close() before the engine was done: the reader's scope was cancelled
-                 (the client disconnected) or it gave up; the engine is asked to cancel
-    ERROR        the hub queued StreamError slow_client (the policy dropped a stalled
-                 reader) or engine_error (a step failed, or the engine failed this
-                 sequence), or the engine let the request go at its TTFT deadline
-                 (deadline_missed); the engine is asked to cancel where it still holds it
-    SHUTDOWN     the hub queued StreamError shutdown: the grace period of shutdown()
-                 ran out, or the hub's own task was cancelled
-
-All four reach the same ``close()``: the reader takes the terminal item, the next
-``receive()`` raises ``trio.EndOfChannel`` and its ``finally`` closes; or
-``trio.Cancelled`` unwinds through that same ``finally``. (``docs/cancellation.md``
-follows one disconnect from the socket through this ``close()`` to the freed block.)
+Every way a stream ends (``StreamEnd`` says who causes each) reaches the same ``close()``:
+the reader takes the terminal item, the next ``receive()`` raises ``trio.EndOfChannel``
+and its ``finally`` closes; or ``trio.Cancelled`` unwinds through that same ``finally``.
+(``docs/cancellation.md`` follows one disconnect from the socket through this ``close()``
+to the freed block.)
 
 Invariants:
 - ``close()`` is synchronous, idempotent and never a checkpoint, so it runs in a
@@ -45,19 +34,16 @@ Invariants:
 - ``receive()`` has no checkpoint between taking an item and returning it, so a
   cancelled ``receive()`` loses nothing.
 
-Writing. From an item queued until its reader comes back for more with the queue empty
-(or the stream closes), the stream tells its control it is *writing*; the hub holds back
-further steps' events while streams are writing, so that a lagging loop coalesces
-(``stepper.py``). A reader a policy counts as behind is not waited for, nor one whose
-writer said its write waits for the client (``write_blocked``: a full socket, a shut
-HTTP/2 window), until that writer comes back for more: the others' tokens must not wait
-for a reader that does not read (its policy deals with it).
+Writing. While items wait for a reader that keeps up, the hub holds back further steps'
+events so that a lagging loop coalesces; the stream keeps that mark in its
+``WriteMarks`` (``write_marks.py`` explains the chain from the socket to the stepper).
 """
 
 from __future__ import annotations
 
+import enum
 from collections import deque
-from types import TracebackType
+from dataclasses import dataclass
 from typing import Protocol
 
 import trio
@@ -66,14 +52,63 @@ from engine import FinishEvent, FinishReason, TokenEvent
 
 from .error_type import ErrorType
 from .policy import CAUGHT_UP, Lag, Policy
-from .stream_types import StreamEnd as StreamEnd
-from .stream_types import StreamError as StreamError
-from .stream_types import StreamItem as StreamItem
-from .stream_types import StreamState as StreamState
-from .stream_types import StreamStatistics as StreamStatistics
+from .write_marks import WriteMarks, WritingControl
 
 
-class StreamControl(Protocol):
+class StreamState(enum.Enum):
+    """Where a stream is in its life; the engine's share of it is in each comment."""
+
+    WAITING = "waiting"  # submitted; the engine holds it; no token yet (counts for max_waiting)
+    STREAMING = "streaming"  # the engine generates; tokens flow into the queue
+    ENDED = "ended"  # terminal item queued; the engine is done or asked to cancel
+    CLOSED = "closed"  # close() ran: unregistered, queue discarded; nothing more happens
+
+
+class StreamEnd(enum.Enum):
+    """How a stream ended, recorded once, at the first of these:
+
+    FINISHED     the engine sent FinishEvent (eos, length, stop); it is the last item
+    CLIENT_GONE  close() before the engine was done: the reader's scope was cancelled
+                 (the client disconnected) or it gave up; the engine is asked to cancel
+    ERROR        the hub queued StreamError slow_client (the policy dropped a stalled
+                 reader) or engine_error (a step failed, or the engine failed this
+                 sequence), or the engine let the request go at its TTFT deadline
+                 (deadline_missed); the engine is asked to cancel where it still holds it
+    SHUTDOWN     the hub queued StreamError shutdown: the grace period of shutdown()
+                 ran out, or the hub's own task was cancelled
+    """
+
+    FINISHED = "finished"
+    CLIENT_GONE = "client_gone"
+    ERROR = "error"
+    SHUTDOWN = "shutdown"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamError:
+    """A terminal item: the stream ends without a FinishEvent."""
+
+    type: ErrorType  # slow_client, engine_error, shutdown, resume_log_full, deadline_missed
+    message: str
+
+
+StreamItem = TokenEvent | FinishEvent | StreamError
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStatistics:
+    """A snapshot of one stream."""
+
+    state: StreamState
+    end: StreamEnd | None  # None until the stream ends
+    queued: int  # items waiting for the reader
+    delivered: int  # items the reader took
+    discarded: int  # backlog thrown away when the hub queued a StreamError
+    is_paused: bool  # the engine was asked to leave the sequence out of decode
+    stall_deadline: float | None  # Trio time the reader is dropped unless it catches up
+
+
+class StreamControl(WritingControl["TokenStream"], Protocol):
     """The hub as a stream sees it: what a stream asks of the hub that registered it
     (``open_streams.OpenStreams``); each call is sync, no checkpoint. Not the stream's
     owner: that is whoever closes it."""
@@ -82,8 +117,6 @@ class StreamControl(Protocol):
     def resume(self, request_id: str) -> None: ...
     def cancel(self, request_id: str) -> None: ...
     def watch(self, deadline: float) -> None: ...
-    def writing(self, stream: TokenStream) -> None: ...
-    def written(self, stream: TokenStream) -> None: ...
     def unregister(self, stream: TokenStream) -> None: ...
 
 
@@ -110,8 +143,7 @@ class TokenStream:
         self._settled = trio.lowlevel.ParkingLot()  # a gated step loop, waiting for the reader
         self._delivered = 0
         self._discarded = 0
-        self._writing = False  # see "Writing" in the module docstring
-        self._write_blocked = False  # write_blocked() until the writer comes back
+        self._marks = WriteMarks(self, control)  # see "Writing" in the module docstring
 
     @property
     def state(self) -> StreamState:
@@ -146,25 +178,18 @@ class TokenStream:
             self._readable.unpark_all()
 
     def write_blocked(self) -> None:
-        """The writer's write waits for the client (its socket or its HTTP/2 window is
-        full): the hub no longer waits for this stream until the writer comes back for
-        more (see "Writing" in the module docstring). Sync, never a checkpoint."""
-        self._write_blocked = True
-        self._mark_written()
-
-    def _writer_back(self) -> None:
-        # The blocked write is done: the writer is back for what was queued meanwhile.
-        self._write_blocked = False
-        if self._items and self._lag == CAUGHT_UP and self._state is not StreamState.CLOSED:
-            self._mark_writing()
+        """The writer's write waits for the client (``write_marks.py``): the hub no longer
+        waits for this stream until the writer comes back. Sync, never a checkpoint."""
+        self._marks.write_blocked()
 
     async def _receive(self, *, nudgeable: bool) -> StreamItem | None:
-        if self._write_blocked:
-            self._writer_back()
+        if self._marks.blocked:  # the writer is back, for what was queued meanwhile
+            self._marks.queued(keeps_up=bool(self._items) and self._lag == CAUGHT_UP
+                               and self._state is not StreamState.CLOSED, back=True)
         if self._items or self._state in (StreamState.ENDED, StreamState.CLOSED):
             await trio.lowlevel.checkpoint()
         else:  # it will wait: the park below is its checkpoint (one schedule point less)
-            self._mark_written()  # the reader is back for more and nothing waits
+            self._marks.written()  # the reader is back for more and nothing waits
         self._nudged = False
         while True:
             if self._state is StreamState.CLOSED:
@@ -185,8 +210,8 @@ class TokenStream:
         a writer catching up pays no schedule point and no timeout scope per write."""
         if self._state is StreamState.CLOSED:
             return []
-        if self._write_blocked:
-            self._writer_back()
+        if self._marks.blocked:
+            self._marks.queued(keeps_up=bool(self._items) and self._lag == CAUGHT_UP, back=True)
         items: list[StreamItem] = []
         while self._items and len(items) < max_items:
             items.append(self._take())
@@ -196,7 +221,7 @@ class TokenStream:
         """Take every queued item (at most ``max_items``), waiting for one if none is.
 
         For a writer that lags behind the engine: what it missed goes out in one write
-        (``app/sse_body.py``), each item still its own event. The policy sees the queue
+        (``app/routes/body.py``), each item still its own event. The policy sees the queue
         as one ``receive()`` per item would leave it at the end.
 
         Returns, raises and cancellation: as ``receive()``; the terminal item, if taken,
@@ -220,7 +245,7 @@ class TokenStream:
         self._items.clear()
         self._readable.unpark_all()
         self._settled.unpark_all()
-        self._mark_written()
+        self._marks.written()
         try:
             if engine_holds_it:
                 self._control.cancel(self.request_id)
@@ -238,12 +263,7 @@ class TokenStream:
     def __enter__(self) -> TokenStream:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def __aiter__(self) -> TokenStream:
@@ -290,10 +310,7 @@ class TokenStream:
             self._items.append(event)
             self._readable.unpark_all()
             self._apply(self.policy.after_put(self._lag, len(self._items), trio.current_time()))
-            if self._lag == CAUGHT_UP:
-                self._mark_writing()
-            else:  # behind: not waited for (the policy deals with it)
-                self._mark_written()
+            self._marks.queued(keeps_up=self._lag == CAUGHT_UP)
             return True
         elif event.reason is FinishReason.ERROR:  # the engine already released it
             message = event.error or "the engine failed this request"
@@ -306,7 +323,7 @@ class TokenStream:
         else:
             self._items.append(event)
             self._mark_ended(StreamEnd.FINISHED)
-        self._mark_writing()
+        self._marks.queued()
         return True
 
     def fail(self, error: StreamError, end: StreamEnd) -> bool:
@@ -345,10 +362,7 @@ class TokenStream:
         self._items.clear()
         self._items.append(error)
         self._mark_ended(end)
-        # Not waited for: a stream ended from outside (a slow reader dropped, a shutdown)
-        # may have its writer blocked in a write to a reader that does not read, and the
-        # stepper must not hold every other stream's tokens for it (streams/stepper.py).
-        self._mark_written()
+        self._marks.written()  # ended from outside: not waited for (write_marks.py)
         self._settled.unpark_all()
 
     def _mark_ended(self, end: StreamEnd) -> None:
@@ -357,16 +371,6 @@ class TokenStream:
         self._end = end
         self._lag = CAUGHT_UP
         self._readable.unpark_all()
-
-    def _mark_writing(self) -> None:
-        if not self._writing and not self._write_blocked:
-            self._writing = True
-            self._control.writing(self)
-
-    def _mark_written(self) -> None:
-        if self._writing:
-            self._writing = False
-            self._control.written(self)
 
     def _apply(self, lag: Lag) -> None:
         old, self._lag = self._lag, lag

@@ -243,13 +243,24 @@ async def _serve_then_stop(
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Run hypercorn until its drain is over (``wait_drained``), then end ``serve``'s
+    nursery: the signal watcher and the GOAWAY task have no more to do.
+
+    Cancellation: hypercorn is cancelled as a whole: its connections' tasks are
+    cancelled and their sockets closed (no graceful drain); the nursery is not cancelled
+    here (its own cancel is what reached this task).
+    """
     await hypercorn.trio.serve(app, config, shutdown_trigger=app.runtime.wait_drained,
                                task_status=task_status)
     nursery.cancel_scope.cancel(reason="hypercorn has stopped")
 
 
 async def _announce(app: StreamscopeApp, config: Config) -> None:
-    """Serve, saying where, with which model on which device, and when it is ready."""
+    """Serve, saying where, with which model on which device, and when it is ready.
+
+    Cancellation: as ``serve``'s (hypercorn cancelled as a whole, signal handlers
+    restored); nothing of its own is left.
+    """
     settings = app.runtime.settings
     device = settings.device or "auto (cuda if available, else cpu)"
     async with trio.open_nursery() as nursery:

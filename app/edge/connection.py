@@ -153,6 +153,9 @@ class StreamingConnection(TrioASGIHTTPConnection):
         """``send`` that sets ``response_complete`` as the last body message goes out."""
 
         async def send_noting_completion(message: ASGISendEvent) -> None:
+            """``send``, noting the body's last message. Cancellation: as ``send``'s;
+            ``response_complete`` is set before the send, so a last message whose send
+            is cancelled still counts as complete."""
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 self.response_complete = True
             await send(message)

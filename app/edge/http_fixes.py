@@ -127,6 +127,11 @@ class ClosingTCPServer(TCPServer):
         super().__init__(_SettlingApp(app, self), config, context, state, stream)
 
     async def _close(self) -> None:
+        """hypercorn's close of the connection (``shutdown(SHUT_WR)``, ``close()``).
+
+        Cancellation: shielded: a cancel (the server stopping, the connection's own
+        task cancelled) cannot leave the socket open; it takes no I/O wait.
+        """
         with trio.CancelScope(shield=True):
             await super()._close()
 
@@ -141,6 +146,14 @@ class ClosingTCPServer(TCPServer):
             log.exception("a connection failed; it was closed", exc_info=group)
 
     async def protocol_send(self, event: Event) -> None:
+        """hypercorn's send of a protocol event, with two fixes: the keep-alive timer's
+        restart (``Updated``) survives a cancel, and a write that meets ``_close``'s
+        send_eof (``BusyResourceError``) closes the protocol instead of failing.
+
+        Cancellation: ``Updated`` is shielded (a lock held for no I/O: the timer is never
+        left stopped by a cancel); anything else propagates as in hypercorn (a
+        ``RawData`` at the socket's wait, its bytes maybe partly sent).
+        """
         if isinstance(event, Updated):
             with trio.CancelScope(shield=True):
                 await super().protocol_send(event)
@@ -225,6 +238,11 @@ def direct_body_send(
         return send
 
     async def body_send(message: ASGISendEvent) -> None:
+        """One body message: on the hot path when it can go there, else ``send``.
+
+        Cancellation: as ``send_frame``'s (none before the socket is full, then
+        shielded: a chunk is never cut), or as ``send``'s.
+        """
         if message["type"] == "http.response.body" and message.get("more_body", False):
             frame = server.chunk_frame(bytes(message.get("body", b"")))
             if frame is not None and await server.send_frame(frame):
@@ -284,6 +302,8 @@ def settle_request_body(
     body_done = trio.Event()
 
     async def watched_receive() -> ASGIReceiveEvent:
+        """``receive``, noting the body's end. Cancellation: as ``receive``'s (nothing
+        taken is lost: the message is returned with no checkpoint after it)."""
         message = await receive()
         if message["type"] != "http.request" or not message.get("more_body", False):
             body_done.set()  # the body's end, or a disconnect: nothing more will come
@@ -319,6 +339,11 @@ class _SettlingApp:
         sync_spawn: Any,
         call_soon: Any,
     ) -> None:
+        """Run the app on one request with the wrappers.
+
+        Cancellation: propagates into the app (quart-trio's request nursery); nothing
+        of the wrappers is left (they hold no resource).
+        """
         plain = cast(dict[str, Any], scope)
         receive, send = settle_request_body(plain, receive, send)
         send = direct_body_send(self.server, plain, send)

@@ -159,13 +159,16 @@ async def _first_stop(signals: AsyncIterator[int], worker: HypercornWorker | Non
     async with trio.open_nursery() as nursery:
 
         async def on_signal() -> None:
+            """The first SIGTERM ends the wait. Cancellation: nothing changes (a signal
+            not taken yet stays queued in the receiver)."""
             nonlocal by_signal
             await signals.__anext__()
             by_signal = True
             nursery.cancel_scope.cancel(reason="SIGTERM")
 
         async def on_hypercorn_stop(event: _Event) -> None:
-            # A multiprocessing Event has no async wait; hypercorn polls it the same way.
+            """hypercorn's stop Event ends the wait (a multiprocessing Event has no async
+            wait; hypercorn polls it the same way). Cancellation: nothing changes."""
             while not event.is_set():  # noqa: ASYNC110
                 await trio.sleep(HYPERCORN_POLL_S)
             nursery.cancel_scope.cancel(reason="hypercorn is stopping")

@@ -114,6 +114,12 @@ class LocalStreams:
     async def attach(self, request_id: str, after: int, token: str | None = None) -> Reader:
         """The stream's reader from event ``after + 1``, taken over from its reader or
         holder (see the module docstring; ``ResumeRegistry.attach`` says what it raises).
+
+        Cancellation: once the stream is found, no checkpoint can raise: the old
+        reader's ``give_way`` (bounded) and the holder's exit (its last step) are waited
+        for shielded, so an attach is never left half-done; the reader is returned and the
+        caller's next checkpoint raises (its owner closes it: the stream is then held
+        again). A stream not found: ``Cancelled`` or ``NothingToResume``, nothing held.
         """
         entry = self._entries.get(request_id)
         if entry is None:
@@ -258,7 +264,11 @@ class LocalStreams:
     @staticmethod
     async def _reader_elsewhere(log: SharedEventLog, request_id: str) -> bool:
         """Whether a reader on another replica holds the stream; without an answer from
-        the store, no (this replica goes on as it would alone)."""
+        the store, no (this replica goes on as it would alone).
+
+        Cancellation: the read is abandoned (nothing changes); the holder's ``finally``
+        then forgets the stream, as at a deadline with no reader elsewhere.
+        """
         try:
             return await log.reader_held(request_id)
         except StoreUnavailable:

@@ -136,7 +136,11 @@ class Reader:
     async def give_way(self) -> bool:
         """A newer reader takes the stream over: mark this one taken over; wait, shielded
         and bounded, until its own attach is done and its take in progress (cancelled
-        now) has exited. True once no take of it is left, False if the bound passed."""
+        now) has exited. True once no take of it is left, False if the bound passed.
+
+        Cancellation: shielded (bounded by ``TAKEOVER_WAIT_S``): the newer attach never
+        leaves this reader half given over; the cancel reaches the caller afterwards.
+        """
         self._taken_over = True
         with trio.CancelScope(shield=True, deadline=trio.current_time() + TAKEOVER_WAIT_S):
             await self._attached.wait()  # set already, but for a reader still attaching

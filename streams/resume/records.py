@@ -81,6 +81,13 @@ class Rebuild(Protocol):
     the store holds for the stream is refused."""
 
     async def __call__(self, request_id: str, spec: bytes,
-                       events: list[tuple[int, bytes, bool]], adopt: Adopt) -> None: ...
+                       events: list[tuple[int, bytes, bool]], adopt: Adopt) -> None:
+        """Open the stream again and hand it to ``adopt`` as it opens.
+
+        Cancellation: a cancel before ``adopt`` must leave nothing open (the caller then
+        lets the writer lease go); an implementation calls ``adopt`` with no checkpoint
+        after the stream opens, so a cancel never leaves an open stream without an owner.
+        """
+        ...
 
     def refusal(self, request_id: str, message: str) -> bytes: ...

@@ -34,10 +34,11 @@ to the local copy only. Everything written is signed and every read checked
 Cancel from another replica: ``cancel_remote`` leaves a cancel mark (``cancel.lua``),
 which the writer finds at its next renewal (every ``refresh_s``) and tells ``on_cancelled``.
 
-Reads: through ``trio.to_thread.run_sync`` with a CapacityLimiter of ``max_readers`` (a
-follower's XREAD BLOCK holds a thread and a connection for at most ``follow_wait_s``; a
-cancelled read is abandoned and gives both back when Redis answers). No maintained
-Trio-native Redis client exists; redis-py's asyncio client would need trio-asyncio.
+Reads: any replica's calls to the store run in reader threads (``redis_reads.StoreReads``,
+which this log extends). What a cancel does: a read is abandoned (nothing changes); the
+take-over is not (a lease Redis granted always reaches its caller, which owns it); a
+reader lease claimed by a cancelled call lapses unrenewed within ``lease_s``; ``run``
+cancelled writes nothing more, and the leases it renewed lapse (``redis_writer.py``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from . import redis_reads
 from .errors import StoreFull
 from .log import MemoryEventLog, StoreStatistics, StoreUnavailable
 from .redis_keys import events_key, lua, reader_key, spec_key, stream_keys, writer_key
+from .redis_reads import StoreReads
 from .redis_writer import RedisBatchWriter
 from .signing import StoreSigner
 
@@ -67,7 +69,7 @@ STORE_FULL = ("the shared resume store (STREAMSCOPE_RESUME_STORE) does not keep 
               "queue is full, and this stream cannot be kept in it")
 
 
-class RedisEventLog:
+class RedisEventLog(StoreReads):
     """``SharedEventLog`` in Redis Streams (see the module docstring).
 
     Args:
@@ -91,8 +93,8 @@ class RedisEventLog:
                 and 0 < writer_lease_s < math.inf):
             raise ValueError("need 0 < ttl_s < inf, 0 < follow_wait_s < lease_s < inf "
                              "and 0 < writer_lease_s < inf")
+        super().__init__(client, StoreSigner(secret), ttl_s=ttl_s, max_readers=max_readers)
         self.lease_s = lease_s
-        self.ttl_s = ttl_s
         self.follow_wait_s = follow_wait_s
         self.writer_lease_s = writer_lease_s
         # A third of the shortest: a lease outlives two missed renewals (a long step, a
@@ -104,21 +106,17 @@ class RedisEventLog:
         # of one a DELETE on another replica cancelled.
         self.on_lost: Callable[[str], None] | None = None
         self.on_cancelled: Callable[[str], None] | None = None
-        self._client = client
-        self._signer = StoreSigner(secret)
         self._local = MemoryEventLog()
         self._last: dict[str, bool] = {}  # stream id -> its last event is logged
         self._local_leases: dict[str, str] = {}  # stream id -> token of a reader here
         self._cut: dict[str, bool] = {}  # streams the store takes no more of -> told
         self._writer = RedisBatchWriter(client, ttl_ms=self._ms(ttl_s), max_pending=max_pending)
-        self._cut_streams = self._read_errors = 0
-        self._read_limiter = trio.CapacityLimiter(max_readers)
+        self._cut_streams = 0
         self._renew = client.register_script(lua("renew"))
         self._renew_longer = client.register_script(lua("renew_longer"))
         self._release = client.register_script(lua("release"))
         self._take_over = client.register_script(lua("take_over"))
         self._expire = client.register_script(lua("expire"))
-        self._cancel = client.register_script(lua("cancel"))
 
     @classmethod
     def from_url(cls, url: str, *, secret: str | bytes, ttl_s: float, max_readers: int = 16,
@@ -225,12 +223,19 @@ class RedisEventLog:
                 await self._renew_and_look()
 
     async def flush(self) -> None:
-        """Write everything queued now, in order (``RedisBatchWriter.flush``)."""
+        """Write everything queued now, in order (``RedisBatchWriter.flush``).
+
+        Cancellation: the batch in flight is abandoned to its thread and the log writes
+        nothing more (no later batch may overtake it): what is left expires.
+        """
         await self._writer.flush()
 
     async def stored(self) -> None:
         """Return once every command queued before the call is in Redis
-        (``RedisBatchWriter.stored``: ``StoreUnavailable`` if the writer stopped)."""
+        (``RedisBatchWriter.stored``: ``StoreUnavailable`` if the writer stopped).
+
+        Cancellation: nothing changes; the writer goes on.
+        """
         await self._writer.stored()
 
     async def _renew_and_look(self) -> None:
@@ -284,31 +289,24 @@ class RedisEventLog:
         self._renew(keys=[writer_key(stream_id)], args=[self.writer_token, ttl_ms],
                     client=pipe)
 
-    # -- SharedEventLog: any replica's readers, async --------------------------------
-
-    async def tail(self, stream_id: str) -> tuple[int, bool] | None:
-        entries = await self._read(self._client.xrevrange, events_key(stream_id), "+", "-",
-                                   count=1)
-        if not entries:
-            return None
-        n, _, last = redis_reads.unchecked(entries[0])
-        return n, last
-
-    async def ping(self) -> None:
-        await self._read(self._client.ping)
-
-    async def read_remote(
-        self, stream_id: str, after: int, *, wait_s: float
-    ) -> list[tuple[int, bytes, bool]] | None:
-        """``SharedEventLog.read_remote``, each event checked (``redis_reads``)."""
-        return await self._read(redis_reads.read_after, self._client, self._signer,
-                                stream_id, after, self._ms(wait_s))
+    # -- SharedEventLog: any replica's readers' leases (its reads: ``StoreReads``) -------
 
     async def claim_reader(self, stream_id: str, token: str) -> None:
+        """``SharedEventLog.claim_reader``: a plain SET of ``token``.
+
+        Cancellation: abandoned; the SET may still land, unknown to the caller, who
+        lets ``token`` go (``release_reader``) on its way out, or else it lapses
+        unrenewed within ``lease_s``.
+        """
         await self._read(self._client.set, reader_key(stream_id), token,
                          px=self._ms(self.lease_s))
 
     async def renew_reader(self, stream_id: str, token: str) -> bool:
+        """``SharedEventLog.renew_reader`` (compare-and-renew).
+
+        Cancellation: abandoned; the lease may be renewed once more, and lapses within
+        ``lease_s`` unless its reader's close lets it go first.
+        """
         if self._writer.is_setting(stream_id, token):
             await trio.lowlevel.checkpoint()
             return True  # its SET is on its way
@@ -331,33 +329,26 @@ class RedisEventLog:
         key = reader_key(stream_id)
         self._writer.queue(lambda pipe: self._release(keys=[key], args=[token], client=pipe))
 
-    async def reader_held(self, stream_id: str) -> bool:
-        return bool(await self._read(self._client.exists, reader_key(stream_id)))
-
     # -- failover: a stream whose writer died ---------------------------------------
 
-    async def writer_alive(self, stream_id: str) -> bool:
-        return bool(await self._read(self._client.exists, writer_key(stream_id)))
-
     async def take_over(self, stream_id: str) -> bool:
+        """``SharedEventLog.take_over`` (``take_over.lua``); a won lease is renewed by
+        ``run`` from then on.
+
+        Cancellation: not abandoned (issue 34, D1): a lease Redis granted while the call
+        was cancelled (a client gone, a wait run out) would be held with nobody writing
+        the stream or renewing it, and the stream would stall until it lapsed. The cancel
+        waits for Redis's answer (the client's socket timeout bounds it) and the call
+        returns it: the caller owns a won lease (``Failover.continue_here`` lets it go
+        if cancelled before the stream opens).
+        """
         lease_ms = self._ms(self.writer_lease_s)
-        won = bool(await self._read(self._take_over, keys=stream_keys(stream_id),
-                                    args=[self.writer_token, lease_ms]))
+        won = bool(await self._call(partial(self._take_over, keys=stream_keys(stream_id),
+                                            args=[self.writer_token, lease_ms]),
+                                    abandon=False))  # a granted lease is never lost
         if won:
             self._writing.add(stream_id)  # renewed from now on
         return won
-
-    async def read_for_rebuild(
-        self, stream_id: str
-    ) -> tuple[bytes, list[tuple[int, bytes, bool]]] | None:
-        """``SharedEventLog.read_for_rebuild``, each part checked (``redis_reads``)."""
-        return await self._read(redis_reads.read_for_rebuild, self._client, self._signer,
-                                stream_id)
-
-    async def cancel_remote(self, stream_id: str) -> bool:
-        """``SharedEventLog.cancel_remote`` (``cancel.lua``)."""
-        return bool(await self._read(self._cancel, keys=stream_keys(stream_id),
-                                     args=[self._ms(self.ttl_s)]))
 
     def adopt(self, stream_id: str, events: list[tuple[int, bytes, bool]]) -> None:
         self._cut.pop(stream_id, None)
@@ -374,24 +365,3 @@ class RedisEventLog:
         self._writing.discard(stream_id)
         key, token = writer_key(stream_id), self.writer_token
         self._writer.queue(lambda pipe: self._release(keys=[key], args=[token], client=pipe))
-
-    async def _read(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``call`` in a reader thread; abandoned if cancelled (the thread gives its
-        limiter token and connection back when Redis answers).
-
-        Raises:
-            StoreUnavailable: Redis did not answer, or refused the command (counted).
-            StoreRejected: what it read fails its check (``redis_reads``).
-        """
-        try:
-            return await trio.to_thread.run_sync(partial(call, *args, **kwargs),
-                                                 limiter=self._read_limiter,
-                                                 abandon_on_cancel=True)
-        except redis.RedisError as exc:
-            self._read_errors += 1
-            raise StoreUnavailable(f"Redis: {exc!r}") from exc
-
-    @staticmethod
-    def _ms(seconds: float) -> int:
-        return max(1, math.ceil(seconds * 1000))
-

@@ -1,4 +1,17 @@
-"""The Redis log's reads, each run in a worker thread: entries read back and checked.
+"""The Redis log's reads: any replica's async calls to the store, each in a reader thread.
+
+``StoreReads`` runs each call in a worker thread (``trio.to_thread.run_sync``) under a
+CapacityLimiter of ``max_readers``: a follower's XREAD BLOCK holds a thread and a
+connection for at most its wait. No maintained Trio-native Redis client exists; redis-py's
+asyncio client would need trio-asyncio. ``RedisEventLog`` (``redis_log.py``) is a
+``StoreReads`` with the writer's side added.
+
+Cancellation: a read that changes nothing is abandoned to its thread when cancelled (the
+caller returns at once; the thread gives its limiter token and its connection back when
+Redis answers, within the client's socket timeout). A call whose outcome someone must
+own (the take-over: a lease granted) is not abandoned: the cancel waits for Redis's
+answer, the call returns it, and the caller's next checkpoint raises ``Cancelled``
+(``StoreReads._call``).
 
 Every entry a reader or a rebuild gets is checked against its HMAC (``signing.py``)
 before anyone sees its bytes: one that fails raises ``StoreRejected``. ``tail`` alone
@@ -9,12 +22,25 @@ makes a stream look ended or not, which deleting its keys could do as well).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import redis
+import trio
 
 from .errors import StoreRejected
-from .redis_keys import cancel_key, events_key, spec_key, writer_key
+from .log import StoreUnavailable
+from .redis_keys import (
+    cancel_key,
+    events_key,
+    lua,
+    reader_key,
+    spec_key,
+    stream_keys,
+    writer_key,
+)
 from .signing import StoreSigner
 
 Entry = tuple[int, bytes, bool]  # (n, data, last)
@@ -89,3 +115,108 @@ def renew_and_look(client: redis.Redis, renew: Any, token: str, writing: list[st
     results = pipe.execute()
     return ([bool(r) for r in results[:len(writing)]],
             [bool(r) for r in results[len(writing):]])
+
+
+class StoreReads:
+    """The reads of ``SharedEventLog`` that need no writer state (module docstring).
+
+    Args:
+        client: a redis-py client (``decode_responses=False``).
+        signer: checks what is read (``signing.py``).
+        ttl_s: the keys' time to live (a cancel mark's, for a dead writer's stream).
+        max_readers: reader threads at most (the client's pool needs one more).
+
+    Raises (every call): ``StoreUnavailable``: Redis did not answer, or refused the
+    command (counted in ``_read_errors``).
+    """
+
+    def __init__(self, client: redis.Redis, signer: StoreSigner, *, ttl_s: float,
+                 max_readers: int) -> None:
+        self._client = client
+        self._signer = signer
+        self.ttl_s = ttl_s
+        self._read_limiter = trio.CapacityLimiter(max_readers)
+        self._read_errors = 0
+        self._cancel = client.register_script(lua("cancel"))
+
+    async def tail(self, stream_id: str) -> tuple[int, bool] | None:
+        """``SharedEventLog.tail`` (unchecked: see the module docstring).
+
+        Cancellation: abandoned (a read): nothing changes.
+        """
+        entries = await self._read(self._client.xrevrange, events_key(stream_id), "+", "-",
+                                   count=1)
+        if not entries:
+            return None
+        n, _, last = unchecked(entries[0])
+        return n, last
+
+    async def ping(self) -> None:
+        """``SharedEventLog.ping``. Cancellation: abandoned (a read): nothing changes."""
+        await self._read(self._client.ping)
+
+    async def read_remote(self, stream_id: str, after: int, *,
+                          wait_s: float) -> list[Entry] | None:
+        """``SharedEventLog.read_remote``, each event checked (``read_after``).
+
+        Cancellation: abandoned (a read): nothing changes; its thread and connection
+        stay taken until the XREAD BLOCK ends (``wait_s`` at most).
+        """
+        return await self._read(read_after, self._client, self._signer, stream_id, after,
+                                self._ms(wait_s))
+
+    async def reader_held(self, stream_id: str) -> bool:
+        """``SharedEventLog.reader_held``. Cancellation: abandoned (a read): nothing
+        changes."""
+        return bool(await self._read(self._client.exists, reader_key(stream_id)))
+
+    async def writer_alive(self, stream_id: str) -> bool:
+        """``SharedEventLog.writer_alive``. Cancellation: abandoned (a read): nothing
+        changes."""
+        return bool(await self._read(self._client.exists, writer_key(stream_id)))
+
+    async def read_for_rebuild(self, stream_id: str) -> tuple[bytes, list[Entry]] | None:
+        """``SharedEventLog.read_for_rebuild``, each part checked.
+
+        Cancellation: abandoned (a read): nothing changes (a failover that called it
+        lets its writer lease go, ``failover.py``).
+        """
+        return await self._read(read_for_rebuild, self._client, self._signer, stream_id)
+
+    async def cancel_remote(self, stream_id: str) -> bool:
+        """``SharedEventLog.cancel_remote`` (``cancel.lua``).
+
+        Cancellation: abandoned; the mark may still land (the script is one atomic step
+        in Redis, run or not), and the caller does not learn which: a DELETE tried again
+        is idempotent.
+        """
+        return bool(await self._read(self._cancel, keys=stream_keys(stream_id),
+                                     args=[self._ms(self.ttl_s)]))
+
+    async def _read(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``call`` in a reader thread (``_call``). Cancellation: abandoned."""
+        return await self._call(partial(call, *args, **kwargs), abandon=True)
+
+    async def _call(self, call: Callable[[], Any], *, abandon: bool) -> Any:
+        """``call`` in a reader thread, once a token of the readers' limiter is free.
+
+        Raises:
+            StoreUnavailable: Redis did not answer, or refused the command (counted).
+            StoreRejected: what it read fails its check.
+
+        Cancellation: while it waits for a token, nothing has happened. Once the thread
+        runs, ``abandon``: the call raises ``Cancelled`` at once and the thread gives its
+        token and connection back when Redis answers (for a call that changes nothing a
+        caller must own); else the cancel waits for Redis's answer (the client's socket
+        timeout bounds it), the call returns it, and the caller's next checkpoint raises.
+        """
+        try:
+            return await trio.to_thread.run_sync(call, limiter=self._read_limiter,
+                                                 abandon_on_cancel=abandon)
+        except redis.RedisError as exc:
+            self._read_errors += 1
+            raise StoreUnavailable(f"Redis: {exc!r}") from exc
+
+    @staticmethod
+    def _ms(seconds: float) -> int:
+        return max(1, math.ceil(seconds * 1000))

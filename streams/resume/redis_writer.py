@@ -160,6 +160,12 @@ class RedisBatchWriter:
         await trio.lowlevel.checkpoint()
 
     async def _write_until_written(self, batch: list[Op]) -> None:
+        """Write ``batch`` in a thread, trying again after ``RETRY_PAUSE_S`` until Redis
+        takes it.
+
+        Cancellation: the write in flight is abandoned to its thread (it may still land,
+        whole: a transaction); ``flush`` then stops the writer so no batch overtakes it.
+        """
         while True:
             try:
                 await trio.to_thread.run_sync(self._write, batch, abandon_on_cancel=True)

@@ -78,7 +78,12 @@ class Replicas:
     async def attach(
         self, request_id: str, after: int, rebuild: Rebuild | None
     ) -> Reader | RemoteReader:
-        """``ResumeRegistry.attach`` with a shared log."""
+        """``ResumeRegistry.attach`` with a shared log.
+
+        Cancellation: a local stream: the claim of the reader lease is abandoned and its
+        token let go (queued) whatever it did; once ``LocalStreams.attach`` ran, as its
+        (the reader is returned). A remote one: as ``_attach_remote``.
+        """
         log = self._log
         entry = self._local.get(request_id)
         if entry is None:
@@ -100,6 +105,14 @@ class Replicas:
     ) -> Reader | RemoteReader:
         """A reader of a stream another replica generates, or, if that replica died and
         this one takes the stream over, its ``Reader`` here (see the module docstring).
+
+        Cancellation: while it waits for the store (``tail``, ``read_remote``), nothing
+        changes. The take-over is not abandoned (issue 34, D1): a lease Redis granted
+        reaches this call even if a cancel or the wait's deadline came meanwhile, and
+        ``Failover.continue_here`` then owns it (lets it go if cancelled before the
+        stream opens). The claim of the reader lease is abandoned, and its token let go
+        (queued): a SET that lands after the release lapses unrenewed within
+        ``lease_s``. No ``RemoteReader`` exists until it is returned.
         """
         log = self._log
         if self._draining:
@@ -124,14 +137,20 @@ class Replicas:
                     raise NothingToResume(request_id)
                 if events:
                     last_n, _, ended = events[-1]
-        if won and rebuild is not None:  # out of the wait's scope: its timer cancels nothing
+        # Out of the wait's scope, with no checkpoint since the take-over returned: a won
+        # lease is continue_here's to own (or let go) whatever cancel came meanwhile.
+        if won and rebuild is not None:
             return await self._failover.continue_here(rebuild, request_id, after)
         if after > last_n:
             raise BadPosition(f"event {after} of a stream that has made {last_n}")
         if ended and after == last_n:
             raise NothingToResume(request_id)
         token = secrets.token_hex(8)
-        await log.claim_reader(request_id, token)  # taken over from any reader holding it
+        try:
+            await log.claim_reader(request_id, token)  # taken over from any reader holding it
+        except BaseException:
+            log.release_reader(request_id, token)
+            raise
         if self._draining:  # it began while the claim was in flight
             log.release_reader(request_id, token)
             raise Draining(request_id)
