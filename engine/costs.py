@@ -49,7 +49,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from . import start_cache
-from .block_manager import BlockTable
+from .block_allocator import BlockTable
 from .model_side import Runner
 from .sequence import Chunk, Sequence
 from .startup import phase

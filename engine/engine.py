@@ -62,7 +62,7 @@ from contextlib import contextmanager
 from functools import partial
 
 from .admission import DEFAULT_WATERMARK, ON_DEMAND, AdmissionPolicy
-from .block_manager import BlockAllocator
+from .block_allocator import BlockAllocator
 from .costs import StepCosts, calibrate
 from .errors import EmptyPrompt, InvalidMaxNewTokens, PromptTooLong, StepReentered
 from .inbox import Op

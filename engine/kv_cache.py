@@ -1,4 +1,4 @@
-"""The paged KV cache's tensors (torch); which block is whose is ``block_manager``'s.
+"""The paged KV cache's tensors (torch); which block is whose is ``block_allocator``'s.
 
 ``PagedKVCache`` owns the tensors: per layer, one key and one value tensor of
 ``num_blocks * block_size`` slots, allocated once. Position ``p`` of a sequence

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from collections.abc import Sequence as Seq
 from collections.abc import Set as AbstractSet
 
-from .block_manager import BlockAllocator, BlockTable
+from .block_allocator import BlockAllocator, BlockTable
 from .sequence import Sequence
 
 ROOT = b"streamscope-prefix-cache-v1"

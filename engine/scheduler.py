@@ -60,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .admission import DEFAULT_WATERMARK, ON_DEMAND, AdmissionPolicy
-from .block_manager import BlockAllocator
+from .block_allocator import BlockAllocator
 from .costs import StepCosts, cost_tokens, tokens_within
 from .inbox import Inbox, Op
 from .logprobs import Outcome, Sampled, event_logprobs, token_id_of

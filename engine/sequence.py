@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .block_manager import BlockTable
+    from .block_allocator import BlockTable
     from .text import IncrementalDetokenizer, StopMatcher
     from .types import GenerationRequest
 

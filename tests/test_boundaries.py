@@ -33,7 +33,7 @@ OUTSIDE = re.compile(r"shared/(DESIGN|reference)")  # the team's notes beside th
 NEVER_LOADS: list[tuple[str, tuple[str, ...]]] = [
     ("import engine", ("trio", "redis", "streams", "app", *WEB, *TORCH)),
     ("import engine.scheduler", ("trio", "redis", "streams", "app", *WEB, *TORCH)),
-    ("import engine.block_manager", ("trio", "redis", "streams", "app", *WEB, *TORCH)),
+    ("import engine.block_allocator", ("trio", "redis", "streams", "app", *WEB, *TORCH)),
     ("import streams", ("redis", "app", *WEB, *TORCH)),
     ("import streams.resume", ("redis", "app", *WEB, *TORCH)),
     ("import streams.sse", ("trio", "redis", "app", *WEB, *TORCH)),

@@ -22,7 +22,7 @@ import torch
 
 from engine import EngineEvent, FinishEvent, GenerationRequest, SamplingParams, attention
 from engine.attention import decode_batch, prefill_batch
-from engine.block_manager import BlockTable
+from engine.block_allocator import BlockTable
 from engine.engine import Engine
 from engine.kv_cache import PagedKVCache
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from engine import EngineEvent, FinishEvent, GenerationRequest, SamplingParams, TokenEvent
-from engine.block_manager import BlockAllocator
+from engine.block_allocator import BlockAllocator
 from engine.costs import StepCosts, cost_tokens
 from engine.engine import Engine
 from engine.model_runner import ModelRunner

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from engine import EngineEvent, FinishEvent, FinishReason, GenerationRequest, TokenEvent
-from engine.block_manager import BlockAllocator
+from engine.block_allocator import BlockAllocator
 from engine.costs import StepCosts
 from engine.engine import Engine
 from engine.scheduler import Scheduler

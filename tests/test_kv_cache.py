@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine import DoubleRelease, GenerationRequest, SamplingParams
-from engine.block_manager import BlockAllocator, BlockTable
+from engine.block_allocator import BlockAllocator, BlockTable
 from engine.engine import Engine
 from engine.kv_cache import PagedKVCache
 

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import DoubleRelease, GenerationRequest, SamplingParams
-from engine.block_manager import BlockAllocator
+from engine.block_allocator import BlockAllocator
 from engine.engine import Engine
 from engine.prefix_cache import block_digests
 from engine.sequence import Chunk, Sequence
