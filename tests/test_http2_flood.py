@@ -1,6 +1,6 @@
 """Floods on one HTTP/2 connection are bounded (issue 25, item 3; CVE-2023-44487).
 
-``h2_fixes.GuardedH2Protocol`` gives each connection budgets of client RST_STREAMs, PINGs
+``h2_protocol.GuardedH2Protocol`` gives each connection budgets of client RST_STREAMs, PINGs
 and SETTINGS frames; past one, GOAWAY ``ENHANCE_YOUR_CALM`` and the connection closes.
 A stream that its client resets in the same read that opened it is never started. The
 floods are raw frames (``tools.h2flood.flood_frames``), sent as fast as the socket takes
@@ -26,8 +26,8 @@ import h2.exceptions
 import pytest
 import trio
 
-from app.edge import h2_fixes
-from app.edge.h2_fixes import FloodBudget
+from app.edge import h2_floods, h2_protocol
+from app.edge.h2_floods import FloodBudget
 from engine.model import LoadedModel
 from tests.http2_clients import (
     Certificate,
@@ -99,8 +99,8 @@ async def test_a_flood_gets_goaway_enhance_your_calm_and_starts_nothing(
     reason = "stillborn RST_STREAM" if kind == "reset" else kind.upper()
     assert result.goaway.additional_data == f"too many {reason} frames".encode()
     # Read and thrown away meanwhile; the connection closes within the linger.
-    assert result.elapsed_s <= h2_fixes.LINGER_S + 2.0
-    assert result.ping_acks <= h2_fixes.PING_BURST
+    assert result.elapsed_s <= h2_protocol.LINGER_S + 2.0
+    assert result.ping_acks <= h2_floods.PING_BURST
     # Each reset stream was reset in the read that opened it: none was started.
     assert tls_server.recorder.submitted == []
     await assert_still_serves(tls_server, certificate)
@@ -110,7 +110,7 @@ async def test_a_few_streams_reset_as_they_open_are_not_a_flood(
     tls_server: RunningServer, certificate: Certificate
 ) -> None:
     client = await H2Client.connect(tls_server, certificate)
-    for _ in range(h2_fixes.STILLBORN_BURST // 2):  # an impatient client's, in one write
+    for _ in range(h2_floods.STILLBORN_BURST // 2):  # an impatient client's, in one write
         client.start_post("/v1/stream", stream_body(max_new_tokens=4), reset=True)
     await client.flush()
     stream = await client.post("/v1/stream", stream_body(max_new_tokens=4, ignore_eos=True))
@@ -129,8 +129,8 @@ def started_or_goaway(client: H2Client, stream: H2Stream) -> bool:
 async def test_resets_of_streams_that_started_are_bounded(
     tls_server: RunningServer, certificate: Certificate, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(h2_fixes, "RESET_BURST", 5)
-    monkeypatch.setattr(h2_fixes, "RESETS_PER_S", 1.0)
+    monkeypatch.setattr(h2_floods, "RESET_BURST", 5)
+    monkeypatch.setattr(h2_floods, "RESETS_PER_S", 1.0)
     client = await H2Client.connect(tls_server, certificate)
     started = trio.current_time()
     resets = 0

@@ -10,7 +10,7 @@ acks) until the server closes the connection. Over TLS (ALPN ``h2``) when given 
 its own, so that its work is not the measured server's or the measuring client's: it
 builds one flood of each kind and prints ``ready``; then for each line on its stdin, a
 round, each flood's result printed as a JSON line, then ``done``. A flood hangs up at
-its GOAWAY (the server would hold the connection open for ``h2_fixes.LINGER_S`` more). The
+its GOAWAY (the server would hold the connection open for ``h2_protocol.LINGER_S`` more). The
 line names the round's kind:
 
 * ``spread`` (or an empty line): one flood of each kind, each over a connection of its

@@ -2,7 +2,7 @@
 
 A rapid-reset client opens a stream and resets it at once, in a loop, on one connection:
 the server does the work of starting each request, the client none of waiting for it.
-PING and SETTINGS floods make the server answer every frame. ``app/edge/h2_fixes.py``
+PING and SETTINGS floods make the server answer every frame. ``app/edge/h2_floods.py``
 gives each connection budgets for all three and answers a flood with GOAWAY
 ``ENHANCE_YOUR_CALM`` (issue 25); this measures that bound and its cost to the others.
 
@@ -47,7 +47,7 @@ from typing import Any
 import h2.errors
 import trio
 
-from app.edge import h2_fixes
+from app.edge import h2_floods
 from tools.h2flood import KINDS, Attacker
 from tools.lab._raw import RawStream, host_port
 from tools.lab.common import Lab, Report, experiment, median, ms, pct, plot_gap_cdfs
@@ -112,7 +112,7 @@ async def rapidreset(lab: Lab) -> Report:
                                                   if f["kind"] == kind])) for kind in KINDS},
         "ping_acks_max": max((f["ping_acks"] for f in floods if f["kind"] == "ping"),
                              default=None),
-        "ping_burst": h2_fixes.PING_BURST,
+        "ping_burst": h2_floods.PING_BURST,
         "attacker_streams_started": _delta(after, before, "opened") - victim_streams,
         "attacker_sequences_admitted": _delta(after, before, "admitted") - victim_streams,
         "victims_complete": all(r["complete"] for r in runs),
