@@ -8,7 +8,8 @@ for every one of its 1,000, and then opens another connection (issue 25's probe 
 of 300 such streams into the engine; one that reset each stream 10 ms after opening it,
 all 300). And hypercorn answers every PING and SETTINGS frame whatever their number. So
 each connection has three budgets (``FloodBudget``: a token bucket; a burst, refilled at
-a rate): client ``RST_STREAM``s, ``PING``s and ``SETTINGS`` frames. A frame past its
+a rate): stream resets (the client's ``RST_STREAM``s, and the server's that the client's
+frames caused), ``PING``s and ``SETTINGS`` frames. A frame past its
 budget gets ``GOAWAY`` with ``ENHANCE_YOUR_CALM`` and the connection is closed
 (``h2_protocol.GuardedH2Protocol``): its streams see a disconnect, so their sequences
 are cancelled like any client's that left.
@@ -23,6 +24,21 @@ again at once made the server parse 100 triples per connection, 40 connections a
 time: h2 parses all of what it is given before anyone can count, and 64 KiB of a flood's
 small frames held the event loop for tens of milliseconds, every other client's stream
 with it.
+
+MadeYouReset (CVE-2025-8671): a client need not send the RST_STREAM itself. A frame
+that is a stream error (a WINDOW_UPDATE that overflows the stream's window, DATA or
+HEADERS on a stream the client ended) makes h2 reset the stream on the server's side:
+a ``StreamReset`` event with ``remote_reset`` False, its RST_STREAM sent by the server,
+and hypercorn cancels the stream's request exactly as for the client's reset. Counting
+only the client's RST_STREAMs let such a flood through every budget (30 streams in one
+write drew 30 RST_STREAMs from the server and no GOAWAY, 20 of them opened in the
+engine). Every ``StreamReset`` h2 reports is the client's doing (h2 reports none for a
+reset the server chose, as ``REFUSED_STREAM``), so each one is counted, against the same
+budgets: stillborn if the stream opened in the same read, else ``RST_STREAM``. Other
+servers count the same: h2o applies its reset mitigation wherever a stream is
+unregistered, an invalid WINDOW_UPDATE's too (h2o/h2o#3502); netty budgets the
+RST_STREAMs its encoder sends (CVE-2025-55163, eclipse-vertx/vert.x#5675); undertow
+answers too many RST_STREAMs sent with a GOAWAY (undertow-io/undertow#1778).
 
 The defaults are far above what a browser or an SDK does (a page that closes all of its
 ``EventSource``s resets a few dozen streams at once; keep-alive PINGs come seconds apart)
@@ -78,8 +94,10 @@ class FloodBudget:
 
 
 def is_reset(event: h2.events.Event) -> TypeGuard[h2.events.StreamReset]:
-    """Whether ``event`` ends a stream by the client's RST_STREAM."""
-    return isinstance(event, h2.events.StreamReset) and event.remote_reset
+    """Whether ``event`` ends a stream by a reset: the client's RST_STREAM, or the
+    server's own in answer to the client's frames (``remote_reset`` False:
+    MadeYouReset, see the module docstring)."""
+    return isinstance(event, h2.events.StreamReset)
 
 
 class FloodBudgets:

@@ -11,7 +11,8 @@ Floods. Each read is parsed ``h2_floods.SLICE_BYTES`` at a time, and each slice'
 are judged by the connection's ``h2_floods.FloodBudgets`` before any of them is handled:
 past a budget, nothing of the slice is started and the client gets ``GOAWAY``
 ``ENHANCE_YOUR_CALM``. Streams reset in the read that opened them are never started
-(see ``h2_floods``).
+(see ``h2_floods``). A connection error h2 finds (a CONTINUATION flood's among them) is
+hung up the same way: its GOAWAY, then the close once the client had time to read it.
 
 Retiring: a GOAWAY when the server drains, or after ``keep_alive_max_requests``.
 ``h2_retire.goaway_on_drain`` (beside hypercorn under ``streamscope serve``, in the app
@@ -105,6 +106,9 @@ class GuardedH2Protocol(H2Protocol):
         if isinstance(event, RawData) and len(event.data) > h2_floods.SLICE_BYTES:
             await self._handle_in_slices(event.data)
             return
+        if isinstance(event, RawData):
+            await self._receive(event.data)
+            return
         await super().handle(event)
 
     async def _handle_closed(self) -> None:
@@ -154,7 +158,25 @@ class GuardedH2Protocol(H2Protocol):
                 await trio.lowlevel.checkpoint()
             if self.hung_up or self.closed:
                 return
-            await super().handle(RawData(data=data[start:start + size]))
+            await self._receive(data[start:start + size])
+
+    async def _receive(self, data: bytes) -> None:
+        """Parse ``data`` and handle its events, as hypercorn's ``handle`` does; but a
+        connection error (h2's ``ProtocolError``: a CONTINUATION flood past h2's
+        ``CONTINUATION_BACKLOG``, a malformed frame) is hung up like a flood. hypercorn
+        closed the socket at once, and with the client's bytes unread the kernel's RST
+        could drop the GOAWAY that h2 had queued: the client would not learn why.
+
+        Cancellation: as ``_handle_events``'s.
+        """
+        try:
+            events = self.connection.receive_data(data)
+        except h2.exceptions.ProtocolError as error:
+            log.info("HTTP/2 connection from %s: %s; GOAWAY, closed", self.client, error)
+            code = getattr(error, "error_code", h2.errors.ErrorCodes.PROTOCOL_ERROR)
+            await self._hang_up(code, str(error))
+            return
+        await self._handle_events(events)
 
     async def _handle_events(self, events: list[h2.events.Event]) -> None:
         """One slice's events (hypercorn's override): judged by the budgets first; those
