@@ -38,6 +38,7 @@ import httpx
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
+from hyperframe.frame import WindowUpdateFrame
 
 from app.edge import h2_retire
 from app.factory import StreamscopeApp, create_app
@@ -285,6 +286,14 @@ class H2Client:
         """RST_STREAM (CANCEL): the client gives this stream up."""
         self.conn.reset_stream(stream.stream_id, h2.errors.ErrorCodes.CANCEL)
         await self.flush()
+
+    async def overflow_window(self, stream: H2Stream) -> None:
+        """A WINDOW_UPDATE of 2^31-1 on ``stream``: the window the server sends in
+        overflows, and the server resets the stream itself (MadeYouReset, CVE-2025-8671).
+        Raw: h2 refuses to send it."""
+        await self.flush()
+        frame = WindowUpdateFrame(stream.stream_id, window_increment=2**31 - 1)
+        await self.stream.send_all(frame.serialize())
 
     async def release(self, stream: H2Stream) -> None:
         """Acknowledge what a held stream received, and stop holding it."""

@@ -1,6 +1,6 @@
 """Floods on one HTTP/2 connection are bounded (issue 25, item 3; CVE-2023-44487).
 
-``h2_fixes.GuardedH2Protocol`` gives each connection budgets of client RST_STREAMs, PINGs
+``h2_protocol.GuardedH2Protocol`` gives each connection budgets of client RST_STREAMs, PINGs
 and SETTINGS frames; past one, GOAWAY ``ENHANCE_YOUR_CALM`` and the connection closes.
 A stream that its client resets in the same read that opened it is never started. The
 floods are raw frames (``tools.h2flood.flood_frames``), sent as fast as the socket takes
@@ -26,8 +26,8 @@ import h2.exceptions
 import pytest
 import trio
 
-from app.edge import h2_fixes
-from app.edge.h2_fixes import FloodBudget
+from app.edge import h2_floods, h2_protocol
+from app.edge.h2_floods import FloodBudget
 from engine.model import LoadedModel
 from tests.http2_clients import (
     Certificate,
@@ -86,7 +86,7 @@ async def assert_still_serves(server: RunningServer, certificate: Certificate) -
     await client.close_clean()
 
 
-@pytest.mark.parametrize("kind", ["reset", "ping", "settings"])
+@pytest.mark.parametrize("kind", ["reset", "madeyoureset", "ping", "settings"])
 async def test_a_flood_gets_goaway_enhance_your_calm_and_starts_nothing(
     tls_server: RunningServer, certificate: Certificate, kind: str
 ) -> None:
@@ -96,11 +96,11 @@ async def test_a_flood_gets_goaway_enhance_your_calm_and_starts_nothing(
                          frames)
 
     assert result.goaway is not None and result.goaway.error_code == ENHANCE_YOUR_CALM
-    reason = "stillborn RST_STREAM" if kind == "reset" else kind.upper()
+    reason = "stillborn RST_STREAM" if "reset" in kind else kind.upper()
     assert result.goaway.additional_data == f"too many {reason} frames".encode()
     # Read and thrown away meanwhile; the connection closes within the linger.
-    assert result.elapsed_s <= h2_fixes.LINGER_S + 2.0
-    assert result.ping_acks <= h2_fixes.PING_BURST
+    assert result.elapsed_s <= h2_protocol.LINGER_S + 2.0
+    assert result.ping_acks <= h2_floods.PING_BURST
     # Each reset stream was reset in the read that opened it: none was started.
     assert tls_server.recorder.submitted == []
     await assert_still_serves(tls_server, certificate)
@@ -110,7 +110,7 @@ async def test_a_few_streams_reset_as_they_open_are_not_a_flood(
     tls_server: RunningServer, certificate: Certificate
 ) -> None:
     client = await H2Client.connect(tls_server, certificate)
-    for _ in range(h2_fixes.STILLBORN_BURST // 2):  # an impatient client's, in one write
+    for _ in range(h2_floods.STILLBORN_BURST // 2):  # an impatient client's, in one write
         client.start_post("/v1/stream", stream_body(max_new_tokens=4), reset=True)
     await client.flush()
     stream = await client.post("/v1/stream", stream_body(max_new_tokens=4, ignore_eos=True))
@@ -122,15 +122,58 @@ async def test_a_few_streams_reset_as_they_open_are_not_a_flood(
     await client.close_clean()
 
 
+async def test_streams_the_server_resets_as_they_open_are_a_flood(
+    tls_server: RunningServer, certificate: Certificate
+) -> None:
+    # MadeYouReset (CVE-2025-8671), the issue's probe: 30 streams in one write, each with
+    # a WINDOW_UPDATE that overflows its window; the server resets each one itself
+    # (h2's StreamReset with remote_reset=False), and the client sends no RST_STREAM.
+    frames = flood_frames("madeyoureset", 30)
+
+    result = await flood(tls_server.host, tls_server.port, certificate.client_context(),
+                         frames)
+
+    assert result.goaway is not None and result.goaway.error_code == ENHANCE_YOUR_CALM
+    assert result.goaway.additional_data == b"too many stillborn RST_STREAM frames"
+    assert result.server_resets <= h2_floods.STILLBORN_BURST
+    assert len(tls_server.recorder.submitted) <= h2_floods.STILLBORN_BURST
+    for request_id in tls_server.recorder.submitted:
+        await tls_server.wait_finished(request_id)
+    await assert_still_serves(tls_server, certificate)
+
+
+async def test_a_continuation_flood_is_cut_off_by_h2(
+    tls_server: RunningServer, certificate: Certificate
+) -> None:
+    # CVE-2024-27316's kin: one header block that never ends. h2 refuses a block of more
+    # than CONTINUATION_BACKLOG frames (a connection error, GOAWAY PROTOCOL_ERROR): the
+    # server closes the connection, its header buffer bounded. (With the backlog raised
+    # to a billion, the flood's 10,000 frames were all taken and the connection stayed
+    # open until the flood's read timed out.)
+    frames = flood_frames("continuation", FLOOD)
+
+    result = await flood(tls_server.host, tls_server.port, certificate.client_context(),
+                         frames)
+
+    assert result.server_closed
+    assert result.goaway is not None
+    assert result.goaway.error_code == h2.errors.ErrorCodes.PROTOCOL_ERROR
+    assert tls_server.recorder.submitted == []
+    await assert_still_serves(tls_server, certificate)
+
+
 def started_or_goaway(client: H2Client, stream: H2Stream) -> bool:
     return bool(stream.events) or client.goaway is not None
 
 
+@pytest.mark.parametrize("how", ["client_reset", "window_overflow"])
 async def test_resets_of_streams_that_started_are_bounded(
-    tls_server: RunningServer, certificate: Certificate, monkeypatch: pytest.MonkeyPatch
+    tls_server: RunningServer, certificate: Certificate, monkeypatch: pytest.MonkeyPatch,
+    how: str,
 ) -> None:
-    monkeypatch.setattr(h2_fixes, "RESET_BURST", 5)
-    monkeypatch.setattr(h2_fixes, "RESETS_PER_S", 1.0)
+    # ``window_overflow``: MadeYouReset; the server resets each stream itself.
+    monkeypatch.setattr(h2_floods, "RESET_BURST", 5)
+    monkeypatch.setattr(h2_floods, "RESETS_PER_S", 1.0)
     client = await H2Client.connect(tls_server, certificate)
     started = trio.current_time()
     resets = 0
@@ -139,7 +182,10 @@ async def test_resets_of_streams_that_started_are_bounded(
             stream = await client.post("/v1/stream", stream_body(max_new_tokens=400,
                                                                   ignore_eos=True))
             await client.read_until(partial(started_or_goaway, client, stream))
-            await client.reset(stream)
+            if how == "client_reset":
+                await client.reset(stream)
+            else:
+                await client.overflow_window(stream)
             resets += 1
     await client.read_to_eof()
     elapsed = trio.current_time() - started

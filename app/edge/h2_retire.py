@@ -1,6 +1,6 @@
 """Which HTTP/2 connections a server has, and retiring them all when it drains.
 
-``h2_fixes.GuardedH2Protocol`` registers each connection here under its server
+``h2_protocol.GuardedH2Protocol`` registers each connection here under its server
 (hypercorn's ``Config``). ``goaway_on_drain`` waits for the runtime's drain and then
 retires every one (``GuardedH2Protocol.retire``: a GOAWAY and the close once it has no
 stream running); a connection made during the drain retires once it has started a

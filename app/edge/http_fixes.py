@@ -87,7 +87,7 @@ from hypercorn.typing import (
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from . import h2_fixes
+from . import h2_protocol
 from .write_blocks import write_blocked
 
 log = logging.getLogger("streamscope.http")
@@ -255,7 +255,7 @@ def direct_body_send(
 def install() -> None:
     """Make hypercorn's trio worker (the CLI's ``-k trio`` and ``hypercorn.trio.serve``)
     build ``ClosingTCPServer``s: ``worker_serve`` looks ``TCPServer`` up when it runs;
-    and ``h2_fixes.GuardedH2Protocol`` for HTTP/2 (``h2_fixes.install``). Idempotent.
+    and ``h2_protocol.GuardedH2Protocol`` for HTTP/2 (``h2_protocol.install``). Idempotent.
 
     Raises:
         UnsupportedVersion: hypercorn or h11 is outside ``SUPPORTED_VERSIONS`` (the
@@ -263,7 +263,7 @@ def install() -> None:
     """
     check_versions()
     hypercorn.trio.run.TCPServer = ClosingTCPServer  # type: ignore[misc]
-    h2_fixes.install()  # and its HTTP/2 connections: floods bounded, GOAWAY on drain
+    h2_protocol.install()  # and its HTTP/2 connections: floods bounded, GOAWAY on drain
 
 
 def check_versions(installed: Callable[[str], str] | None = None) -> None:

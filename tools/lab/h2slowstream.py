@@ -2,7 +2,7 @@
 
 HTTP/2 flow control is per stream: a reader may send no WINDOW_UPDATE for one stream and
 go on reading the others on its connection. That stream must be a slow reader under its
-policy, its neighbours unhurt (issue 25, item 2): ``app/edge/h2_fixes.py``'s ``FlowBuffer``
+policy, its neighbours unhurt (issue 25, item 2): ``app/edge/h2_flow.py``'s ``FlowBuffer``
 makes its writer wait, the hub's queue fills, ``pause_drop`` pauses it, then drops it.
 
 Procedure. A run is one HTTP/2 connection in the clear with prior knowledge (h2c: the

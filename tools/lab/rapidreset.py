@@ -1,17 +1,22 @@
-"""``rapidreset``: HTTP/2 floods (CVE-2023-44487 and its kin), and what other clients pay.
+"""``rapidreset``: HTTP/2 floods (CVE-2023-44487, CVE-2025-8671 and their kin), and what
+other clients pay.
 
 A rapid-reset client opens a stream and resets it at once, in a loop, on one connection:
 the server does the work of starting each request, the client none of waiting for it.
-PING and SETTINGS floods make the server answer every frame. ``app/edge/h2_fixes.py``
-gives each connection budgets for all three and answers a flood with GOAWAY
-``ENHANCE_YOUR_CALM`` (issue 25); this measures that bound and its cost to the others.
+MadeYouReset (CVE-2025-8671) does the same without sending a reset: a WINDOW_UPDATE that
+overflows the stream's window makes the server reset the stream itself. PING and SETTINGS
+floods make the server answer every frame. ``app/edge/h2_floods.py`` gives each
+connection budgets for all of them (a reset counts whoever sent it) and answers a flood
+with GOAWAY ``ENHANCE_YOUR_CALM`` (issues 25 and 33); this measures that bound and its
+cost to the others.
 
 Procedure. The attacker is ``python -m tools.h2flood`` in a process of its own (its
 work is neither the server's nor the measuring client's), in the clear with prior
 knowledge (h2c, as ``hypercorn -k trio app:app`` serves without a certificate). It
 builds one flood of each kind, ``--units`` each (default 10,000; quick 2,000): ``reset``,
-HEADERS + DATA (a POST to /v1/stream) + RST_STREAM; ``ping``; ``settings``. Then
-``--rounds`` rounds (default 5; quick 1) of four runs. In each run ``VICTIMS`` streams on
+HEADERS + DATA (a POST to /v1/stream) + RST_STREAM; ``madeyoureset``, HEADERS + DATA +
+a WINDOW_UPDATE of 2^31-1 on the stream; ``ping``; ``settings``. Then
+``--rounds`` rounds (default 5; quick 1) of five runs. In each run ``VICTIMS`` streams on
 HTTP/1.1 connections of their own (greedy, ``ignore_eos``, ``--tokens`` tokens: default
 64, quick 24) are read to their ends, while the attacker does one of (``CONDITIONS``):
 
@@ -20,6 +25,7 @@ HTTP/1.1 connections of their own (greedy, ``ignore_eos``, ``--tokens`` tokens: 
   own, spread over a quiet run's length (that of a warm-up run, not counted);
 * ``reconnect``: floods of the three kinds in turn, back to back for as long: it hangs
   up at each GOAWAY and connects again at once, as an attacker would;
+* ``madeyoureset``: MadeYouReset floods, back to back for as long, reconnecting likewise;
 * ``burn``: no traffic; it keeps one core busy for as long. The control: on a machine
   with few cores an attacker's process takes CPU from the server whatever it sends, and
   this is what that alone costs the victims.
@@ -27,14 +33,17 @@ HTTP/1.1 connections of their own (greedy, ``ignore_eos``, ``--tokens`` tokens: 
 Summary: ``gap_p99_ms_<condition>`` (the median over the rounds of the victims' token gap
 p99), ``p99_ratio_<attack>`` (over quiet; the issue's goal, for ``spread``: at most
 ``P99_GOAL``), ``floods`` and ``floods_enhance_your_calm`` (ended by that GOAWAY),
-``floods_per_s_reconnect``;
-for each kind ``goaway_ms_<kind>`` (median, from the flood connection's start),
-``read_share_<kind>`` (the median share of the flood's bytes the socket had taken when
-the GOAWAY came; the attacker sends no more after it) and, for pings, ``ping_acks_max``
-(answered PINGs, at most ``PING_BURST``); ``attacker_streams_started`` (requests the hub
-opened beyond the victims') and ``attacker_sequences_admitted`` (sequences the engine
-admitted beyond the victims'); ``victims_complete`` (every victim got all of its tokens and
-``done``).
+``floods_per_s_reconnect``; for each kind (``madeyoureset`` included)
+``goaway_ms_<kind>`` (median, from the flood connection's start), ``read_share_<kind>``
+(the median share of the flood's bytes the socket had taken when the GOAWAY came; the
+attacker sends no more after it) and, for pings, ``ping_acks_max`` (answered PINGs, at
+most ``PING_BURST``); ``attacker_streams_started`` (requests the hub opened beyond the
+victims') and ``attacker_sequences_admitted`` (sequences the engine admitted beyond the
+victims'), and ``attacker_streams_started_<attack>`` (the same, of the runs under one
+attack; read from ``/stats`` around each run, so a request the server was still
+cancelling when a run ended counts in the next); ``floods_madeyoureset`` (floods sent)
+and ``server_resets_madeyoureset`` (the RST_STREAMs one such flood drew from the server:
+median); ``victims_complete`` (every victim got all of its tokens and ``done``).
 Plot: the victims' gaps under each condition, as distributions.
 """
 
@@ -47,17 +56,18 @@ from typing import Any
 import h2.errors
 import trio
 
-from app.edge import h2_fixes
-from tools.h2flood import KINDS, Attacker
+from app.edge import h2_floods
+from tools.h2flood import BUILT, Attacker
 from tools.lab._raw import RawStream, host_port
 from tools.lab.common import Lab, Report, experiment, median, ms, pct, plot_gap_cdfs
 
 VICTIMS = 4
 P99_GOAL = 1.5
-ATTACKS = ("spread", "reconnect", "burn")  # tools.h2flood's kinds of round
+ATTACKS = ("spread", "reconnect", "madeyoureset", "burn")  # tools.h2flood's kinds of round
 CONDITIONS = ("quiet", *ATTACKS)
 LABELS = {"quiet": "quiet", "spread": "one flood of each kind, spread over the run",
           "reconnect": "floods back to back, reconnecting",
+          "madeyoureset": "MadeYouReset floods back to back, reconnecting",
           "burn": "control: a process keeping one core busy"}
 ENHANCE_YOUR_CALM = int(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
 
@@ -69,7 +79,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @experiment("rapidreset",
-            "HTTP/2 rapid-reset, PING and SETTINGS floods: GOAWAY, what they start, and "
+            "HTTP/2 rapid-reset, MadeYouReset, PING and SETTINGS floods: GOAWAY, what they "
+            "start, and "
             "other clients' gap p99 against a quiet run",
             arguments=arguments)
 async def rapidreset(lab: Lab) -> Report:
@@ -88,9 +99,12 @@ async def rapidreset(lab: Lab) -> Report:
             for condition in CONDITIONS:
                 attack = None if condition == "quiet" else partial(attacker.start_round,
                                                                    condition)
+                opened = (await lab.stats()).get("opened") or 0
                 run = await _victims(lab.url, prompts, tokens, attack)
                 floods = [] if attack is None else await attacker.round_results()
-                runs.append({"round": index, "condition": condition, **run, "floods": floods})
+                opened = int((await lab.stats()).get("opened") or 0) - int(opened)
+                runs.append({"round": index, "condition": condition, **run, "floods": floods,
+                             "opened": opened})
     after = await lab.wait_idle()
 
     floods = attacker.results
@@ -107,14 +121,19 @@ async def rapidreset(lab: Lab) -> Report:
             sum(len(r["floods"]) for r in runs if r["condition"] == "reconnect")
             / sum(r["duration_s"] for r in runs if r["condition"] == "reconnect"), 1),
         **{f"goaway_ms_{kind}": ms(median([f["goaway_after_s"] for f in floods
-                                           if f["kind"] == kind])) for kind in KINDS},
+                                           if f["kind"] == kind])) for kind in BUILT},
         **{f"read_share_{kind}": _rounded(median([f["sent"] / f["total"] for f in floods
-                                                  if f["kind"] == kind])) for kind in KINDS},
+                                                  if f["kind"] == kind])) for kind in BUILT},
+        "floods_madeyoureset": sum(f["kind"] == "madeyoureset" for f in floods),
+        "server_resets_madeyoureset": median([f["server_resets"] for f in floods
+                                              if f["kind"] == "madeyoureset"]),
         "ping_acks_max": max((f["ping_acks"] for f in floods if f["kind"] == "ping"),
                              default=None),
-        "ping_burst": h2_fixes.PING_BURST,
+        "ping_burst": h2_floods.PING_BURST,
         "attacker_streams_started": _delta(after, before, "opened") - victim_streams,
         "attacker_sequences_admitted": _delta(after, before, "admitted") - victim_streams,
+        **{f"attacker_streams_started_{c}": sum(r["opened"] - VICTIMS for r in runs
+                                                if r["condition"] == c) for c in ATTACKS},
         "victims_complete": all(r["complete"] for r in runs),
         "units": units,
         "rounds": rounds,

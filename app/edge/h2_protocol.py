@@ -1,75 +1,40 @@
-"""Fixes at hypercorn's HTTP/2 edge: per-stream backpressure, floods bounded, a GOAWAY
-when the server drains.
+"""hypercorn's HTTP/2 connection, guarded: ``GuardedH2Protocol``, and ``install``.
 
 Known for hypercorn 0.18 with h2 4 (it overrides ``H2Protocol``'s private
 ``_handle_events`` and reads its ``connection``, ``streams`` and ``_flush``;
 ``http_fixes.check_versions`` holds the hypercorn pin). ``install`` makes hypercorn's
-``ProtocolWrapper`` build ``GuardedH2Protocol`` for every HTTP/2 connection: ALPN ``h2``
-under TLS, prior knowledge or an ``h2c`` upgrade in the clear.
+``ProtocolWrapper`` build ``GuardedH2Protocol`` for every HTTP/2 connection (ALPN ``h2``
+under TLS, prior knowledge or an ``h2c`` upgrade in the clear), and a
+``h2_flow.FlowBuffer`` for each of its streams (per-stream backpressure).
 
-Backpressure. HTTP/2's flow control is per stream: hypercorn sends a stream's DATA as
-its window allows and holds the rest in the stream's ``StreamBuffer``, whose ``push``
-(the app's write) is to wait above ``BUFFER_HIGH_WATER`` (32 KiB) until ``pop`` (the
-sending task) drains it. But ``pop`` releases the writer whenever the chunk it took was
-under the low-water mark, and with the window shut the chunk is empty: every attempt to
-send wakes the writer, with nothing sent. So a reader that stops sending WINDOW_UPDATEs
-for one stream never holds up its writer: hypercorn buffers the whole answer in memory,
-the hub never sees a slow reader, and no policy applies (a probe: a stream whose window
-stayed shut ran to its 400th token, all of it buffered). ``FlowBuffer`` releases the
-writer on what has drained (the buffer under the low-water mark), which makes the app's
-write wait, for that stream only, as a full socket makes it wait over HTTP/1.1. No
-pgjones/hypercorn issue was found for it; the fork anycorn fixed the same ``pop``
-(davidbrochart/anycorn#61). Drop ``FlowBuffer`` when hypercorn's ``pop`` does that, and
-check ``tests/test_http2_backpressure.py`` still passes without it.
-
-Floods (CVE-2023-44487, "rapid reset", and its kin). hypercorn's mitigation
-(pgjones/hypercorn#146, closed by its commit 926c430) is ``keep_alive_max_requests``:
-after 1,000 requests a connection is closed. That bounds nothing per second: a client
-that opens and resets streams in a loop makes the server start a request (a task, the
-route, a prompt's encode, sometimes the engine's admission) for every one of its 1,000,
-and then opens another connection (issue 25's probe put 33 of 300 such streams into the
-engine; one that reset each stream 10 ms after opening it, all 300). And hypercorn
-answers every PING and SETTINGS frame whatever their number. So each
-connection here has three budgets (``FloodBudget``: a token bucket; a burst, refilled at a
-rate): client ``RST_STREAM``s, ``PING``s and ``SETTINGS`` frames. A frame past its
-budget gets ``GOAWAY`` with ``ENHANCE_YOUR_CALM`` and the connection is closed: its
-streams see a disconnect, so their sequences are cancelled like any client's that left.
-A stream that its client reset in the same read that opened it ("stillborn") is never
-started at all: hypercorn would start its request only to cancel it a moment later; and
-such streams have a budget of their own, far smaller, since a real client seldom
-cancels a request before the server could have read it: a rapid-reset connection is cut
-off within its first slice, before its hundredth reset is parsed (an attacker that
-connects again at once made the server parse 100 triples per connection, 40 connections
-a second: ``tools.lab rapidreset``'s ``reconnect``). And
-a read is parsed ``SLICE_BYTES`` at a time: h2 parses all of what it is given before
-anyone can count, and 64 KiB of a flood's small frames held the event loop for tens of
-milliseconds, every other client's stream with it.
-
-The defaults are far above what a browser or an SDK does (a page that closes all of its
-``EventSource``s resets a few dozen streams at once; keep-alive PINGs come seconds apart)
-and far below a flood's rate. What a flood can still make this server start, per
-connection, is at most ``RESET_BURST`` plus ``RESETS_PER_S`` a second plus the streams
-it holds open (``h2_max_concurrent_streams``).
+Floods. Each read is parsed ``h2_floods.SLICE_BYTES`` at a time, and each slice's events
+are judged by the connection's ``h2_floods.FloodBudgets`` before any of them is handled:
+past a budget, nothing of the slice is started and the client gets ``GOAWAY``
+``ENHANCE_YOUR_CALM``. Streams reset in the read that opened them are never started
+(see ``h2_floods``). A connection error h2 finds (a CONTINUATION flood's among them) is
+hung up the same way: its GOAWAY, then the close once the client had time to read it.
 
 Retiring: a GOAWAY when the server drains, or after ``keep_alive_max_requests``.
 ``h2_retire.goaway_on_drain`` (beside hypercorn under ``streamscope serve``, in the app
 under ``hypercorn -k trio app:app``) retires every HTTP/2 connection of a server once its
 runtime drains (and each one made during the drain, once it started a stream): a
-connection with no stream running gets
-``GOAWAY`` (``NO_ERROR``) and is closed at once; one with streams running keeps serving
-them, and new requests on it are answered as over HTTP/1.1 during a drain (503
-``shutdown``, ``Retry-After``), until its last stream has ended: then the GOAWAY and the
-close. Why not the GOAWAY at once, as RFC 9113 allows with streams still running: the
-``h2`` library, under httpx and so under the OpenAI SDK over HTTP/2, closes its side of
-the connection on any GOAWAY and fails every stream still on it
-(python-hyper/h2#1181, open): a drain would cut those streams off, which it promises
-not to. The same retirement replaces hypercorn's own at ``keep_alive_max_requests``
-(an h2 ``close_connection`` in the middle of whatever ran on the connection: every stream
-on it was cut off with no final event); a request past that count gets
-``RST_STREAM`` ``REFUSED_STREAM`` (not processed: the client may retry it elsewhere).
-And when hypercorn itself closes a connection because it stops (its ``terminated``
-Event: an idle connection at once, before the drain may have been seen), the GOAWAY goes
-out first.
+connection with no stream running gets ``GOAWAY`` (``NO_ERROR``) and is closed at once;
+one with streams running keeps serving them, and new requests on it are answered as over
+HTTP/1.1 during a drain (503 ``shutdown``, ``Retry-After``), until its last stream has
+ended: then the GOAWAY and the close. Why not the GOAWAY at once, as RFC 9113 allows with
+streams still running: the ``h2`` library, under httpx and so under the OpenAI SDK over
+HTTP/2, closes its side of the connection on any GOAWAY and fails every stream still on
+it (python-hyper/h2#1181, open): a drain would cut those streams off, which it promises
+not to. The same retirement replaces hypercorn's own at ``keep_alive_max_requests`` (an
+h2 ``close_connection`` in the middle of whatever ran on the connection: every stream on
+it was cut off with no final event); a request past that count gets ``RST_STREAM``
+``REFUSED_STREAM`` (not processed: the client may retry it elsewhere). And when hypercorn
+itself closes a connection because it stops (its ``terminated`` Event: an idle connection
+at once, before the drain may have been seen), the GOAWAY goes out first.
+
+Cancellation, in general: hypercorn runs ``handle`` in the connection's reading task and
+``stream_send`` in each stream's task; a cancel there means the connection or the stream
+is ending, so what must still happen then (the close, the last GOAWAY) is shielded.
 """
 
 from __future__ import annotations
@@ -89,82 +54,18 @@ import trio
 from hypercorn.events import Closed, Event, RawData
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.events import StreamClosed
-from hypercorn.protocol.h2 import (
-    BUFFER_HIGH_WATER,
-    BUFFER_LOW_WATER,
-    BufferCompleteError,
-    H2Protocol,
-    StreamBuffer,
-)
+from hypercorn.protocol.h2 import H2Protocol
 
-from . import h2_retire
-from .write_blocks import write_blocked
+from . import h2_floods, h2_retire
+from .h2_flow import FlowBuffer
 
 log = logging.getLogger("streamscope.http")
 
-# Client RST_STREAMs a connection may send at once, and per second after that.
-RESET_BURST = 100
-RESETS_PER_S = 10.0
-# Of those, of streams reset in the read that opened them (never started).
-STILLBORN_BURST = 16
-STILLBORN_PER_S = 2.0
-# PING frames: keep-alive pings come seconds apart.
-PING_BURST = 50
-PINGS_PER_S = 5.0
-# SETTINGS frames: a client sends one or two.
-SETTINGS_BURST = 20
-SETTINGS_PER_S = 2.0
-# What one parse of h2 takes at most (see GuardedH2Protocol._handle_in_slices): a
-# request's head and a few frames; a quarter of a default frame.
-SLICE_BYTES = 1024
 # After the last GOAWAY, how long the socket stays open for it to be read, and how much
 # of what the client sends meanwhile is read and thrown away (each byte is decrypted: a
 # flood's client goes on sending): see GuardedH2Protocol._hang_up.
 LINGER_S = 1.0
 LINGER_BYTES = 256 * 1024
-
-class FlowBuffer(StreamBuffer):
-    """hypercorn's stream buffer whose writer waits until what it wrote has drained
-    (see the module docstring)."""
-
-    async def push(self, data: bytes) -> None:
-        """Cancellation: the data is buffered; the wait for the drain is given up."""
-        if self._complete:
-            raise BufferCompleteError()
-        self.buffer.extend(data)
-        await self._is_empty.clear()
-        if len(self.buffer) >= BUFFER_HIGH_WATER:
-            write_blocked()  # the window is shut: the hub no longer waits for it
-        while len(self.buffer) >= BUFFER_HIGH_WATER:  # ``close`` empties it
-            await self._paused.clear()
-            await self._paused.wait()
-
-    async def pop(self, max_length: int) -> bytes:
-        data = bytes(self.buffer[:max_length])
-        del self.buffer[:max_length]
-        if len(self.buffer) < BUFFER_LOW_WATER:
-            await self._paused.set()
-        if not self.buffer:
-            await self._is_empty.set()
-        return data
-
-
-class FloodBudget:
-    """A token bucket: ``burst`` at once, refilled at ``per_s`` a second up to ``burst``."""
-
-    def __init__(self, burst: int, per_s: float, now: float) -> None:
-        self.burst, self.per_s = burst, per_s
-        self.tokens = float(burst)
-        self.at = now
-
-    def spend(self, now: float) -> bool:
-        """Take one token at time ``now``; False when none is left."""
-        self.tokens = min(float(self.burst), self.tokens + (now - self.at) * self.per_s)
-        self.at = now
-        if self.tokens < 1.0:
-            return False
-        self.tokens -= 1.0
-        return True
 
 
 class GuardedH2Protocol(H2Protocol):
@@ -172,14 +73,10 @@ class GuardedH2Protocol(H2Protocol):
     (see the module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """hypercorn's override: the connection, its budgets, registered for the drain.
+        Sync."""
         super().__init__(*args, **kwargs)
-        now = trio.current_time()
-        self.budgets = {
-            "RST_STREAM": FloodBudget(RESET_BURST, RESETS_PER_S, now),
-            "stillborn RST_STREAM": FloodBudget(STILLBORN_BURST, STILLBORN_PER_S, now),
-            "PING": FloodBudget(PING_BURST, PINGS_PER_S, now),
-            "SETTINGS": FloodBudget(SETTINGS_BURST, SETTINGS_PER_S, now),
-        }
+        self.budgets = h2_floods.FloodBudgets(trio.current_time())
         self.flooded: str | None = None  # the frame whose budget ran out: cut off
         self.retiring: str | None = None  # why it ends once its streams have: see retire
         self.hung_up = False  # our last GOAWAY went out: what comes in is not parsed
@@ -191,6 +88,13 @@ class GuardedH2Protocol(H2Protocol):
         h2_retire.register(self.config, self)
 
     async def handle(self, event: Event) -> None:
+        """What the socket brought (hypercorn's override): after our last GOAWAY it is
+        thrown away; a large read is parsed in slices; the connection's end is ours.
+
+        Cancellation: propagates (the connection's reading task is being cancelled: the
+        connection ends); a read is then parsed only up to the slice it reached, and the
+        end itself (``Closed``) is shielded.
+        """
         if isinstance(event, RawData) and self.hung_up:
             self._lingered += len(event.data)
             if not event.data or self._lingered > LINGER_BYTES:  # its EOF, or a flood's
@@ -199,8 +103,11 @@ class GuardedH2Protocol(H2Protocol):
         if isinstance(event, Closed):
             await self._handle_closed()
             return
-        if isinstance(event, RawData) and len(event.data) > SLICE_BYTES:
+        if isinstance(event, RawData) and len(event.data) > h2_floods.SLICE_BYTES:
             await self._handle_in_slices(event.data)
+            return
+        if isinstance(event, RawData):
+            await self._receive(event.data)
             return
         await super().handle(event)
 
@@ -245,15 +152,41 @@ class GuardedH2Protocol(H2Protocol):
 
         Cancellation: propagates between slices (the connection is being closed).
         """
-        for start in range(0, len(data), SLICE_BYTES):
+        size = h2_floods.SLICE_BYTES
+        for start in range(0, len(data), size):
             if start:
                 await trio.lowlevel.checkpoint()
             if self.hung_up or self.closed:
                 return
-            await super().handle(RawData(data=data[start:start + SLICE_BYTES]))
+            await self._receive(data[start:start + size])
+
+    async def _receive(self, data: bytes) -> None:
+        """Parse ``data`` and handle its events, as hypercorn's ``handle`` does; but a
+        connection error (h2's ``ProtocolError``: a CONTINUATION flood past h2's
+        ``CONTINUATION_BACKLOG``, a malformed frame) is hung up like a flood. hypercorn
+        closed the socket at once, and with the client's bytes unread the kernel's RST
+        could drop the GOAWAY that h2 had queued: the client would not learn why.
+
+        Cancellation: as ``_handle_events``'s.
+        """
+        try:
+            events = self.connection.receive_data(data)
+        except h2.exceptions.ProtocolError as error:
+            log.info("HTTP/2 connection from %s: %s; GOAWAY, closed", self.client, error)
+            code = getattr(error, "error_code", h2.errors.ErrorCodes.PROTOCOL_ERROR)
+            await self._hang_up(code, str(error))
+            return
+        await self._handle_events(events)
 
     async def _handle_events(self, events: list[h2.events.Event]) -> None:
-        flooded = self._judge(events)
+        """One slice's events (hypercorn's override): judged by the budgets first; those
+        of streams never to start left out; then the retirement checked.
+
+        Cancellation: propagates (from hypercorn's handling: a stream's start, a write);
+        the events after the one it reached are not handled, as the connection is
+        ending (``_handle_closed`` gives every stream its disconnect).
+        """
+        flooded = self.budgets.judge(events, trio.current_time())
         if flooded is not None:
             # Nothing of this read is started; the answers h2 has queued for it (an ACK
             # for every PING and SETTINGS) are not sent.
@@ -268,32 +201,11 @@ class GuardedH2Protocol(H2Protocol):
             self.retiring = "keep_alive_max_requests"
         await self._close_if_done()
 
-    def _judge(self, events: Sequence[h2.events.Event]) -> str | None:
-        """The frame whose budget ``events`` exceed, if any."""
-        now = trio.current_time()
-        opened = {e.stream_id for e in events if isinstance(e, h2.events.RequestReceived)}
-        for event in events:
-            if isinstance(event, h2.events.StreamReset) and event.remote_reset:
-                if event.stream_id in opened and not self.budgets[
-                        "stillborn RST_STREAM"].spend(now):
-                    return "stillborn RST_STREAM"
-                frame = "RST_STREAM"
-            elif isinstance(event, h2.events.PingReceived):
-                frame = "PING"
-            elif isinstance(event, h2.events.RemoteSettingsChanged):
-                frame = "SETTINGS"
-            else:
-                continue
-            if not self.budgets[frame].spend(now):
-                return frame
-        return None
-
     def _triage(self, events: Sequence[h2.events.Event]) -> list[h2.events.Event]:
         """``events`` less those of streams never to start: reset in this same read
         (stillborn), past ``keep_alive_max_requests`` (refused), or already gone. Their
         DATA still counts against the connection's window, which is handed back."""
-        reset_now = {e.stream_id for e in events
-                     if isinstance(e, h2.events.StreamReset) and e.remote_reset}
+        reset_now = {e.stream_id for e in events if h2_floods.is_reset(e)}
         opened: set[int] = set()  # streams this read starts
         skipped: set[int] = set()
         kept: list[h2.events.Event] = []
@@ -323,6 +235,11 @@ class GuardedH2Protocol(H2Protocol):
         return kept
 
     async def _create_stream(self, request: h2.events.RequestReceived) -> None:
+        """A stream's start (hypercorn's override), its id noted for the GOAWAY.
+
+        Cancellation: propagates (hypercorn's start of the stream's task); the id is
+        noted before, so a GOAWAY names it whether or not it started.
+        """
         if request.stream_id % 2:  # the client's (an h2c upgrade's stream 1 comes here too)
             self.last_started = max(self.last_started, request.stream_id)
         await super()._create_stream(request)
@@ -333,7 +250,10 @@ class GuardedH2Protocol(H2Protocol):
             self.connection.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
 
     async def _cut_off(self, frame: str) -> None:
-        """GOAWAY (ENHANCE_YOUR_CALM); every stream sees a disconnect at once."""
+        """GOAWAY (ENHANCE_YOUR_CALM); every stream sees a disconnect at once.
+
+        Cancellation: as ``_hang_up``'s.
+        """
         self.flooded = frame
         log.warning("HTTP/2 connection from %s: too many %s frames (%d streams started, "
                     "%d reset before they started); GOAWAY (ENHANCE_YOUR_CALM), closed",
@@ -350,6 +270,12 @@ class GuardedH2Protocol(H2Protocol):
             self.task_group.spawn(self._close_if_done)
 
     async def stream_send(self, event: StreamEvent) -> None:
+        """A stream's event to the client (hypercorn's override); after a stream's last,
+        the retirement's close if it was the last stream.
+
+        Cancellation: propagates from hypercorn's send (the stream's task is being
+        cancelled: its buffer is closed with the stream); the close is shielded.
+        """
         await super().stream_send(event)
         if isinstance(event, StreamClosed):
             await self._close_if_done()
@@ -369,12 +295,18 @@ class GuardedH2Protocol(H2Protocol):
         unread bytes in it (a flood's, or a request sent before the client read the
         GOAWAY) makes the kernel send an RST, and the client's kernel may then drop the
         GOAWAY before it was read. What the client sends meanwhile is thrown away.
+
+        Cancellation: propagates from the GOAWAY's write or a stream's close (the
+        connection's task is being cancelled: it ends, and ``_handle_closed``, shielded,
+        gives every stream left its disconnect and closes the socket).
         """
         await self._goaway(error_code, why)
         await H2Protocol.handle(self, Closed())  # the streams' disconnects, not the socket's
         self.task_group.spawn(self._close_after_linger)
 
     async def _goaway(self, error_code: h2.errors.ErrorCodes, why: str) -> None:
+        """Cancellation: propagates from the write (the connection is ending); ``hung_up``
+        is set and h2 has the GOAWAY queued before it."""
         self.hung_up = True
         with contextlib.suppress(h2.exceptions.ProtocolError):  # h2 has closed already
             self.connection.close_connection(error_code=error_code,
