@@ -21,7 +21,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.settings import Settings
+from app.settings import Settings, SettingsError
 from engine import GenerationRequest, SamplingParams
 from tests.http_server import RecordingEngine, RunningServer, StartServer
 from tests.test_nginx import Nginx, deploy_conf, nginx  # noqa: F401 (a fixture)
@@ -122,6 +122,35 @@ async def test_cache_salt_splits_a_keys_cache_and_the_same_salt_shares(
     assert await hits_of(server, KEY_A, p) == 0  # no salt: a namespace of its own
     assert await hits_of(server, KEY_A, p, cache_salt="alice") > 0
     assert await hits_of(server, KEY_B, p, cache_salt="alice") == 0  # the salt is per key
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/messages", "/v1/stream"])
+async def test_every_route_takes_cache_salt(
+    start_server: StartServer, chat_model: LoadedModel, words: tuple[str, str], path: str,
+) -> None:
+    server = await start(start_server, chat_model)
+    p, _ = words
+
+    async def hits(salt: str) -> int:
+        before = server.recorder.statistics().prefix_cache_hits
+        body: dict[str, Any] = {"max_tokens": 2, "cache_salt": salt, "model": "tiny"}
+        if path == "/v1/messages":
+            body["messages"] = [{"role": "user", "content": p}]
+        elif path == "/v1/completions":
+            body["prompt"] = p
+        else:
+            body = {"prompt": p, "max_new_tokens": 2, "cache_salt": salt}
+        async with server.client() as client:
+            response = await client.post(path, json=body,
+                                         headers={"Authorization": f"Bearer {KEY_A}"})
+        assert response.status_code == 200, response.text
+        await server.wait_for(lambda: server.hub.statistics().streams_open == 0,
+                              "the stream to end")
+        return server.recorder.statistics().prefix_cache_hits - before
+
+    assert await hits("one") == 0
+    assert await hits("two") == 0
+    assert await hits("one") > 0
 
 
 async def test_the_keyless_server_still_shares_between_its_requests(
@@ -247,3 +276,11 @@ async def _expect_private(url: str) -> None:
             response = await client.get(httpx.URL(url + path))
             assert response.status_code == 404, (path, response.text)
             assert "streamscope_" not in response.text and "blocks" not in response.text
+
+
+def test_a_short_metrics_token_stops_the_server_and_is_never_echoed() -> None:
+    short = "scrape-me-" + "9" * 10
+    with pytest.raises(SettingsError, match="STREAMSCOPE_METRICS_TOKEN") as caught:
+        Settings.from_env({"STREAMSCOPE_METRICS_TOKEN": short})
+    assert short not in str(caught.value)
+    assert METRICS_TOKEN not in repr(Settings(metrics_token=METRICS_TOKEN))
