@@ -16,8 +16,10 @@ and every owned id derives from. Names and keys are unique; errors name the entr
 never a key.
 
 Derived keys, HKDF-style (``HMAC-SHA256(api_key, label)``, one label each): the *token
-key* signs read tokens, the *owner key* tags owned ids. Neither is the API key, neither
-opens anything the other does, and a token in a log does not give the key away.
+key* signs read tokens, the *owner key* tags owned ids, the *cache key* names the key's
+prefix-cache namespaces (``cache_namespace``). None is the API key, none opens anything
+another does, and a token in a log does not give the key away. Every replica with the
+same keys derives the same ones: a stream rebuilt elsewhere finds its key's blocks.
 
 Read token (``stream_token``): ``<expiry>.<mac>``, the expiry in whole Unix seconds (a
 wall clock, so that every replica and a restarted one read it alike), the mac
@@ -45,6 +47,9 @@ MAX_NAME_CHARS = 64
 SINGLE_KEY_NAME = "default"  # STREAMSCOPE_API_KEY's name
 TOKEN_LABEL = b"streamscope stream token"
 OWNER_LABEL = b"streamscope stream owner"
+CACHE_LABEL = b"streamscope prefix cache"
+# The keyless server's one tenant: its cache key (a constant: nothing to keep apart).
+KEYLESS_CACHE_KEY = b"streamscope keyless prefix cache"
 _RANDOM_HEX = 16  # an owned id: this many random hex digits, then as many of its tag
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 _FIELDS = frozenset({"name", "key", "max_streams"})
@@ -137,7 +142,7 @@ class Credential:
     All comparisons are ``hmac.compare_digest`` over fixed-length values.
     """
 
-    __slots__ = ("_digest", "_owner_key", "_token_key", "max_streams", "name")
+    __slots__ = ("_digest", "_owner_key", "_token_key", "cache_key", "max_streams", "name")
 
     def __init__(self, key: ApiKey) -> None:
         self.name = key.name
@@ -145,6 +150,7 @@ class Credential:
         self._digest = hashlib.sha256(key.key.encode("ascii")).digest()
         self._token_key = derive(key.key, TOKEN_LABEL)
         self._owner_key = derive(key.key, OWNER_LABEL)
+        self.cache_key = derive(key.key, CACHE_LABEL)
 
     def matches(self, presented: bytes) -> bool:
         """Whether ``presented`` (a bearer token's bytes) is this key (constant time)."""
@@ -184,6 +190,13 @@ class Credential:
     def _owner_tag(self, random: str) -> str:
         return hmac.new(self._owner_key, random.encode("ascii"),
                         hashlib.sha256).hexdigest()[:_RANDOM_HEX]
+
+
+def cache_namespace(cache_key: bytes, salt: bytes) -> bytes:
+    """The prefix-cache namespace of a key (its ``cache_key``) and a request's
+    ``cache_salt`` (b"" for none): ``HMAC-SHA256(cache_key, "cache_salt:" + salt)``, so
+    that no two keys, and no two salts of one key, share a cached block."""
+    return hmac.new(cache_key, b"cache_salt:" + salt, hashlib.sha256).digest()
 
 
 def token_expiry(now: float, ttl_s: float) -> int:

@@ -33,6 +33,11 @@ another. The token is signed with a key derived from the API key, never the key 
 which never travels in a cookie (browsers send a cookie to every port of the host) nor in
 a URL. The page itself and its script show no request data and are open.
 
+Tenants apart (docs/security.md): ``owned_request`` also puts every request in its key's
+prefix-cache namespace (``api_keys.cache_namespace``, split further by the body's
+``cache_salt``), so a key never finds another key's prompt cached; ``/metrics`` needs
+``STREAMSCOPE_METRICS_TOKEN`` when it is set (``guard_metrics``).
+
 The comparisons are ``hmac.compare_digest``, the key's over SHA-256 digests, each key
 compared: their time depends on neither the secret's value nor its length.
 """
@@ -48,7 +53,14 @@ from quart import Quart, g, request
 from engine import FinishEvent, GenerationRequest
 from streams import StreamError, StreamItem
 
-from .api_keys import Credential, all_keys, token_expiry
+from .api_keys import (
+    KEYLESS_CACHE_KEY,
+    ApiKey,
+    Credential,
+    all_keys,
+    cache_namespace,
+    token_expiry,
+)
 from .edge.connection import own
 from .errors import ApiError, ErrorType
 from .metrics import RequestTimer
@@ -56,7 +68,9 @@ from .settings import Settings
 
 # Probes and scrapers (load balancers, orchestrators, Prometheus) carry no key, nor does
 # a browser loading the page (routes/page.py); these show no request data.
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/", "/page.js"})
+# /metrics needs STREAMSCOPE_METRICS_TOKEN instead, when it is set (guard_metrics).
+METRICS_PATH = "/metrics"
+OPEN_PATHS = frozenset({"/health", "/ready", METRICS_PATH, "/", "/page.js"})
 # EventSource sends no headers: the one route a stream's read token opens, for that id.
 STREAM_READ_PREFIX = "/v1/stream/"
 STREAM_TOKEN_PARAM = "token"
@@ -140,7 +154,10 @@ class SlotObserver:
 
 def register_auth(app: Quart, settings: Settings) -> None:
     """Require one of the settings' keys as a bearer token on every route but
-    ``OPEN_PATHS``, and count the keys' streams; no key set: off."""
+    ``OPEN_PATHS``, and count the keys' streams; no key set: off. With a metrics token,
+    ``/metrics`` requires it (``guard_metrics``), keys or none."""
+    if settings.metrics_token is not None:
+        guard_metrics(app, settings.metrics_token)
     credentials = [Credential(k) for k in all_keys(settings.api_key, settings.api_keys)]
     if not credentials:
         return
@@ -173,6 +190,22 @@ def register_auth(app: Quart, settings: Settings) -> None:
         setattr(g, _ACCESS, Access(credential, slot, ttl_s))
 
 
+def guard_metrics(app: Quart, token: str) -> None:
+    """``/metrics`` needs ``Authorization: Bearer <token>`` (the metrics token),
+    compared as an API key is (``Credential.matches``); no API key opens it."""
+    scraper = Credential(ApiKey("metrics", token))
+
+    @app.before_request
+    async def require_metrics_token() -> None:
+        """Raises ApiError unauthorized (401). Cancellation: no checkpoint."""
+        if request.path != METRICS_PATH:
+            return
+        presented = bearer_token(request.headers.get("Authorization", ""))
+        if presented is None or not scraper.matches(presented.encode("latin-1")):
+            raise ApiError(ErrorType.UNAUTHORIZED, "a valid metrics token is required: "
+                           "send Authorization: Bearer <STREAMSCOPE_METRICS_TOKEN>")
+
+
 def _access() -> Access | None:
     """This request's access; None on a server without keys."""
     access: Access | None = getattr(g, _ACCESS, None)
@@ -180,11 +213,19 @@ def _access() -> Access | None:
 
 
 def owned_request(generation: GenerationRequest) -> GenerationRequest:
-    """``generation`` with an id that this request's key owns (unchanged without one)."""
+    """``generation`` with an id that this request's key owns (unchanged without one), in
+    its key's prefix-cache namespace: ``cache_namespace`` holds the body's
+    ``cache_salt`` (``schemas.salt_bytes``) and becomes the namespace of the key and that
+    salt (``api_keys.cache_namespace``; the keyless server's one tenant has a fixed key),
+    so that no key's request finds another key's prompt blocks cached."""
     access = _access()
-    if access is None or access.credential is None:
-        return generation
-    return dataclasses.replace(generation, request_id=access.credential.new_owned_id())
+    credential = None if access is None else access.credential
+    cache_key = KEYLESS_CACHE_KEY if credential is None else credential.cache_key
+    namespace = cache_namespace(cache_key, generation.cache_namespace)
+    if credential is None:
+        return dataclasses.replace(generation, cache_namespace=namespace)
+    return dataclasses.replace(generation, request_id=credential.new_owned_id(),
+                               cache_namespace=namespace)
 
 
 def may_see(request_id: str) -> bool:

@@ -13,7 +13,7 @@ framework; this module chooses the ``ApiError`` that answers an exception
     │   └── (the others)           ->  invalid_request       422
     ├── streams.HubError
     │   ├── WaitingLimitReached    ->  too_many_waiting      429  + Retry-After
-    │   ├── DeadlineUnmeetable     ->  deadline_unmeetable   429  + Retry-After, estimate_ms
+    │   ├── DeadlineUnmeetable     ->  deadline_unmeetable   429  + Retry-After (coarse)
     │   └── NotAccepting           ->  not_ready | shutdown | unavailable   503
     ├── werkzeug HTTPException     ->  not_found 404, method_not_allowed 405 (+ Allow),
     │                                  request_timeout 408, body_too_large 413, else bad_request
@@ -82,11 +82,9 @@ def api_error_for(exc: BaseException) -> ApiError:
         case streams.WaitingLimitReached():
             return ApiError(ErrorType.TOO_MANY_WAITING, str(exc), retry_after_s=exc.retry_after_s)
         case streams.DeadlineUnmeetable():
-            estimate = None if exc.estimate_ms is None else round(exc.estimate_ms, 1)
+            # No estimate: it would tell a cached prompt from a fresh one (docs/security.md).
             return ApiError(ErrorType.DEADLINE_UNMEETABLE, str(exc),
-                            retry_after_s=exc.retry_after_s,
-                            detail={"estimate_ms": estimate,
-                                    "deadline_left_ms": round(max(exc.left_ms, 0.0), 1)})
+                            retry_after_s=exc.retry_after_s)
         case streams.NotAccepting():
             kind = _NOT_ACCEPTING_TYPES.get(exc.state, ErrorType.UNAVAILABLE)
             return ApiError(kind, str(exc))

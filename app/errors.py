@@ -56,7 +56,7 @@ class ApiError(Exception):
         retry_after_s: sent as ``Retry-After`` (whole seconds, rounded up).
         allow: the methods a 405 sends in ``Allow``.
         detail: more fields of the error object, after ``type`` and ``message``
-            (``deadline_unmeetable``: ``estimate_ms`` and ``deadline_left_ms``).
+            (none today).
     """
 
     def __init__(

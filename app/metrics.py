@@ -35,6 +35,13 @@ ended otherwise: its client left, mostly). So the sum over reasons equals ``/sta
 ``opened`` once no stream is open. Generated tokens count tokens taken by readers:
 those the engine made after a client left are not in it.
 
+Who may scrape. ``/metrics`` is open unless ``STREAMSCOPE_METRICS_TOKEN`` is set (then
+``auth.py`` requires it as a bearer token). Open, it leaves out the prefix-cache series
+(``TENANT_SERIES``): they move by a token count when a request finds its prompt cached,
+so a stranger reading them learns when some key repeats a prompt (before per-key cache
+namespaces, which key B's prompt key A had just sent: docs/security.md). The rest are
+server-wide load figures a balancer or autoscaler reads without a secret.
+
 Cost on the per-token path: one ``time.monotonic()``, one histogram observation (a
 lock and a walk over 19 bounds) and one counter increment, a few microseconds; no
 labels are looked up per token.
@@ -80,9 +87,12 @@ class Metrics:
 
     Args:
         statistics: ``Runtime.statistics``; read at every scrape for the gauges.
+        tenant_series: whether the exposition has ``TENANT_SERIES`` (only when a
+            scrape needs a credential, ``STREAMSCOPE_METRICS_TOKEN``).
     """
 
-    def __init__(self, statistics: Callable[[], Mapping[str, Any]]) -> None:
+    def __init__(self, statistics: Callable[[], Mapping[str, Any]], *,
+                 tenant_series: bool = False) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.time_to_first_token = Histogram(
@@ -121,7 +131,7 @@ class Metrics:
         self.disconnects = Counter(
             "streamscope_client_disconnects",
             "Clients that left before their response was complete.", registry=r)
-        r.register(RuntimeCollector(statistics))
+        r.register(RuntimeCollector(statistics, tenant_series))
 
     def start_request(self) -> RequestTimer:
         """A timer for one request, started now (call it first thing in the route)."""
@@ -295,16 +305,26 @@ _DEADLINE_COUNTERS = (
 )
 
 
-class RuntimeCollector(Collector):
-    """Gauges (and the hub's counters) read from ``/stats`` at scrape time."""
+# The series that say when some key's prompt was found cached (see the module docstring).
+TENANT_SERIES = frozenset({"streamscope_prefix_cache_queries", "streamscope_prefix_cache_hits",
+                           "streamscope_kv_cache_blocks_cached",
+                           "streamscope_kv_cache_blocks_filled",
+                           "streamscope_kv_cache_blocks_evicted"})
 
-    def __init__(self, statistics: Callable[[], Mapping[str, Any]]) -> None:
+
+class RuntimeCollector(Collector):
+    """Gauges (and the hub's counters) read from ``/stats`` at scrape time; without
+    ``tenant_series``, none of ``TENANT_SERIES``."""
+
+    def __init__(self, statistics: Callable[[], Mapping[str, Any]],
+                 tenant_series: bool = False) -> None:
         self._statistics = statistics
+        self._hidden = frozenset() if tenant_series else TENANT_SERIES
 
     def collect(self) -> Iterable[Metric]:
         stats = self._statistics()
         for name, key, doc in _GAUGES:
-            if stats.get(key) is not None:
+            if stats.get(key) is not None and name not in self._hidden:
                 yield GaugeMetricFamily(name, doc, value=stats[key])
         total, free = stats.get("blocks_total"), stats.get("blocks_free")
         if total is not None and free is not None:
@@ -319,7 +339,8 @@ class RuntimeCollector(Collector):
         for name, key, doc in _DEADLINE_COUNTERS:
             yield CounterMetricFamily(name, doc, value=stats.get(key) or 0)
         for name, key, doc in _ENGINE_COUNTERS + _RESUME_COUNTERS:
-            yield CounterMetricFamily(name, doc, value=stats.get(key) or 0)
+            if name not in self._hidden:
+                yield CounterMetricFamily(name, doc, value=stats.get(key) or 0)
 
 
 def make_metrics_blueprint(metrics: Metrics) -> Blueprint:

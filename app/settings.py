@@ -49,7 +49,8 @@ MAX_MODEL_NAME_CHARS = 256
 _MEMORY_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9,
                  "kib": 2**10, "mib": 2**20, "gib": 2**30}
 _HUB_LIMITS = ("queue_limit", "stall_timeout_s", "max_waiting")
-_SECRETS = frozenset({"api_key", "api_keys", "resume_store", "resume_secret"})  # never echoed
+_SECRETS = frozenset({"api_key", "api_keys", "resume_store", "resume_secret",  # never echoed
+                      "metrics_token"})
 
 PositiveInt = Annotated[int, Field(ge=1)]
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -336,6 +337,11 @@ class Settings(BaseSettings):
             stall_timeout_s=self.stall_timeout_s, max_waiting=self.max_waiting,
             shutdown_grace_s=self.shutdown_grace_s)
         return self
+
+    # -- tenant isolation (docs/security.md) --
+    metrics_token: Annotated[str, Field(min_length=32)] | None = _setting(None,
+        "GET /metrics needs Authorization: Bearer <this> (at least 32 characters); unset: "
+        "/metrics is open but leaves out the prefix-cache series", shown="(none)", repr=False)
 
 
 def settings_table() -> list[tuple[str, str, str]]:

@@ -69,7 +69,6 @@ from .inbox import Op
 from .logprobs import TokenTexts
 from .model_side import ModelSource, Runner
 from .passes import StepPasses
-from .prefix_cache import cached_tokens, statistics_of
 from .scheduler import Scheduler, StepPlan
 from .sequence import Sequence
 from .step_timing import StepTiming
@@ -298,13 +297,16 @@ class Engine:
         """The state at the last step boundary."""
         return self._snapshot
 
-    def estimate_ttft_ms(self, prompt_tokens: int, prompt_ids: Seq[int] = ()) -> float | None:
+    def estimate_ttft_ms(self, prompt_tokens: int, prompt_ids: Seq[int] = (),
+                         cache_namespace: bytes = b"") -> float | None:
         """How long until a request of ``prompt_tokens`` submitted now gets its first
         token, in ms, by the measured step costs; None before any was measured
-        (``ttft.TtftEstimator``), less its ids' cached prefix. Thread-safe: it reads the
-        last step boundary's state.
+        (``ttft.TtftEstimator``), less its ids' cached prefix in ``cache_namespace``
+        (the request's: another namespace's blocks are never counted). Thread-safe: it
+        reads the last step boundary's state.
         """
-        cached = cached_tokens(self.allocator, prompt_ids, self._ttft.ahead)
+        cached = self.scheduler.prefix.cached_tokens(prompt_ids, self._ttft.ahead,
+                                                     cache_namespace)
         return self._ttft.estimate_ms(prompt_tokens - cached)
 
     # -- the step: only its one caller runs it --------------------------------
@@ -384,7 +386,7 @@ class Engine:
             preemptions=scheduler.num_preemptions,
             recomputed_tokens=scheduler.num_recomputed_tokens,
             step_margin=self.costs.margin(),
-            **statistics_of(self.allocator),  # the prefix cache's counters
+            **self.scheduler.prefix.statistics(),  # the prefix cache's counters
             running=len(scheduler.running),
             waiting=len(scheduler.waiting),
             paused=scheduler.num_paused,

@@ -7,38 +7,37 @@ one, pauses and resumes flip a flag. Then ``expire_deadlines`` finishes (DEADLIN
 each sequence past its ``ttft_deadline`` whose prefill has not begun: a deadline
 never ends a sequence that has a token.
 
-``schedule`` first gives every decode row the block its next position falls in
-(blocks on demand, ``admission.OnDemandAdmission``): a sequence holds the blocks of
-the positions it has written plus the one it writes next. When a row needs a block
-and none is free, the scheduler preempts by recompute: the victim is the most
-recently admitted running sequence (the one that has had the least service, as vLLM
-does; possibly the row itself), its blocks are released through the one release
-path, and it goes back to the head of the waiting queue holding its tokens;
-readmitted, it prefills its prompt plus the tokens it generated but the last
-(``Sequence.forget_cache``) and then decodes on, sampling nothing twice. In a step
-that preempted, nobody is admitted (the victim would only be evicted again). Then it
-admits waiting sequences in arrival order while there is a batch slot and free blocks
-for a sequence's prefill, with ``watermark`` of the blocks left over when others run
-(so that a new arrival does not at once cause a preemption); how many positions a
-table covers at admission is the admission policy's (``admission.AdmissionPolicy``:
-an injected one that covers all a sequence can need is never preempted). Admission
-stops at the first one that does not fit, so a long request is never overtaken
-forever by short ones, or (prefix cache) that would compute a block another's prefill
-is computing (``prefix_cache.waits_for``: it shares it once committed). It takes the
-decode rows (every running, unpaused sequence whose prefill is done) and then the
+``schedule`` first gives every decode row the block its next position falls in (blocks
+on demand, ``admission.OnDemandAdmission``): a sequence holds the blocks of the
+positions it has written plus the one it writes next. When a row needs a block and none
+is free, the scheduler preempts by recompute: the victim is the most recently admitted
+running sequence (the one that has had the least service, as vLLM does; possibly the row
+itself), its blocks are released through the one release path, and it goes back to the
+head of the waiting queue holding its tokens; readmitted, it prefills its prompt plus
+the tokens it generated but the last (``Sequence.forget_cache``) and then decodes on,
+sampling nothing twice. In a step that preempted, nobody is admitted (the victim would
+only be evicted again). Then it admits waiting sequences in arrival order while there is
+a batch slot and free blocks for a sequence's prefill, with ``watermark`` of the blocks
+left over when others run (so that a new arrival does not at once cause a preemption);
+how many positions a table covers at admission is the admission policy's
+(``admission.AdmissionPolicy``: an injected one that covers all a sequence can need is
+never preempted). Admission stops at the first one that does not fit, so a long request
+is never overtaken forever by short ones, or (``PrefixCache.waits_for``) that would
+compute a block another's prefill is computing: it shares it once committed. It takes
+the decode rows (every running, unpaused sequence whose prefill is done) and then the
 prefills (fresh prompts and recomputes) of this step, in arrival order, within the
 step's prefill budget: ``max_prefill_tokens``, or fewer with a step-time target
-(``max_step_ms``), what the measured costs (``costs.StepCosts``) say fits beside
-this step's decode rows (a step with nothing to decode keeps the whole budget: no
-stream waits for it). A prompt that fits the budget's room is prefilled
-whole; one that does not waits for the next step, unless it is the first: then
-it is cut (chunked prefill), its first chunk fills the budget, and the rest
-follows in the next steps, so a long prompt never stalls the running streams
-for longer than the budget. Its first token comes with its last chunk. With a
-step-time target a chunk counts its cached prefix too (``costs.cost_tokens``), so
-a long prompt's late chunks, which attend over more positions, are cut shorter, and
-the budget is planned within the target over the measured margin (``costs.StepCosts.
-margin``): such a step's plan (``StepPlan.planned_ms``) is compared with what it took.
+(``max_step_ms``), what the measured costs (``costs.StepCosts``) say fits beside this
+step's decode rows (a step with nothing to decode keeps the whole budget: no stream
+waits for it). A prompt that fits the budget's room is prefilled whole; one that does
+not waits for the next step, unless it is the first: then it is cut (chunked prefill),
+its first chunk fills the budget, and the rest follows in the next steps, so a long
+prompt never stalls the running streams for longer than the budget. Its first token
+comes with its last chunk. With a step-time target a chunk counts its cached prefix too
+(``costs.cost_tokens``), so a long prompt's late chunks, which attend over more
+positions, are cut shorter, and the budget is planned within the target over the
+measured margin (``costs.StepCosts.margin``): such a step's plan
+(``StepPlan.planned_ms``) is compared with what it took.
 
 ``record_token`` is the per-sequence error boundary: it turns one sampled token
 (or the exception its sampling raised) into events, running the detokenizer and
@@ -64,7 +63,7 @@ from .block_allocator import BlockAllocator
 from .costs import StepCosts, cost_tokens, tokens_within
 from .inbox import Inbox, Op
 from .logprobs import Outcome, Sampled, event_logprobs, token_id_of
-from .prefix_cache import admit, commit, defer, fits, in_flight, waits_for
+from .prefix_cache import PrefixCache
 from .sequence import Chunk, Sequence, SequenceState
 from .types import EngineEvent, FinishEvent, FinishReason, TokenEvent
 
@@ -125,6 +124,7 @@ class Scheduler:
         if not 0 <= watermark < 1:
             raise ValueError(f"watermark must be in [0, 1), got {watermark}")
         self.allocator = allocator
+        self.prefix = PrefixCache(allocator)
         self.clock = clock
         self.max_batch = max_batch
         self.max_prefill_tokens = max_prefill_tokens
@@ -250,7 +250,7 @@ class Scheduler:
         """A prefilled chunk: its positions are cached; a fresh prompt's last chunk
         brings the first token (or the exception that sampling it raised)."""
         chunk.seq.num_prefilled = chunk.end
-        commit(self.allocator, chunk.seq, chunk.end)  # prefix cache: its full blocks
+        self.prefix.commit(chunk.seq, chunk.end)  # prefix cache: its full blocks
         self.num_recomputed_tokens += max(min(chunk.end, chunk.seq.num_lost) - chunk.start, 0)
         return [] if token is None else self.record_token(chunk.seq, token)
 
@@ -272,7 +272,7 @@ class Scheduler:
         except Exception as exc:
             return [self.finish(seq, FinishReason.ERROR, error=f"token {index} failed: {exc!r}")]
         seq.generated_ids.append(token_id)
-        commit(self.allocator, seq, seq.num_cached)  # prefix cache: its full blocks
+        self.prefix.commit(seq, seq.num_cached)  # prefix cache: its full blocks
         events: list[EngineEvent] = [TokenEvent(seq.request_id, index, token_id, text,
                                                 logprobs)]
         if reason is not None:
@@ -324,23 +324,23 @@ class Scheduler:
         """Whether ``seq`` fits now (the watermark only while others run: alone, one
         that fits the cache at all is admitted)."""
         headroom = self.watermark_blocks if self.running else 0
-        return fits(self.allocator, seq, self.admission.positions_at_admission(seq), headroom)
+        return self.prefix.fits(seq, self.admission.positions_at_admission(seq), headroom)
 
     def _admit(self) -> None:
-        pending = in_flight(self.allocator, self.running.values())  # prefix cache: shared
+        pending = self.prefix.in_flight(self.running.values())  # prefix cache: shared
         while self.waiting and len(self.running) < self.max_batch:
             head = self.waiting[0]
-            if (not self._fits(head) or waits_for(self.allocator, head, pending)
-                    or defer(self.allocator, self.running, self.max_prefill_tokens)):
+            if (not self._fits(head) or self.prefix.waits_for(head, pending)
+                    or self.prefix.defer(self.running, self.max_prefill_tokens)):
                 break
             self.waiting.popleft()
             positions = self.admission.positions_at_admission(head)
             # Invariant: a new table each time (never reused after its release).
-            head.block_table = admit(self.allocator, head, positions)  # + a cached prefix
+            head.block_table = self.prefix.admit(head, positions)  # + a cached prefix
             head.state = SequenceState.RUNNING
             self.running[head.request_id] = head
             self.num_admitted += 1
-            pending |= in_flight(self.allocator, [head])  # the next waits for these
+            pending |= self.prefix.in_flight([head])  # the next waits for these
 
     def _grow_decoding(self) -> bool:
         """Give every decode row the block its next position falls in, preempting the

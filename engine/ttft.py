@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .prefix_cache import expected_hit_tokens, in_flight, prefill_digests
 from .scheduler import Scheduler
 from .step_timing import StepTiming
 
@@ -43,12 +42,12 @@ class Boundary:
     def of(cls, scheduler: Scheduler) -> Boundary:
         """Take it now (the stepping thread, between steps). A waiting sequence computes
         neither its cached prefix nor what those ahead of it compute (``waits_for``)."""
-        allocator = scheduler.allocator
-        ahead = in_flight(allocator, scheduler.running.values())
+        prefix = scheduler.prefix
+        ahead = prefix.in_flight(scheduler.running.values())
         shared = 0
         for seq in scheduler.waiting:
-            shared += expected_hit_tokens(allocator, seq, ahead)
-            ahead.update(prefill_digests(allocator, seq))
+            shared += prefix.expected_hit_tokens(seq, ahead)
+            ahead.update(prefix.prefill_digests(seq))
         return cls(
             to_prefill=scheduler.prompt_tokens_to_prefill() - shared,
             decoding=scheduler.num_decoding,

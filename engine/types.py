@@ -48,6 +48,11 @@ class GenerationRequest:
     ``prompt_token_ids``, when given, are the prompt's token ids as the engine's own
     ``tokenize(prompt)`` returned them: the engine then does not encode the prompt
     again, so a caller can encode it in advance, off its event loop.
+
+    ``cache_namespace``: the prefix cache's namespace, opaque bytes (at most
+    ``MAX_NAMESPACE_BYTES``): the request's block identities chain from a root derived
+    from it (``prefix_cache.root_of``), so it shares cached blocks only with requests of
+    the same namespace. The app derives one per API key (and ``cache_salt``).
     """
 
     request_id: str
@@ -60,6 +65,7 @@ class GenerationRequest:
     # request still waiting then, its prefill not begun, is finished with DEADLINE at
     # the next step boundary (``Scheduler.expire_deadlines``).
     ttft_deadline: float | None = None
+    cache_namespace: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import InvalidMaxNewTokens, InvalidSampling, InvalidTokenId
+from .errors import InvalidMaxNewTokens, InvalidRequest, InvalidSampling, InvalidTokenId
+from .prefix_cache import MAX_NAMESPACE_BYTES
 from .types import GenerationRequest, SamplingParams
 
 MIN_TEMPERATURE = 0.0
@@ -36,6 +37,9 @@ def validate_request(request: GenerationRequest) -> None:
     max_new = request.max_new_tokens
     if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
         raise InvalidMaxNewTokens(f"max_new_tokens must be an integer >= 1, got {max_new!r}")
+    namespace = request.cache_namespace
+    if not isinstance(namespace, bytes) or len(namespace) > MAX_NAMESPACE_BYTES:
+        raise InvalidRequest(f"cache_namespace must be at most {MAX_NAMESPACE_BYTES} bytes")
     validate_sampling(request.sampling)
 
 

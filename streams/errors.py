@@ -18,6 +18,11 @@ What goes wrong after a stream has opened is not an exception: the reader gets a
 
 from __future__ import annotations
 
+# A refused deadline's Retry-After, in seconds: the overshoot rounded up to one of these,
+# so that the answer tells a client roughly how long to wait and nothing finer (a
+# precise figure would say how much of a prompt is cached: docs/security.md).
+RETRY_AFTER_BUCKETS_S = (1, 2, 4, 8, 16, 32, 64)
+
 
 class HubError(Exception):
     """Base of the hub's refusals."""
@@ -44,16 +49,18 @@ class DeadlineUnmeetable(HubError):
     """The first token would come after the request's deadline, by the engine's estimate.
 
     ``estimate_ms``: the engine's estimate from now (None: nothing measured yet, and the
-    deadline had passed already); ``left_ms``: the time left to the deadline;
-    ``retry_after_s``: how much the estimate overshoots it, a hint for a retry.
+    deadline had passed already), for the process only: the message leaves it out, since
+    it counts the request's cached prefix and a client could read from it whether a
+    prompt is cached; ``left_ms``: the time left to the deadline (also left out: it
+    varies with the server's work before the check); ``retry_after_s``: how
+    much the estimate overshoots it, rounded up to a ``RETRY_AFTER_BUCKETS_S`` bucket.
     """
 
     def __init__(self, estimate_ms: float | None, left_ms: float) -> None:
-        shown = "unknown" if estimate_ms is None else f"{estimate_ms:.0f} ms"
-        super().__init__(
-            f"the first token is estimated in {shown}, over the {max(left_ms, 0):.0f} ms "
-            "left to the request's deadline"
-        )
+        super().__init__("by the server's estimate, the first token cannot come before the "
+                         "request's deadline")
         self.estimate_ms = estimate_ms
         self.left_ms = left_ms
-        self.retry_after_s = max((estimate_ms or 0.0) - left_ms, 0.0) / 1000
+        over_s = max((estimate_ms or 0.0) - left_ms, 0.0) / 1000
+        self.retry_after_s = float(next((b for b in RETRY_AFTER_BUCKETS_S if over_s <= b),
+                                        RETRY_AFTER_BUCKETS_S[-1]))

@@ -43,11 +43,12 @@ class StepEngine(Protocol):
     def step(self, on_prefill: OnPrefill | None = None) -> list[EngineEvent]: ...
     def has_work(self) -> bool: ...
     def statistics(self) -> EngineStatistics: ...
-    def estimate_ttft_ms(self, prompt_tokens: int, prompt_ids: Sequence[int] = ()
-                         ) -> float | None:
+    def estimate_ttft_ms(self, prompt_tokens: int, prompt_ids: Sequence[int] = (),
+                         cache_namespace: bytes = b"") -> float | None:
         """ms until a request of ``prompt_tokens`` submitted now gets its first token,
         or None before the engine measured anything; given the prompt's ids, what of
-        them is cached (prefix caching) is not counted. Thread-safe; never waits a step."""
+        them is cached (prefix caching) in the request's ``cache_namespace`` is not
+        counted. Thread-safe; never waits a step."""
         ...
 
 

@@ -103,9 +103,9 @@ class RecordingEngine:
     def has_work(self) -> bool:
         return self._engine.has_work()
 
-    def estimate_ttft_ms(self, prompt_tokens: int, prompt_ids: Sequence[int] = ()
-                         ) -> float | None:
-        return self._engine.estimate_ttft_ms(prompt_tokens, prompt_ids)
+    def estimate_ttft_ms(self, prompt_tokens: int, prompt_ids: Sequence[int] = (),
+                         cache_namespace: bytes = b"") -> float | None:
+        return self._engine.estimate_ttft_ms(prompt_tokens, prompt_ids, cache_namespace)
 
     def tokenize(self, prompt: str) -> list[int]:
         return self._engine.tokenize(prompt)

@@ -238,7 +238,7 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
         "MemoryEventLog", "NothingToResume", "Reader", "ReaderBusy", "Rebuild", "RedisEventLog",
         "RemoteReader", "ResumeError", "ResumeRegistry", "ResumeStatistics", "SharedEventLog",
         "StoreRejected", "StoreStatistics", "StoreUnavailable", "TakenOver", "WriterGone",
-        "generated_ids", "spec_of", "with_seed",
+        "generated_ids", "spec_of", "spec_parts", "with_seed",
     ],
 }
 

@@ -26,6 +26,7 @@ from app.schemas import RequestLimits, parse_generate_body
 from app.settings import Settings, SettingsError
 from engine import FinishEvent, FinishReason, GenerationRequest
 from streams import ServerSentEvent
+from streams.errors import RETRY_AFTER_BUCKETS_S
 from tests.http_clients import parse_sse, stream_body
 from tests.http_server import RecordingEngine, RunningServer, StartServer
 from tests.scripted_runner import scripted_engine
@@ -111,11 +112,9 @@ async def test_an_unmeetable_deadline_is_refused_with_429_before_any_step(
     assert response.headers["content-type"] == "application/json"
     error = response.json()["error"]
     assert error["type"] == "deadline_unmeetable"
-    assert error["estimate_ms"] >= round(estimate, 1) - 0.05  # the load's, or more
-    assert 0 <= error["deadline_left_ms"] <= deadline_ms
-    shown = re.search(r"estimated in (\d+) ms", error["message"])
-    assert shown is not None and abs(int(shown[1]) - error["estimate_ms"]) <= 1
-    assert int(response.headers["Retry-After"]) >= 1
+    # Coarse: no estimate, no time left, a bucketed Retry-After (docs/security.md).
+    assert set(error) == {"type", "message"} and "ms" not in error["message"]
+    assert int(response.headers["Retry-After"]) in RETRY_AFTER_BUCKETS_S
     assert steps_during == 0  # it was answered while the step was held: it waited for none
     stats = server.hub.statistics()
     assert (stats.refused_deadline, stats.opened) == (1, 1 + LOADS)
@@ -157,8 +156,8 @@ async def test_the_openai_routes_take_deadline_ms_and_refuse_in_their_shape(
     assert response.status_code == 429, response.text
     error = response.json()["error"]
     assert (error["code"], error["type"]) == ("deadline_unmeetable", "rate_limit_error")
-    assert error["estimate_ms"] >= round(estimate, 1) - 0.05
-    assert int(response.headers["Retry-After"]) >= 1
+    assert "estimate_ms" not in error
+    assert int(response.headers["Retry-After"]) in RETRY_AFTER_BUCKETS_S
 
 
 async def read_stream_past_deadline(

@@ -13,7 +13,7 @@ import pytest
 from app.schemas import RequestLimits, parse_generate_body
 from engine import GenerationRequest, SamplingParams
 from streams import PolicyName
-from streams.resume import StoreRejected, spec_of
+from streams.resume import StoreRejected, spec_of, spec_parts
 from streams.resume.signing import StoreSigner
 
 LIMITS = RequestLimits(max_prompt_chars=100, max_new_tokens_limit=50,
@@ -23,9 +23,11 @@ SECRET = "a-secret-the-replicas-share-0123456789"
 
 def rebuilt(request: GenerationRequest, policy: PolicyName | None,
             limits: RequestLimits = LIMITS) -> tuple[GenerationRequest, PolicyName | None]:
-    """The spec as another replica reads it: validated as an HTTP body is."""
-    body = parse_generate_body(spec_of(request, policy), limits)
-    return body.to_generation_request(), body.policy
+    """The spec as another replica reads it: validated as an HTTP body is, in the
+    request's cache namespace (app/routes/failover.py)."""
+    raw, namespace = spec_parts(spec_of(request, policy))
+    body = parse_generate_body(raw, limits)
+    return replace(body.to_generation_request(), cache_namespace=namespace), body.policy
 
 
 @pytest.mark.parametrize("policy", [None, *PolicyName])
@@ -42,13 +44,15 @@ def test_every_request_field_reads_back_as_it_was() -> None:
         "r2", "Once upon a time", 7, stop=("\n\n", "END"), prompt_token_ids=(5, 6, 7, 8),
         sampling=SamplingParams(temperature=0.7, top_p=0.9, top_k=40, seed=12345,
                                 ignore_eos=True, logprobs=True, top_logprobs=3),
+        cache_namespace=bytes(range(32)),  # the key's: a rebuilt stream finds its blocks
     )
 
     read, _ = rebuilt(request, PolicyName.DROP)
 
     # The prompt's ids are not read back: the replica that rebuilds encodes the prompt.
     expected = GenerationRequest("r2", request.prompt, 7, stop=request.stop,
-                                 sampling=request.sampling)
+                                 sampling=request.sampling,
+                                 cache_namespace=request.cache_namespace)
     assert replace(read, request_id="r2") == expected
 
 

@@ -42,14 +42,14 @@ def _text_tokens(loaded: LoadedModel, count: int, offset: int = 0) -> list[int]:
     return ids[:count]
 
 
-def _run_batch(engine: Engine, prompts: dict[str, list[int]], answer: int
-               ) -> tuple[dict[str, float], dict[str, list[int]], float]:
+def _run_batch(engine: Engine, prompts: dict[str, list[int]], answer: int,
+               namespace: bytes = b"") -> tuple[dict[str, float], dict[str, list[int]], float]:
     """Submit every prompt at once, step until done: TTFT ms and ids per request, and
     the wall time in s."""
     started = time.perf_counter()
     for rid, ids in prompts.items():
         engine.submit(GenerationRequest(rid, "", answer, sampling=GREEDY,
-                                        prompt_token_ids=tuple(ids)))
+                                        prompt_token_ids=tuple(ids), cache_namespace=namespace))
     ttft: dict[str, float] = {}
     ids_of: dict[str, list[int]] = {rid: [] for rid in prompts}
     done = 0
@@ -82,7 +82,7 @@ def chats(loaded: LoadedModel, on: bool, args: argparse.Namespace) -> dict[str, 
         before = engine.statistics()
         computed_before = before.prefix_cache_queries - before.prefix_cache_hits
         ttft, ids, wall = _run_batch(engine, {f"{r}t{turn}": h for r, h in history.items()},
-                                     args.answer)
+                                     args.answer, bytes.fromhex(args.cache_namespace))
         stats = engine.statistics()
         computed = (stats.prefix_cache_queries - stats.prefix_cache_hits - computed_before
                     if on else prompt_tokens)
@@ -106,7 +106,7 @@ def burst(loaded: LoadedModel, on: bool, args: argparse.Namespace) -> dict[str, 
     system = _text_tokens(loaded, args.burst_system)
     prompts = {f"b{i}": system + _text_tokens(loaded, args.user, offset=i)
                for i in range(args.burst)}
-    ttft, _, wall = _run_batch(engine, prompts, args.answer)
+    ttft, _, wall = _run_batch(engine, prompts, args.answer, bytes.fromhex(args.cache_namespace))
     ordered = sorted(ttft.values())
     p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
     return {"ttft_ms_p50": round(statistics.median(ordered), 1), "ttft_ms_p99": round(p99, 1),
@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--burst-system", type=int, default=1000)
     parser.add_argument("--blocks", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: as is)")
+    parser.add_argument("--cache-namespace", default="", help="every request's, in hex "
+                        "(one API key's, as the app derives it); empty: the plain root")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path, help="a PNG of TTFT and prefill per turn")
     parser.add_argument("--replot", type=Path, help="only draw --plot from this JSON")

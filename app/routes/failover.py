@@ -29,7 +29,7 @@ from dataclasses import replace
 import pydantic
 
 import engine
-from streams.resume import Adopt, StoreRejected, generated_ids
+from streams.resume import Adopt, StoreRejected, generated_ids, spec_parts
 
 from ..errors import ErrorType
 from ..metrics import Metrics
@@ -54,7 +54,8 @@ class Rebuilder:
         ``Runtime.open`` raise. Cancellation: before the open, nothing was submitted;
         the open and ``adopt`` have no checkpoint between."""
         try:
-            body = parse_generate_body(spec, self._limits)
+            raw, namespace = spec_parts(spec)  # the key's namespace: its cached blocks
+            body = parse_generate_body(raw, self._limits)
             tokens = generated_ids(events)
         except pydantic.ValidationError as exc:
             raise StoreRejected(f"the stored request of stream {request_id} is refused "
@@ -62,7 +63,8 @@ class Rebuilder:
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreRejected(f"the stored events of stream {request_id} say no tokens: "
                                 f"{exc}") from None
-        request = replace(body.to_generation_request(), request_id=request_id)
+        request = replace(body.to_generation_request(), request_id=request_id,
+                          cache_namespace=namespace)
         if len(tokens) > request.max_new_tokens:
             raise StoreRejected(f"the stored events of stream {request_id} hold "
                                 f"{len(tokens)} tokens, over its max_new_tokens")

@@ -43,6 +43,7 @@ from pydantic_core import PydanticCustomError
 from engine import GenerationRequest, SamplingParams
 
 from .limits import (
+    CacheSalt,
     NewTokens,
     StopStrings,
     Temperature,
@@ -50,6 +51,7 @@ from .limits import (
     check_new_tokens,
     check_prompt_chars,
     limits_of,
+    salt_bytes,
 )
 from .unsupported import neutral_validator
 
@@ -199,6 +201,7 @@ class MessagesBody(AnthropicPrompt):
     inference_geo: Any = None
     diagnostics: Any = None
     speed: Any = None
+    cache_salt: CacheSalt | None = None  # as vLLM's: splits the key's prefix cache
 
     _neutral = neutral_validator(list(ANTHROPIC_UNSUPPORTED))
 
@@ -233,6 +236,7 @@ class MessagesBody(AnthropicPrompt):
             ),
             prompt_token_ids=prompt_ids,
             ttft_deadline=ttft_deadline,
+            cache_namespace=salt_bytes(self.cache_salt),
         )
 
 

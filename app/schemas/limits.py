@@ -51,6 +51,18 @@ StopStrings = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
 # The first token is due this long after the request arrived, or it is refused
 # (429 deadline_unmeetable) or let go (deadline_missed).
 DeadlineMs = Annotated[float, Field(gt=0.0, le=MAX_DEADLINE_MS, allow_inf_nan=False)]
+# vLLM's cache_salt: requests of one API key share cached prompt blocks only if they give
+# the same salt (or none). Visible ASCII and spaces, so that its bytes are its characters
+# and fit the engine's namespace bound until auth binds it to the key (auth.owned_request).
+MAX_CACHE_SALT_CHARS = 64
+CacheSalt = Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS,
+                                 pattern=r"^[ -~]+$")]
+
+
+def salt_bytes(salt: str | None) -> bytes:
+    """What a body's ``cache_salt`` puts in ``GenerationRequest.cache_namespace`` (b"" for
+    none); ``auth.owned_request`` then replaces it with the key's namespace for it."""
+    return b"" if salt is None else salt.encode("ascii")
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from engine import MAX_TOP_LOGPROBS, MIN_TOP_K, GenerationRequest, SamplingParam
 from streams import PolicyName
 
 from .limits import (
+    CacheSalt,
     DeadlineMs,
     NewTokens,
     Prompt,
@@ -31,6 +32,7 @@ from .limits import (
     check_prompt_chars,
     check_top_logprobs,
     limits_of,
+    salt_bytes,
 )
 
 _HOW = "validate a GenerateBody with parse_generate_body(raw, limits)"
@@ -38,7 +40,8 @@ _HOW = "validate a GenerateBody with parse_generate_body(raw, limits)"
 
 class GenerateBody(BaseModel):
     """``{"prompt", "max_new_tokens", "stop", "temperature", "top_p", "top_k", "seed",
-    "ignore_eos", "logprobs", "top_logprobs", "policy", "resumable", "deadline_ms"}``;
+    "ignore_eos", "logprobs", "top_logprobs", "policy", "resumable", "deadline_ms",
+    "cache_salt"}``;
     only ``prompt`` is required. With ``logprobs`` every ``token`` event carries the
     token's log-probability, and the likeliest ``top_logprobs`` (0 to 20) tokens'.
 
@@ -60,6 +63,7 @@ class GenerateBody(BaseModel):
     policy: PolicyName | None = None  # the slow-reader policy for this stream only
     resumable: bool = False  # /v1/stream: ids <request_id>:<n>, resumable
     deadline_ms: DeadlineMs | None = None  # None: the server's default
+    cache_salt: CacheSalt | None = None  # splits the key's prefix cache (docs/security.md)
 
     @field_validator("prompt")
     @classmethod
@@ -113,6 +117,7 @@ class GenerateBody(BaseModel):
                 top_logprobs=self.top_logprobs,
             ),
             ttft_deadline=ttft_deadline,
+            cache_namespace=salt_bytes(self.cache_salt),
         )
 
 

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from engine import MAX_TOP_LOGPROBS, GenerationRequest, SamplingParams
 
 from .limits import (
+    CacheSalt,
     DeadlineMs,
     NewTokens,
     Prompt,
@@ -46,6 +47,7 @@ from .limits import (
     check_prompt_chars,
     check_top_logprobs,
     limits_of,
+    salt_bytes,
 )
 from .unsupported import (
     CHAT_UNSUPPORTED,
@@ -84,6 +86,7 @@ class OpenAIBody(BaseModel):
     top_k: int | None = Field(default=None, ge=-1)  # vLLM: -1 (and 0) for no cut
     # streamscope: a TTFT deadline, as on /v1/stream (429 deadline_unmeetable if missed)
     deadline_ms: DeadlineMs | None = None
+    cache_salt: CacheSalt | None = None  # vLLM: splits the key's prefix cache
     # Unsupported: see UNSUPPORTED; checked by the subclasses' _neutral.
     n: Any = None
     frequency_penalty: Any = None
@@ -137,6 +140,7 @@ class OpenAIBody(BaseModel):
             ),
             prompt_token_ids=prompt_ids,
             ttft_deadline=ttft_deadline,
+            cache_namespace=salt_bytes(self.cache_salt),
         )
 
 

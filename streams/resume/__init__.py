@@ -32,6 +32,7 @@ from .registry import ResumeRegistry as ResumeRegistry
 from .remote_reader import RemoteReader as RemoteReader
 from .spec import generated_ids as generated_ids
 from .spec import spec_of as spec_of
+from .spec import spec_parts as spec_parts
 from .spec import with_seed as with_seed
 
 if TYPE_CHECKING:
@@ -71,5 +72,6 @@ __all__ = [
     "WriterGone",
     "generated_ids",
     "spec_of",
+    "spec_parts",
     "with_seed",
 ]

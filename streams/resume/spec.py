@@ -7,7 +7,10 @@ sampled request, chosen by ``with_seed`` when the client gave none so that even 
 unseeded stream continues identically, and the policy's name), so that the replica that
 takes the stream over validates it with the very function that validates an HTTP body
 (the app's ``parse_generate_body``: every limit, the policy's allow-list) and encodes its
-prompt itself: no token id of the prompt comes from the store. ``generated_ids`` recovers
+prompt itself: no token id of the prompt comes from the store. Beside the body it holds
+the request's prefix-cache namespace (``cache_namespace``, hex; ``spec_parts`` takes it
+out before the body is parsed): the rebuilt stream chains its blocks from the same root,
+so it shares what its key cached and nothing of another key's. ``generated_ids`` recovers
 the token ids the logged ``token`` events carry, which the rebuilt stream continues
 after. The store holds the spec signed (``signing.py``), and checked before it is read.
 Kept beside the registry (not in ``app``) because the spec is part of the store's data.
@@ -23,6 +26,8 @@ from engine import GenerationRequest
 
 from ..policy import PolicyName
 from ..sse import SSEParser
+
+MAX_NAMESPACE_HEX = 128  # the engine's bound on a namespace, 64 bytes
 
 
 def with_seed(request: GenerationRequest) -> GenerationRequest:
@@ -45,7 +50,21 @@ def spec_of(request: GenerationRequest, policy: PolicyName | None) -> bytes:
         "seed": s.seed, "ignore_eos": s.ignore_eos,
         "logprobs": s.logprobs, "top_logprobs": s.top_logprobs,
         "policy": None if policy is None else policy.value,  # JSON holds the name
+        "cache_namespace": request.cache_namespace.hex(),
     }, separators=(",", ":")).encode()
+
+
+def spec_parts(spec: bytes) -> tuple[bytes, bytes]:
+    """(the request body, the cache namespace) of a spec; a spec written before the
+    namespace was has b"" (the engine's plain root). Raises: ValueError (not a JSON
+    object, or a namespace that is not hex of at most ``MAX_NAMESPACE_HEX`` digits)."""
+    body = json.loads(spec)
+    if not isinstance(body, dict):
+        raise ValueError("the spec is not a JSON object")
+    namespace = body.pop("cache_namespace", "")
+    if not isinstance(namespace, str) or len(namespace) > MAX_NAMESPACE_HEX:
+        raise ValueError("cache_namespace: expected a hex string")
+    return json.dumps(body).encode(), bytes.fromhex(namespace)
 
 
 def generated_ids(events: list[tuple[int, bytes, bool]]) -> list[int]:
