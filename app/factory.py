@@ -15,6 +15,7 @@ from .edge.connection import StreamingConnection
 from .edge.h2_retire import goaway_on_drain
 from .edge.signals import watch_for_stop
 from .error_handlers import register_error_handlers
+from .hosts import register_host_check
 from .metrics import Metrics, make_metrics_blueprint
 from .quart_app import StreamscopeApp
 from .routes import (
@@ -66,6 +67,7 @@ def create_app(
     runtime = Runtime(settings, make_engine or load_engine_from_settings, step_gate=step_gate)
     app.runtime = runtime
     app.metrics = metrics = Metrics(runtime.statistics)
+    register_host_check(app, settings)  # keyless: local Host names only (DNS rebinding)
     register_auth(app, settings)  # before any view reads a body
     register_error_handlers(app, on_refusal=metrics.refused)
     app.register_blueprint(make_blueprint(runtime, metrics))

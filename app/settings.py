@@ -40,13 +40,12 @@ from streams import HubSettings, PolicyName
 
 from .api_keys import ApiKey, all_keys, check_key, parse_api_keys
 from .settings_problems import problems
+from .settings_units import memory_amount
 
 ENV_PREFIX = "STREAMSCOPE_"
 BUILTIN_MODELS = ("smollm2", "tiny-gpt2", "tiny-llama")
 # A model name is an identifier in JSON and in URLs: printable ASCII, no spaces.
 MAX_MODEL_NAME_CHARS = 256
-_MEMORY_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9,
-                 "kib": 2**10, "mib": 2**20, "gib": 2**30}
 _HUB_LIMITS = ("queue_limit", "stall_timeout_s", "max_waiting")
 _SECRETS = frozenset({"api_key", "api_keys", "resume_store", "resume_secret"})  # never echoed
 
@@ -261,7 +260,7 @@ class Settings(BaseSettings):
     def _lower(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value
 
-    @field_validator("request_policies", mode="before")
+    @field_validator("request_policies", "allowed_hosts", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):
@@ -301,24 +300,7 @@ class Settings(BaseSettings):
     @field_validator("cache_memory", mode="before")
     @classmethod
     def _memory(cls, value: object) -> float | int:
-        """A share of memory (``0.1``, with a point) or bytes (``2147483648``, ``512MiB``)."""
-        if isinstance(value, str):
-            number = value.strip().rstrip("BbKkMmGgIi")
-            unit = value.strip()[len(number):].lower()
-            try:
-                if "." in number and not unit:
-                    value = float(number)
-                elif unit in _MEMORY_UNITS:
-                    value = int(float(number) * _MEMORY_UNITS[unit])
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not (
-            (isinstance(value, float) and 0 < value <= 1)
-            or (isinstance(value, int) and value >= 1)
-        ):
-            raise ValueError("expected a share of memory in (0, 1] such as 0.1, or bytes such "
-                             "as 2147483648, 512MiB or 2GiB")
-        return value
+        return memory_amount(value)  # settings_units.py
 
     @field_validator("resume_store")
     @classmethod
@@ -355,6 +337,18 @@ class Settings(BaseSettings):
             stall_timeout_s=self.stall_timeout_s, max_waiting=self.max_waiting,
             shutdown_grace_s=self.shutdown_grace_s)
         return self
+
+    # -- tenants apart, small items (issue 33: chat caps, Host check) -------------------
+    max_chat_messages: PositiveInt = _setting(512,
+        "most messages one chat request may carry (OpenAI chat, Anthropic messages and "
+        "count_tokens; a system prompt counts as one): 422 above, before any rendering")
+    max_content_parts: PositiveInt = _setting(1024,
+        "most text parts (content blocks) one chat request may carry, all messages and the "
+        "system prompt together: 422 above")
+    allowed_hosts: Annotated[frozenset[str], NoDecode] = _setting(frozenset(),
+        "with no API key set, the Host names (comma-separated, port optional) answered "
+        "besides localhost, 127.0.0.1 and [::1]; others get 421 (DNS rebinding)",
+        shown="(none)")
 
 
 def settings_table() -> list[tuple[str, str, str]]:

@@ -36,7 +36,8 @@ which the writer finds at its next renewal (every ``refresh_s``) and tells ``on_
 
 Reads: through ``trio.to_thread.run_sync`` with a CapacityLimiter of ``max_readers`` (a
 follower's XREAD BLOCK holds a thread and a connection for at most ``follow_wait_s``; a
-cancelled read is abandoned and gives both back when Redis answers). No maintained
+cancelled read is abandoned and gives both back when Redis answers); ``ping`` has its
+own (``redis_ping.py``). No maintained
 Trio-native Redis client exists; redis-py's asyncio client would need trio-asyncio.
 """
 
@@ -57,6 +58,7 @@ from . import redis_reads
 from .errors import StoreFull
 from .log import MemoryEventLog, StoreStatistics, StoreUnavailable
 from .redis_keys import events_key, lua, reader_key, spec_key, stream_keys, writer_key
+from .redis_ping import StorePing
 from .redis_writer import RedisBatchWriter
 from .signing import StoreSigner
 
@@ -113,6 +115,7 @@ class RedisEventLog:
         self._writer = RedisBatchWriter(client, ttl_ms=self._ms(ttl_s), max_pending=max_pending)
         self._cut_streams = self._read_errors = 0
         self._read_limiter = trio.CapacityLimiter(max_readers)
+        self._pinger = StorePing(client)  # /ready never waits behind the readers
         self._renew = client.register_script(lua("renew"))
         self._renew_longer = client.register_script(lua("renew_longer"))
         self._release = client.register_script(lua("release"))
@@ -295,7 +298,7 @@ class RedisEventLog:
         return n, last
 
     async def ping(self) -> None:
-        await self._read(self._client.ping)
+        await self._pinger.ping()
 
     async def read_remote(
         self, stream_id: str, after: int, *, wait_s: float
