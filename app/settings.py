@@ -87,7 +87,8 @@ class Settings(BaseSettings):
     model_name: str | None = _setting(None,
         "another name for the model on the OpenAI routes: /v1/models lists it after the "
         "model setting's value, and a request's `model` may be either (else 404 "
-        "model_not_found); `*` accepts any `model`", shown="(none)")
+        "model_not_found); `*` accepts any `model` (answered with the served name)",
+        shown="(none)")
     device: str | None = _setting(None,
         "cpu or cuda (cuda:N); unset: cuda if available, else cpu")
     start_cache: bool = _setting(True,
@@ -341,13 +342,13 @@ class Settings(BaseSettings):
     # -- tenants apart, small items (issue 33: chat caps, Host check) -------------------
     max_chat_messages: PositiveInt = _setting(512,
         "most messages one chat request may carry (OpenAI chat, Anthropic messages and "
-        "count_tokens; a system prompt counts as one): 422 above, before any rendering")
+        "count_tokens; a system prompt counts as one): 400 above, before any rendering")
     max_content_parts: PositiveInt = _setting(1024,
         "most text parts (content blocks) one chat request may carry, all messages and the "
-        "system prompt together: 422 above")
+        "system prompt together: 400 above")
     allowed_hosts: Annotated[frozenset[str], NoDecode] = _setting(frozenset(),
         "with no API key set, the Host names (comma-separated, port optional) answered "
-        "besides localhost, 127.0.0.1 and [::1]; others get 421 (DNS rebinding)",
+        "besides localhost, 127.0.0.1 and [::1]; others get 400 (DNS rebinding); `*`: any",
         shown="(none)")
 
 
