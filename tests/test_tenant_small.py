@@ -25,6 +25,7 @@ import engine.text
 from engine.engine import Engine
 from engine.model import LoadedModel
 from engine.text_chat import Pieces, _forged, chat_prompt
+from tests.http2_clients import Certificate, h2_client, make_certificate, open_tls_servers
 from tests.http_server import RecordingEngine, StartServer
 from tests.test_input_trust_chat import chatml_model  # noqa: F401 (a fixture)
 from tests.test_replicas import RESUME_SECRET, redis_process, redis_url  # noqa: F401
@@ -241,6 +242,25 @@ async def test_a_keyless_server_refuses_another_host_but_its_probes(
     assert openai.json()["error"]["type"] == "invalid_request_error"
     assert proxy.status_code == 200 and health.status_code == 200
     assert server.recorder.submitted == []
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> Certificate:
+    return make_certificate(tmp_path_factory.mktemp("tls"))
+
+
+async def test_http2_authority_is_checked_as_host(
+    tiny_model: Callable[[str], LoadedModel], certificate: Certificate,
+) -> None:
+    async with open_tls_servers(tiny_model("tiny-gpt2"), certificate) as start:
+        server = await start()
+        async with h2_client(server, certificate) as client:
+            local = await client.get("/v1/models")
+            evil = await client.get("/v1/models", headers={"Host": "evil.example"})
+
+    assert local.http_version == evil.http_version == "HTTP/2"
+    assert local.status_code == 200
+    assert evil.status_code == 400 and "evil.example" in evil.text
 
 
 async def test_a_server_with_a_key_answers_any_host(start_server: StartServer) -> None:
