@@ -18,6 +18,8 @@ does not have, is the protection, and servers with keys are reached by any name.
 
 from __future__ import annotations
 
+import re
+
 from quart import Quart, request
 
 from .errors import ApiError, ErrorType
@@ -25,22 +27,23 @@ from .settings import Settings
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
 PROBE_PATHS = frozenset({"/health", "/ready"})
+_HOST = re.compile(r"(\[[0-9a-f:.]+\]|[^:\[\]]+)(?::[0-9]*)?")
 
 
 def host_name(host: str) -> str:
-    """``host`` without its port, in lower case: ``[::1]:8000`` -> ``[::1]``."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host[: host.find("]") + 1] or host
-    return host.partition(":")[0]
+    """``host`` without its port, in lower case: ``[::1]:8000`` -> ``[::1]``; "" for a
+    value that is not a name or address with an optional port (``[::1]x``, ``a:1:2``)."""
+    match = _HOST.fullmatch(host.strip().lower())
+    return match.group(1) if match else ""
 
 
 def host_allowed(host: str, allowed: frozenset[str]) -> bool:
     """Whether a keyless server answers a request with this ``Host`` value."""
     value = host.strip().lower()
     name = host_name(value)
-    return not value or "*" in allowed or name in LOOPBACK_HOSTS or name in allowed \
-        or value in allowed
+    if not value or "*" in allowed:
+        return True
+    return bool(name) and (name in LOOPBACK_HOSTS or name in allowed or value in allowed)
 
 
 def register_host_check(app: Quart, settings: Settings) -> None:

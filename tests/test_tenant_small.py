@@ -22,6 +22,7 @@ import pytest
 import trio
 
 import engine.text
+from app.hosts import host_allowed
 from engine.engine import Engine
 from engine.model import LoadedModel
 from engine.text_chat import Pieces, _forged, chat_prompt
@@ -207,10 +208,12 @@ async def test_any_model_under_star_is_answered_with_the_served_name(
             "model": asked, "prompt": "Hi", "max_tokens": 2})
         streamed = await client.post("/v1/completions", json={
             "model": asked, "prompt": "Hi", "max_tokens": 2, "stream": True})
+        card = await client.get(f"/v1/models/{'m' * 2000}")
 
     assert whole.status_code == 200 and whole.json()["model"] == "tiny-gpt2"
     assert streamed.status_code == 200 and asked not in streamed.text
     assert '"model": "tiny-gpt2"' in streamed.text or '"model":"tiny-gpt2"' in streamed.text
+    assert card.status_code == 200 and card.json()["id"] == "tiny-gpt2"
 
 
 # -- item 5b: a keyless server answers local Host names only --------------------------------
@@ -242,6 +245,18 @@ async def test_a_keyless_server_refuses_another_host_but_its_probes(
     assert openai.json()["error"]["type"] == "invalid_request_error"
     assert proxy.status_code == 200 and health.status_code == 200
     assert server.recorder.submitted == []
+
+
+@pytest.mark.parametrize(("host", "allowed"), [
+    ("localhost", True), ("127.0.0.1:8000", True), ("[::1]", True), ("[::1]:1", True),
+    ("proxy.example", True), ("proxy.example:443", True), ("other.example:8443", True),
+    ("", True), ("localhost.evil.example", False), ("127.0.0.1.nip.io", False),
+    ("[::1]evil.example", False), ("localhost:80:80", False), ("other.example", False),
+    ("evil.example:443", False), ("[::2]", False),
+])
+def test_which_hosts_a_keyless_server_answers(host: str, allowed: bool) -> None:
+    extra = frozenset({"proxy.example", "other.example:8443"})
+    assert host_allowed(host, extra) is allowed
 
 
 @pytest.fixture(scope="module")
