@@ -15,6 +15,7 @@ from .edge.connection import StreamingConnection
 from .edge.h2_retire import goaway_on_drain
 from .edge.signals import watch_for_stop
 from .error_handlers import register_error_handlers
+from .hosts import register_host_check
 from .metrics import Metrics, make_metrics_blueprint
 from .quart_app import StreamscopeApp
 from .routes import (
@@ -67,6 +68,7 @@ def create_app(
     app.runtime = runtime
     app.metrics = metrics = Metrics(runtime.statistics,
                                     tenant_series=settings.metrics_token is not None)
+    register_host_check(app, settings)  # keyless: local Host names only (DNS rebinding)
     register_auth(app, settings)  # before any view reads a body
     register_error_handlers(app, on_refusal=metrics.refused)
     app.register_blueprint(make_blueprint(runtime, metrics))

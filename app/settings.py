@@ -82,7 +82,8 @@ class Settings(BaseSettings):
     model_name: str | None = _setting(None,
         "another name for the model on the OpenAI routes: /v1/models lists it after the "
         "model setting's value, and a request's `model` may be either (else 404 "
-        "model_not_found); `*` accepts any `model`", shown="(none)")
+        "model_not_found); `*` accepts any `model` (answered with the served name)",
+        shown="(none)")
     device: str | None = _setting(None,
         "cpu or cuda (cuda:N); unset: cuda if available, else cpu")
     start_cache: bool = _setting(True,
@@ -243,7 +244,7 @@ class Settings(BaseSettings):
     def _lower(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value
 
-    @field_validator("request_policies", mode="before")
+    @field_validator("request_policies", "allowed_hosts", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):
@@ -342,6 +343,17 @@ class Settings(BaseSettings):
     metrics_token: Annotated[str, Field(min_length=32)] | None = _setting(None,
         "GET /metrics needs Authorization: Bearer <this> (at least 32 characters); unset: "
         "/metrics is open but leaves out the prefix-cache series", shown="(none)", repr=False)
+    # -- tenants apart, small items (issue 33: chat caps, Host check) -------------------
+    max_chat_messages: PositiveInt = _setting(512,
+        "most messages one chat request may carry (OpenAI chat, Anthropic messages and "
+        "count_tokens; a system prompt counts as one): 400 above, before any rendering")
+    max_content_parts: PositiveInt = _setting(1024,
+        "most text parts (content blocks) one chat request may carry, all messages and the "
+        "system prompt together: 400 above")
+    allowed_hosts: Annotated[frozenset[str], NoDecode] = _setting(frozenset(),
+        "with no API key set, the Host names (comma-separated, port optional) answered "
+        "besides localhost, 127.0.0.1 and [::1]; others get 400 (DNS rebinding); `*`: any",
+        shown="(none)")
 
 
 def settings_table() -> list[tuple[str, str, str]]:

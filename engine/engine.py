@@ -149,7 +149,7 @@ class Engine:
         self.vocab_size = vocab_size_of(loaded)  # token ids given to submit are below it
         self.tokenizer = loaded.tokenizer  # the stepping thread's: detokenizers use it
         self._text_decoder = text_decoder(loaded.tokenizer)
-        self._encoder = PromptEncoder(loaded.tokenizer)
+        self._encoder = PromptEncoder(loaded.tokenizer, max_tokens=loaded.max_context)
         if num_blocks is None:
             if runner is not None:
                 raise ValueError("num_blocks is required with a given runner")

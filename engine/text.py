@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
+from .errors import PromptTooLong
 from .text_chat import chat_prompt
 
 if TYPE_CHECKING:
@@ -147,11 +148,15 @@ class PromptEncoder:
     Args:
         tokenizer: the model's tokenizer; the encoder keeps its own deep copy (for the
             embedded model, about 0.15 s and a few MB, once per engine).
+        max_tokens: the most tokens a prompt can have (the model's context): chat
+            messages surely over it are refused before the template runs.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_tokens: int | None = None) -> None:
         self._tokenizer = copy.deepcopy(tokenizer)
         self._lock = threading.Lock()  # one encode at a time on this copy
+        self._max_tokens = max_tokens
+        self._token_chars = longest_token_chars(tokenizer)
 
     def encode(self, text: str) -> list[int]:
         """The prompt's token ids (empty for an empty text). Blocks while another
@@ -190,5 +195,31 @@ class PromptEncoder:
                 template may raise on roles in an order it does not accept), or a content
                 holds special-token text where the template hides the contents' spans.
         """
+        floor = self.min_chat_tokens(messages)
+        if self._max_tokens is not None and floor > self._max_tokens:
+            raise PromptTooLong(
+                f"the messages' text alone is at least {floor} tokens, over the model's "
+                f"context of {self._max_tokens} tokens")
         with self._lock:
             return chat_prompt(self._tokenizer, messages, add_generation_prompt)
+
+    def min_chat_tokens(self, messages: Sequence[Mapping[str, str]]) -> int:
+        """A floor on the tokens of ``messages`` rendered, from their characters alone, in
+        time linear in their text and with no tokenizer call: no token covers more than
+        the longest token's characters, and the rendered prompt holds every content
+        (stripped: a template may ``trim``). 0 where no such bound is known."""
+        if self._token_chars is None:
+            return 0
+        return sum(len(m["content"].strip()) for m in messages) // self._token_chars
+
+
+def longest_token_chars(tokenizer: PreTrainedTokenizerBase) -> int | None:
+    """The most characters of text one token can stand for: its vocabulary's longest
+    token string (byte-level BPE writes a byte as a character; SentencePiece's ``▁`` is
+    a space; WordPiece's ``##`` is extra), or None where a normalizer may shorten the
+    text first (NFC, stripping, ...) or there is no fast tokenizer to ask."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.normalizer is not None:
+        return None
+    vocab = backend.get_vocab(with_added_tokens=True)
+    return max((len(token) for token in vocab), default=0) or None

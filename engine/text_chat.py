@@ -31,6 +31,7 @@ changes that copy's ``encode_special_tokens`` and sets it back at the next one).
 
 from __future__ import annotations
 
+import bisect
 import re
 import secrets
 from collections.abc import Mapping, Sequence
@@ -152,15 +153,27 @@ def _encode_with_offsets(
 def _forged(
     ids: list[int], offsets: list[tuple[int, int]], special: frozenset[int], pieces: Pieces,
 ) -> bool:
-    """Whether a special token among ``ids`` overlaps a content's span."""
-    spans, at = [], 0
+    """Whether a special token among ``ids`` overlaps a content's span.
+
+    The spans are in order and disjoint, so the only one a token ``[start, end)`` can
+    overlap is the first that ends after ``start`` (a bisection); it does iff it begins
+    before ``end``. O(tokens x log spans): comparing each special token with every span
+    made 1,900 one-character messages take 0.85 s on the one tokenizer slot (issue 33).
+    """
+    starts: list[int] = []
+    ends: list[int] = []
+    at = 0
     for piece, is_content in pieces:
         if is_content:
-            spans.append((at, at + len(piece)))
+            starts.append(at)
+            ends.append(at + len(piece))
         at += len(piece)
-    return any(start < span_end and end > span_start
-               for token, (start, end) in zip(ids, offsets, strict=True) if token in special
-               for span_start, span_end in spans)
+    for token, (start, end) in zip(ids, offsets, strict=True):
+        if token in special:
+            k = bisect.bisect_right(ends, start)
+            if k < len(ends) and starts[k] < end:
+                return True
+    return False
 
 
 def _refuse_special_contents(

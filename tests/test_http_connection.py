@@ -85,7 +85,7 @@ class Wire:
              headers: list[tuple[str, str]] | None = None) -> bytes:
         """The request's head, framed by h11 (which records it for parsing the reply)."""
         return self.conn.send(h11.Request(method=method, target=target, headers=[
-            ("Host", "test"), ("Content-Type", "application/json"),
+            ("Host", "localhost"), ("Content-Type", "application/json"),
             ("Content-Length", str(len(body))), *(headers or [])]))
 
     def body(self, body: bytes) -> bytes:
@@ -160,7 +160,7 @@ async def expect_eof(stream: trio.SocketStream) -> bytes:
 def parse_whole(raw: bytes, method: str = "POST") -> Reply:
     """One response read to EOF, parsed (for a request h11 did not send)."""
     conn = h11.Connection(h11.CLIENT)
-    conn.send(h11.Request(method=method, target="/", headers=[("Host", "test")]))
+    conn.send(h11.Request(method=method, target="/", headers=[("Host", "localhost")]))
     conn.receive_data(raw)
     conn.receive_data(b"")
     response = conn.next_event()
@@ -183,7 +183,7 @@ async def exchange_raw(host: str, port: int, request: bytes) -> Reply:
 
 def raw_request(method: str, path: str, body: bytes = b"", *, version: str = "1.1",
                 close: bool = True) -> bytes:
-    lines = [f"{method} {path} HTTP/{version}", "Host: test"]
+    lines = [f"{method} {path} HTTP/{version}", "Host: localhost"]
     if body:
         lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
     if close:

@@ -49,8 +49,7 @@ class OpenAIViews:
 
     async def retrieve_model(self, model_id: str) -> Response:
         """One model's card, or 404 model_not_found. Cancellation: no checkpoint."""
-        self.models.check(model_id)
-        return json_response(self.models.card(model_id))
+        return json_response(self.models.card(self.models.check(model_id)))
 
     async def completions(self) -> Response:
         """A prompt, continued. Cancellation: see ``answer``."""

@@ -14,6 +14,7 @@ A failure after a stream's first byte is the same object in a ``data:`` line
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 import pydantic
@@ -114,14 +115,21 @@ class ServedModels:
     """The model names the OpenAI routes answer to (``STREAMSCOPE_MODEL_NAME``).
 
     Args:
-        name: the model setting's value, always served.
+        model: the model setting's value: a built-in name or a local folder, served as
+            its folder's name (``shown``), never its path, which says something of the
+            server's disk to every key holder (issue 33). The path is still accepted.
         alias: another name clients may use; ``*`` accepts any name.
         created: the Unix time ``/v1/models`` reports (the server's start).
     """
 
-    name: str
+    model: str
     alias: str | None
     created: int
+
+    @property
+    def name(self) -> str:
+        """The model's own name in every answer: the setting's last path component."""
+        return PurePath(self.model).name
 
     @property
     def ids(self) -> list[str]:
@@ -137,16 +145,18 @@ class ServedModels:
                 "owned_by": OWNED_BY}
 
     def check(self, requested: str | None) -> str:
-        """The name the answer carries: the requested one if served, the model's own if
-        none was given.
+        """The name the answer carries: the requested one if it is one of ``ids``, else
+        the model's own. With ``*`` any name is accepted but not echoed: a client's
+        string (up to the body's size) would be repeated in every chunk; OpenAI's API
+        too answers with its own name for the model asked for.
 
         Raises:
             OpenAIError: model_not_found (404).
         """
-        if not requested:
-            return self.name
-        if self.alias == "*" or requested in self.ids:
+        if requested in self.ids:
             return requested
+        if not requested or self.alias == "*" or requested == self.model:
+            return self.name
         raise OpenAIError(
             ApiError(ErrorType.MODEL_NOT_FOUND,
                      f"the model {requested[:128]!r} does not exist here; this server "

@@ -35,6 +35,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
+from pathlib import PurePath
 from typing import Any
 
 import trio
@@ -261,7 +262,8 @@ class Runtime:
         """``/stats``: the engine's and the hub's counters, flat; None where unknown."""
         result: dict[str, Any] = {
             "phase": self.phase.value,
-            "model": self.settings.model,
+            # a folder's name, never its path: /stats is for any key holder (issue 33)
+            "model": PurePath(self.settings.model).name,
             "device": self.settings.device or "auto",
             "policy": self.settings.policy.value,
         }

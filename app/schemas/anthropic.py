@@ -48,6 +48,7 @@ from .limits import (
     StopStrings,
     Temperature,
     TopP,
+    check_chat_size,
     check_new_tokens,
     check_prompt_chars,
     limits_of,
@@ -167,8 +168,11 @@ class AnthropicPrompt(BaseModel):
 
     @model_validator(mode="after")
     def _within_limit(self, info: ValidationInfo) -> Self:
-        check_prompt_chars(sum(len(m["content"]) for m in self.template_input()),
-                           limits_of(info, _HOW))
+        limits = limits_of(info, _HOW)
+        system = self.system or []
+        check_chat_size(len(self.messages) + bool(self.system),
+                        sum(len(m.content) for m in self.messages) + len(system), limits)
+        check_prompt_chars(sum(len(m["content"]) for m in self.template_input()), limits)
         return self
 
     def template_input(self) -> list[dict[str, str]]:

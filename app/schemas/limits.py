@@ -74,6 +74,9 @@ class RequestLimits:
     default_max_new_tokens: int
     # The policies a request may pick (STREAMSCOPE_REQUEST_POLICIES).
     request_policies: frozenset[PolicyName]
+    # Chat requests: messages and text parts, each a template pass's work (issue 33).
+    max_chat_messages: int = 512
+    max_content_parts: int = 1024
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RequestLimits:
@@ -82,6 +85,8 @@ class RequestLimits:
             max_new_tokens_limit=settings.max_new_tokens_limit,
             default_max_new_tokens=settings.default_max_new_tokens,
             request_policies=settings.request_policies,
+            max_chat_messages=settings.max_chat_messages,
+            max_content_parts=settings.max_content_parts,
         )
 
 
@@ -102,6 +107,17 @@ def check_prompt_chars(length: int, limits: RequestLimits) -> None:
             "the prompt has {length} characters, over the limit of {limit}",
             {"length": length, "limit": limit},
         )
+
+
+def check_chat_size(messages: int, parts: int, limits: RequestLimits) -> None:
+    """Refuse more chat messages, or text parts, than the server allows: each costs the
+    chat template's work on the one tokenizer slot, before any token is counted."""
+    for what, count, limit in (("messages", messages, limits.max_chat_messages),
+                               ("text parts", parts, limits.max_content_parts)):
+        if count > limit:
+            raise PydanticCustomError(
+                "over_limit", "the request has {count} {what}, over the limit of {limit}",
+                {"count": count, "what": what, "limit": limit})
 
 
 def check_top_logprobs(value: int | None, logprobs: object) -> int | None:

@@ -43,6 +43,7 @@ from .limits import (
     StopStrings,
     Temperature,
     TopP,
+    check_chat_size,
     check_new_tokens,
     check_prompt_chars,
     check_top_logprobs,
@@ -189,6 +190,11 @@ class ChatMessage(BaseModel):
     audio: None = None
     refusal: None = None
 
+    @property
+    def parts(self) -> int:
+        """How many text parts the content has (a string is one)."""
+        return 1 if isinstance(self.content, str) else len(self.content)
+
     def as_template_input(self) -> dict[str, str]:
         """``{"role", "content"}`` as a chat template expects it: text parts joined by
         newlines (as vLLM does), ``developer`` as ``system``."""
@@ -231,8 +237,10 @@ class ChatBody(OpenAIBody):
     def _messages_within_limit(
         cls, value: list[ChatMessage], info: ValidationInfo
     ) -> list[ChatMessage]:
+        limits = limits_of(info, _HOW)
+        check_chat_size(len(value), sum(m.parts for m in value), limits)
         text = sum(len(m.as_template_input()["content"]) for m in value)
-        check_prompt_chars(text, limits_of(info, _HOW))
+        check_prompt_chars(text, limits)
         return value
 
     @field_validator("top_logprobs")

@@ -41,6 +41,7 @@ from .redis_keys import (
     stream_keys,
     writer_key,
 )
+from .redis_ping import StorePing
 from .signing import StoreSigner
 
 Entry = tuple[int, bytes, bool]  # (n, data, last)
@@ -137,6 +138,7 @@ class StoreReads:
         self.ttl_s = ttl_s
         self._read_limiter = trio.CapacityLimiter(max_readers)
         self._read_errors = 0
+        self._pinger = StorePing(client)  # /ready never waits behind the readers
         self._cancel = client.register_script(lua("cancel"))
 
     async def tail(self, stream_id: str) -> tuple[int, bool] | None:
@@ -152,8 +154,9 @@ class StoreReads:
         return n, last
 
     async def ping(self) -> None:
-        """``SharedEventLog.ping``. Cancellation: abandoned (a read): nothing changes."""
-        await self._read(self._client.ping)
+        """``SharedEventLog.ping``, on a connection and a thread of its own
+        (``redis_ping.py``). Cancellation: abandoned: nothing changes."""
+        await self._pinger.ping()
 
     async def read_remote(self, stream_id: str, after: int, *,
                           wait_s: float) -> list[Entry] | None:
