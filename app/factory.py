@@ -66,7 +66,7 @@ def create_app(
     runtime = Runtime(settings, make_engine or load_engine_from_settings, step_gate=step_gate)
     app.runtime = runtime
     app.metrics = metrics = Metrics(runtime.statistics)
-    register_auth(app, settings)  # before any view reads a body
+    register_auth(app, settings, runtime.shares)  # before any view reads a body
     register_error_handlers(app, on_refusal=metrics.refused)
     app.register_blueprint(make_blueprint(runtime, metrics))
     app.register_blueprint(make_openai_blueprint(runtime, metrics))
