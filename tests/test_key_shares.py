@@ -126,7 +126,7 @@ async def test_a_key_at_its_share_of_waiting_streams_leaves_room_for_another(
     server.recorder.hold()  # no first token: every stream stays waiting
     async with server.client() as client:
         bobs = [(await create(client, BOB), BOB) for _ in range(3)]
-        bob_over = await client.post("/v1/stream", json=long_body(), headers=bearer(BOB))
+        bob_over = await create(client, BOB)
         alice = await create(client, ALICE)
         full = await create(client, ALICE)  # the cap itself: 4 wait
         waiting = server.hub.statistics().waiting
