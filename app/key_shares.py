@@ -39,7 +39,6 @@ request's body is read (429 ``too_many_streams``).
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from streams import StreamState, TokenStream
@@ -146,31 +145,39 @@ class KeyShares:
         """The key that made ``request_id`` (``Credential.owns``), or None."""
         return next((c for c in self.credentials if c.owns(request_id)), None)
 
-    def held(self, what: str) -> Counter[str]:
-        """Per key: its streams waiting for a first token (``"waiting"``) or its
-        resumable streams generating (``"resumable"``)."""
-        self._prune()
-        if what == "waiting":
-            return Counter(n for n, s, _ in self._open.values()
-                           if s.state is StreamState.WAITING)
-        return Counter(n for n, s, resumable in self._open.values()
-                       if resumable and s.state in _GENERATING)
+    def held(self) -> dict[str, dict[str, int]]:
+        """Per cap, per key: its streams waiting for a first token (``"waiting"``) and
+        its resumable streams generating (``"resumable"``). One pass, which also forgets
+        the closed streams."""
+        waiting: dict[str, int] = {}
+        resumable: dict[str, int] = {}
+        closed = []
+        for request_id, (name, stream, is_resumable) in self._open.items():
+            state = stream.state
+            if state is StreamState.CLOSED:
+                closed.append(request_id)
+                continue
+            if state is StreamState.WAITING:
+                waiting[name] = waiting.get(name, 0) + 1
+            if is_resumable and state in _GENERATING:
+                resumable[name] = resumable.get(name, 0) + 1
+        for request_id in closed:
+            del self._open[request_id]
+        return {"waiting": waiting, "resumable": resumable}
 
-    def check(self, request_id: str, *, resumable: bool) -> None:
-        """Refuse a stream of ``request_id``'s key (if any) past its fair share of the
-        waiting streams, or (``resumable``) of the resumable ones. Call it right before
-        the open (``opened``).
+    def check(self, credential: Credential, *, resumable: bool) -> None:
+        """Refuse a stream of ``credential``'s past its fair share of the waiting
+        streams, or (``resumable``) of the resumable ones. Call it right before the
+        open (``opened``).
 
         Raises: ApiError 429 key_limit (``Retry-After``).
         """
-        credential = self.owner(request_id)
-        if credential is None:
-            return
+        counts = self.held()
         for what in ("waiting", "resumable") if resumable else ("waiting",):
             cap, retry_after_s = self._caps[what]
-            held = self.held(what)
+            held = counts[what]
             share = fair_share(cap, held, credential.name, len(self.credentials))
-            mine = held[credential.name]
+            mine = held.get(credential.name, 0)
             if what == "waiting" and sum(held.values()) >= cap:
                 continue  # the server is full: the hub's too_many_waiting answers
             if share < cap and mine >= share:  # at the whole cap: the cap's own refusal
@@ -182,22 +189,16 @@ class KeyShares:
                     f"and each other key keeps room for one); try again when one ends",
                     retry_after_s=retry_after_s)
 
-    def opened(self, stream: TokenStream, *, resumable: bool) -> None:
-        """Count ``stream`` (just opened) against its key until it closes."""
-        credential = self.owner(stream.request_id)
-        if credential is not None:
-            self._open[stream.request_id] = (credential.name, stream, resumable)
+    def opened(self, credential: Credential, stream: TokenStream, *,
+               resumable: bool) -> None:
+        """Count ``stream`` (just opened) against ``credential`` until it closes."""
+        self._open[stream.request_id] = (credential.name, stream, resumable)
 
     def rebuilt_slot(self, request_id: str) -> Slot | None:
         """The slot of a stream rebuilt here by failover, taken for its key even past
         its limit (see the module docstring); None for an id no key made."""
         credential = self.owner(request_id)
         return None if credential is None else self.usage.take(credential, force=True)
-
-    def _prune(self) -> None:
-        closed = [i for i, (_, s, _) in self._open.items() if s.state is StreamState.CLOSED]
-        for request_id in closed:
-            del self._open[request_id]
 
 
 _WHAT = {"waiting": "streams waiting for a first token (STREAMSCOPE_MAX_WAITING)",

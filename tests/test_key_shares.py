@@ -127,6 +127,8 @@ async def test_a_key_at_its_share_of_waiting_streams_leaves_room_for_another(
     async with server.client() as client:
         bobs = [(await create(client, BOB), BOB) for _ in range(3)]
         bob_over = await create(client, BOB)
+        bob_openai = await client.post("/v1/completions", json={"prompt": "Hi"},
+                                       headers=bearer(BOB))
         alice = await create(client, ALICE)
         full = await create(client, ALICE)  # the cap itself: 4 wait
         waiting = server.hub.statistics().waiting
@@ -134,6 +136,9 @@ async def test_a_key_at_its_share_of_waiting_streams_leaves_room_for_another(
 
     assert [r.status_code for r, _ in bobs] == [201, 201, 201]
     assert_refused(bob_over, 429, "key_limit")
+    assert bob_openai.status_code == 429  # OpenAI's shape, our type as its code
+    assert bob_openai.json()["error"]["code"] == "key_limit"
+    assert int(bob_openai.headers["retry-after"]) >= 1
     assert alice.status_code == 201, alice.text  # before: too_many_waiting
     assert_refused(full, 429, "too_many_waiting")
     assert waiting == 4

@@ -238,12 +238,13 @@ class Runtime:
                 engine.InvalidRequest: from ``Hub.open_stream``; nothing was submitted.
         """
         hub, shares = self._ready_hub(), self.shares
-        if shares is not None and not rebuilt:
-            shares.check(prepared.request.request_id, resumable=resumable)
+        key = None if shares is None else shares.owner(prepared.request.request_id)
+        if shares is not None and key is not None and not rebuilt:
+            shares.check(key, resumable=resumable)
         stream = hub.open_stream(prepared.request, policy=prepared.policy,
                                  resume_from=prepared.resume_from)
-        if shares is not None:
-            shares.opened(stream, resumable=resumable or rebuilt)
+        if shares is not None and key is not None:
+            shares.opened(key, stream, resumable=resumable or rebuilt)
         return stream
 
     def resume_registry(self) -> ResumeRegistry:
