@@ -172,7 +172,7 @@ def stream_query(request_id: str) -> str:
 
 def observer(timer: RequestTimer) -> RequestTimer | SlotObserver:
     """What the resume registry is to tell of a stream this request makes: ``timer``,
-    holding this request's slot (if its key has a limit) for as long as the stream."""
+    holding this request's slot of its key (with keys) for as long as the stream."""
     access = _access()
     if access is None or access.slot is None:
         return timer

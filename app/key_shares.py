@@ -185,8 +185,9 @@ class KeyShares:
                 raise ApiError(
                     ErrorType.KEY_LIMIT,
                     f"the API key {credential.name!r} holds {mine} of the server's {cap} "
-                    f"{_WHAT[what]}, its fair share now ({others} other keys hold some, "
-                    f"and each other key keeps room for one); try again when one ends",
+                    f"{_WHAT[what]}, its fair share now ({others} other keys hold some "
+                    f"of it, and a place is kept for each key holding none); try again "
+                    f"when one of its streams ends",
                     retry_after_s=retry_after_s)
 
     def opened(self, credential: Credential, stream: TokenStream, *,
