@@ -3,9 +3,10 @@
 Pure: hashlib and hmac, no web framework and no clock of its own (``now`` is passed in),
 so that ``settings.py`` validates with it and ``auth.py`` (the HTTP side) uses it.
 
-Keys. ``STREAMSCOPE_API_KEY`` is one key (named ``default``, no limit of its own);
-``STREAMSCOPE_API_KEYS`` adds more, each with a name and, optionally, the most streams it
-may hold open at once, as a JSON list::
+Keys. ``STREAMSCOPE_API_KEY`` is one key (named ``default``); ``STREAMSCOPE_API_KEYS``
+adds more, each with a name and, optionally, the most streams it may hold open at once,
+as a JSON list (a key without one, and ``STREAMSCOPE_API_KEY``, gets the server's
+``key_max_streams``: ``Credential(default_max_streams=)``)::
 
     [{"name": "ci", "key": "<at least 32 characters>", "max_streams": 4},
      {"name": "page", "key": "<another>"}]
@@ -118,7 +119,7 @@ def _entry(n: int, entry: object) -> ApiKey:
 
 
 def all_keys(api_key: str | None, api_keys: Iterable[ApiKey]) -> tuple[ApiKey, ...]:
-    """The server's keys: ``api_key`` (as ``default``, no limit) first, then the rest.
+    """The server's keys: ``api_key`` (as ``default``, no limit of its own) first, then the rest.
 
     Raises: ValueError if ``api_key`` is also one of ``api_keys`` or a name repeats.
     """
@@ -144,9 +145,9 @@ class Credential:
 
     __slots__ = ("_digest", "_owner_key", "_token_key", "cache_key", "max_streams", "name")
 
-    def __init__(self, key: ApiKey) -> None:
+    def __init__(self, key: ApiKey, *, default_max_streams: int | None = None) -> None:
         self.name = key.name
-        self.max_streams = key.max_streams
+        self.max_streams = default_max_streams if key.max_streams is None else key.max_streams
         self._digest = hashlib.sha256(key.key.encode("ascii")).digest()
         self._token_key = derive(key.key, TOKEN_LABEL)
         self._owner_key = derive(key.key, OWNER_LABEL)

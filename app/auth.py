@@ -9,13 +9,15 @@ it runs before a view reads the body, and it also covers unknown paths (a 401, n
 404: no route list for strangers). The request's ``Access`` (which key let it in) is
 kept in ``quart.g`` for the views.
 
-Per-key limits. A key with ``max_streams`` holds at most that many streams at once:
+Per-key limits. A key holds at most its ``max_streams`` (else the server's
+``key_max_streams``, which ``STREAMSCOPE_API_KEY`` gets too) streams at once:
 each of its ``POST`` requests (every route that opens a stream or a generation) takes a
 ``Slot`` before its body is read, owned by the request's connection (``edge.own``) and
 given back when the request ends; a resumable stream takes its request's slot over
 (``observer``) and gives it back at its last event or when the registry forgets it, so
 its streams generating with no reader count too. Past the limit: 429
-``too_many_streams`` with ``Retry-After``, before the first byte.
+``too_many_streams`` with ``Retry-After``, before the first byte. Its share of the
+server-wide caps is ``key_shares.py``'s (429 ``key_limit``).
 
 Binding. Every request made with a key (a stream, a whole answer, a resumable stream)
 gets an id that key owns (``owned_request``: ``api_keys.Credential.new_owned_id``);
@@ -57,12 +59,12 @@ from .api_keys import (
     KEYLESS_CACHE_KEY,
     ApiKey,
     Credential,
-    all_keys,
     cache_namespace,
     token_expiry,
 )
 from .edge.connection import own
 from .errors import ApiError, ErrorType
+from .key_shares import KeyShares, Slot
 from .metrics import RequestTimer
 from .settings import Settings
 
@@ -74,8 +76,6 @@ OPEN_PATHS = frozenset({"/health", "/ready", METRICS_PATH, "/", "/page.js"})
 # EventSource sends no headers: the one route a stream's read token opens, for that id.
 STREAM_READ_PREFIX = "/v1/stream/"
 STREAM_TOKEN_PARAM = "token"
-# A key at its limit: a stream of its own must end first; most are short.
-LIMIT_RETRY_AFTER_S = 1.0
 _ACCESS = "streamscope_access"  # the quart.g attribute
 
 
@@ -86,50 +86,6 @@ class Access:
     credential: Credential | None
     slot: Slot | None
     token_ttl_s: float
-
-
-class KeyUsage:
-    """How many streams each key holds now (for the keys with a limit)."""
-
-    def __init__(self) -> None:
-        self.open: dict[str, int] = {}
-
-    def take(self, credential: Credential) -> Slot:
-        """A slot of ``credential``'s. Raises: ApiError 429 too_many_streams."""
-        limit, held = credential.max_streams, self.open.get(credential.name, 0)
-        if limit is not None and held >= limit:
-            raise ApiError(ErrorType.TOO_MANY_STREAMS,
-                           f"the API key {credential.name!r} holds {held} streams, its "
-                           f"limit; end one or wait for one to end",
-                           retry_after_s=LIMIT_RETRY_AFTER_S)
-        self.open[credential.name] = held + 1
-        return Slot(self, credential.name)
-
-    def give_back(self, name: str) -> None:
-        self.open[name] -= 1
-        if not self.open[name]:
-            del self.open[name]
-
-
-class Slot:
-    """One stream's place in its key's count; ``close()`` gives it back, once.
-    Sync, idempotent, never a checkpoint (a connection closes it on every way out)."""
-
-    __slots__ = ("_name", "_usage")
-
-    def __init__(self, usage: KeyUsage | None, name: str) -> None:
-        self._usage = usage
-        self._name = name
-
-    def transfer(self) -> Slot:
-        """A slot that holds this one's place; this one gives nothing back any more."""
-        usage, self._usage = self._usage, None
-        return Slot(usage, self._name)
-
-    def close(self) -> None:
-        usage, self._usage = self._usage, None
-        if usage is not None:
-            usage.give_back(self._name)
 
 
 class SlotObserver:
@@ -152,16 +108,17 @@ class SlotObserver:
         self._inner.close()
 
 
-def register_auth(app: Quart, settings: Settings) -> None:
-    """Require one of the settings' keys as a bearer token on every route but
-    ``OPEN_PATHS``, and count the keys' streams; no key set: off. With a metrics token,
-    ``/metrics`` requires it (``guard_metrics``), keys or none."""
+def register_auth(app: Quart, settings: Settings, shares: KeyShares | None) -> None:
+    """Require one of the keys (``shares``: the runtime's, from the settings) as a
+    bearer token on every route but ``OPEN_PATHS``, and count the keys' streams; no
+    key set (``shares`` None): off. With a metrics token, ``/metrics`` requires it
+    (``guard_metrics``), keys or none."""
     if settings.metrics_token is not None:
         guard_metrics(app, settings.metrics_token)
-    credentials = [Credential(k) for k in all_keys(settings.api_key, settings.api_keys)]
-    if not credentials:
+    if shares is None:
         return
-    usage = KeyUsage()
+    credentials = list(shares.credentials)
+    usage = shares.usage
     ttl_s = settings.stream_token_ttl_s
 
     @app.before_request
@@ -184,7 +141,7 @@ def register_auth(app: Quart, settings: Settings) -> None:
             )
         credential = matched[0]
         slot = None
-        if request.method == "POST" and credential.max_streams is not None:
+        if request.method == "POST":
             slot = usage.take(credential)
             own(request.scope, slot)  # given back when the request ends, however
         setattr(g, _ACCESS, Access(credential, slot, ttl_s))
@@ -255,7 +212,7 @@ def stream_query(request_id: str) -> str:
 
 def observer(timer: RequestTimer) -> RequestTimer | SlotObserver:
     """What the resume registry is to tell of a stream this request makes: ``timer``,
-    holding this request's slot (if its key has a limit) for as long as the stream."""
+    holding this request's slot of its key (with keys) for as long as the stream."""
     access = _access()
     if access is None or access.slot is None:
         return timer

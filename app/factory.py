@@ -69,7 +69,7 @@ def create_app(
     app.metrics = metrics = Metrics(runtime.statistics,
                                     tenant_series=settings.metrics_token is not None)
     register_host_check(app, settings)  # keyless: local Host names only (DNS rebinding)
-    register_auth(app, settings)  # before any view reads a body
+    register_auth(app, settings, runtime.shares)  # before any view reads a body
     register_error_handlers(app, on_refusal=metrics.refused)
     app.register_blueprint(make_blueprint(runtime, metrics))
     app.register_blueprint(make_openai_blueprint(runtime, metrics))

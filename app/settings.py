@@ -194,6 +194,10 @@ class Settings(BaseSettings):
         "get error shutdown (with a Redis resume store, resumable ones are handed over to "
         "another replica 0.5 s before); hypercorn's --graceful-timeout must be at least "
         "this + 1")
+    # -- fair shares between API keys (app/key_shares.py) --
+    key_max_streams: PositiveInt = _setting(64,
+        "most streams an API key holds open at once, STREAMSCOPE_API_KEY's too, where "
+        "its api_keys entry sets no max_streams (429 too_many_streams past it)")
 
     def __init__(self, **values: Any) -> None:
         """Validate ``values`` (the defaults for the rest); no environment is read.

@@ -31,8 +31,9 @@ import pydantic
 import engine
 from streams.resume import Adopt, StoreRejected, generated_ids, spec_parts
 
+from ..auth import SlotObserver
 from ..errors import ErrorType
-from ..metrics import Metrics
+from ..metrics import Metrics, RequestTimer
 from ..runtime import Runtime
 from ..schemas import RequestLimits, parse_generate_body
 from ..wire import ResumableEvents, event_without_id
@@ -69,18 +70,28 @@ class Rebuilder:
             raise StoreRejected(f"the stored events of stream {request_id} hold "
                                 f"{len(tokens)} tokens, over its max_new_tokens")
         timer = self._metrics.start_request()
+        watcher: RequestTimer | SlotObserver = timer  # closed by the registry once adopted
         try:
             prepared = await self._runtime.prepare(request, body.policy, resume_from=tokens)
             try:
-                stream = self._runtime.open(prepared)
+                stream = self._runtime.open(prepared, rebuilt=True)
             except engine.InvalidRequest as exc:  # a token id outside the vocabulary, ...
                 raise StoreRejected(f"the stored stream {request_id} is refused by the "
                                     f"engine here: {exc}") from None
             timer.submitted(stream.prompt_tokens)
-            adopt(stream, ResumableEvents(request_id, stream.prompt_tokens), timer)
+            watcher = self._observer(request_id, timer)
+            adopt(stream, ResumableEvents(request_id, stream.prompt_tokens), watcher)
         except BaseException:
-            timer.close()
+            watcher.close()
             raise
+
+    def _observer(self, request_id: str, timer: RequestTimer) -> RequestTimer | SlotObserver:
+        """``timer``, holding a slot of the key that made the stream (its id says which;
+        ``key_shares.py``): a rebuilt stream counts against its key as it did on the
+        replica that died. Sync."""
+        shares = self._runtime.shares
+        slot = None if shares is None else shares.rebuilt_slot(request_id)
+        return timer if slot is None else SlotObserver(timer, slot)
 
     def refusal(self, request_id: str, message: str) -> bytes:
         """The ``error`` event (no id) a reader gets for a stream whose stored spec or

@@ -127,7 +127,7 @@ async def open_resumable(
     prepared, spec = await _prepare(runtime, owned_request(generation), policy)
     registry = runtime.resume_registry()
     check_detached(runtime, registry)
-    stream = runtime.open(prepared)
+    stream = runtime.open(prepared, resumable=True)
     reader = adopt(registry, stream, timer, attach=True, spec=spec)
     assert reader is not None  # attach=True
     body = EventStreamBody(ResumeSource(reader), LoggedEvents(send_retry=False),
@@ -224,7 +224,7 @@ class ResumableViews:
         prepared, spec = await _prepare(self.runtime, generation, body.policy)
         registry = self.runtime.resume_registry()
         check_detached(self.runtime, registry)
-        stream = self.runtime.open(prepared)
+        stream = self.runtime.open(prepared, resumable=True)
         adopt(registry, stream, timer, attach=False, spec=spec,
               attach_within_s=settings.attach_timeout_s)
         await _wait_stored(self.runtime, stream.request_id)

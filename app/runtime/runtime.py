@@ -45,6 +45,7 @@ import streams
 from streams.resume import Rebuild, ResumeRegistry
 
 from ..errors import ApiError, ErrorType
+from ..key_shares import KeyShares
 from ..settings import Settings
 from .draining import finish_drain
 from .loading import MakeEngine, ServingEngine, build_and_freeze
@@ -89,6 +90,7 @@ class Runtime:
         self.resumption: ResumeRegistry | None = None  # with the hub
         self.rebuild: Rebuild | None = None  # failover (the resumable routes set it)
         self.failure: str | None = None  # why the phase is FAILED
+        self.shares = KeyShares.from_settings(settings)  # None: no API keys
         self._load_scope = trio.CancelScope()
         self._settled = trio.Event()  # set when the phase leaves NEW and LOADING
         self._nursery: trio.Nursery | None = None  # the app's, from start()
@@ -218,21 +220,33 @@ class Runtime:
                                                     add_generation_prompt)
         return await self.prepare(build(text, ids), policy)
 
-    def open(self, prepared: Prepared) -> streams.TokenStream:
+    def open(self, prepared: Prepared, *, resumable: bool = False,
+             rebuilt: bool = False) -> streams.TokenStream:
         """Submit a prepared request to the hub and open its stream, or refuse. The
         engine checks the prompt's token budget and the deadline, with the prompt's
-        tokens, at the submit.
+        tokens, at the submit. With API keys, the stream counts against the key that
+        owns its id (``key_shares.py``): refused past the key's fair share of the
+        waiting streams or (``resumable``) of the resumable ones, unless ``rebuilt``
+        (a failover's continuation, counted as resumable but never refused by a share).
 
         Sync, never a checkpoint: the caller hands the stream to its closer (the
         connection's ``own``, or the resume registry) before anything can cancel it.
 
         Raises:
-            ApiError: the phase changed since ``prepare`` (503).
+            ApiError: the phase changed since ``prepare`` (503); the key's share (429
+                key_limit).
             streams.DeadlineUnmeetable, streams.WaitingLimitReached, streams.NotAccepting,
                 engine.InvalidRequest: from ``Hub.open_stream``; nothing was submitted.
         """
-        return self._ready_hub().open_stream(prepared.request, policy=prepared.policy,
-                                             resume_from=prepared.resume_from)
+        hub, shares = self._ready_hub(), self.shares
+        key = None if shares is None else shares.owner(prepared.request.request_id)
+        if shares is not None and key is not None and not rebuilt:
+            shares.check(key, resumable=resumable)
+        stream = hub.open_stream(prepared.request, policy=prepared.policy,
+                                 resume_from=prepared.resume_from)
+        if shares is not None and key is not None:
+            shares.opened(key, stream, resumable=resumable or rebuilt)
+        return stream
 
     def resume_registry(self) -> ResumeRegistry:
         """The registry of resumable streams (it runs while the hub does), or the
