@@ -15,7 +15,7 @@ A call is one of two shapes:
   one causal ``scaled_dot_product_attention`` per prompt, on exactly the shapes
   a prompt prefilled alone would see, so a packed prompt's hidden states are
   bit for bit its solo prefill's (a single call with a block-diagonal mask is
-  not, and measures slower: ``tools.prefillbench``). A prompt may come in
+  not, and measures slower: ``python -m tools.bench prefill``). A prompt may come in
   chunks over several calls (chunked prefill): a chunk that starts at position
   ``p > 0`` attends to the ``p`` cached positions before it, read back through
   its block table, and causally within itself.
@@ -32,7 +32,7 @@ A call is one of two shapes:
   and values are written first; the chunks attend as in a prefill, and the decode
   rows' queries are taken out and attend exactly as in a decode of those rows
   (the same gather, mask and kernel call), so only the linear layers see a
-  different batch shape (see ``tools.prefillbench --mixed`` for what that changes).
+  different batch shape (see ``tools.bench prefill`` for what that changes).
 
 Because transformers finds no mask builder for this name, it builds no mask:
 the ``PagedBatch`` carries what each call needs.

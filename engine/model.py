@@ -171,8 +171,9 @@ def converted_copy_dir() -> Path:
 def save_converted(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path
 ) -> None:
-    """The GGUF-loaded model as a transformers folder (also the peer's, in ``tools.peer``).
-    Best effort: a read-only or full disk only costs the next start its speed."""
+    """The GGUF-loaded model as a transformers folder (also the peer's, in
+    ``tools.peers.transformers_serve``). Best effort: a read-only or full disk only costs
+    the next start its speed."""
     import safetensors.torch
 
     try:

@@ -45,7 +45,7 @@ def text_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[int]], st
     so, a clean-up of spaces that transformers skips for BPE models anyway. Where that
     clean-up cannot apply, the Rust decode is called directly: the same text (a test
     compares them on random ids), about 2 us a call instead of 6 through transformers'
-    layers, and the detokenizer calls it twice a token (``tools.stepbench``'s step
+    layers, and the detokenizer calls it twice a token (``tools.bench step``'s step
     decodes every row).
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)

@@ -1,19 +1,20 @@
-"""``python -m tools.burstbench`` in a seconds-long form."""
+"""``python -m tools.bench``: the runner, and the step and burst benches in seconds-long forms."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from tools import burstbench
+import pytest
+
+from tools.bench.__main__ import main as bench
 
 
-def test_burstbench_long_reports_two_long_prompts_and_the_margin(tmp_path: Path) -> None:
-    out = tmp_path / "burstbench.json"
-    argv = ["--model", "tiny-llama", "--scenarios", "long", "--settings", "step-target-mixed",
-            "--long-tokens", "300", "--step-ms", "50", "--json", str(out)]
-    assert burstbench.main(argv) == 0
-    (row,) = json.loads(out.read_text())["rows"]
+def test_burst_bench_long_reports_two_long_prompts_and_the_margin(tmp_path: Path) -> None:
+    argv = ["burst", "--quick", "--scenarios", "long", "--settings", "step-target-mixed",
+            "--long-tokens", "300", "--step-ms", "50", "--out", str(tmp_path)]
+    assert bench(argv) == 0
+    (row,) = json.loads((tmp_path / "burst.json").read_text())["rows"]
     long = row["long"]
     assert long["long_prompt_tokens"] == 300
     assert long["long_ttft"] > 0 and long["gap_max"] >= long["gap_p50"] > 0
@@ -21,3 +22,22 @@ def test_burstbench_long_reports_two_long_prompts_and_the_margin(tmp_path: Path)
     assert again["long_ttft"] > 0 and again["margin_at_arrival"] > 0
 
 
+
+
+def test_step_bench_writes_the_summary_first_and_a_row_per_batch(tmp_path: Path) -> None:
+    argv = ["step", "--quick", "--batches", "1", "2", "--steps", "2", "--warmup", "1",
+            "--out", str(tmp_path)]
+    assert bench(argv) == 0
+    report = json.loads((tmp_path / "step.json").read_text())
+    assert list(report)[:2] == ["summary", "meta"]
+    assert [row["batch"] for row in report["rows"]] == [1, 2]
+    assert report["summary"]["engine_ms_by_batch"]["2"] > 0
+    assert report["meta"]["options"]["model"] == "tiny-llama"
+
+
+def test_the_runner_lists_every_bench(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        bench(["--list"])
+    assert done.value.code == 0
+    listed = {line.split()[0] for line in capsys.readouterr().out.splitlines()}
+    assert {"step", "prefill", "burst", "prefixcache"} <= listed

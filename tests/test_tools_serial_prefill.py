@@ -1,5 +1,5 @@
 """The exact mode (``tools/serial_prefill.py``): one prefill pass per prompt, injected as a
-runner, the same tokens as the engine's packed pass; ``tools.burstbench``'s ``serial``
+runner, the same tokens as the engine's packed pass; ``tools.bench burst``'s ``serial``
 setting builds its engine with it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from engine import GenerationRequest, SamplingParams, TokenEvent
 from engine.model import LoadedModel
 from tests.engine_steps import run_until_idle
 from tests.scripted_runner import ScriptedRunner, scripted_engine
-from tools import burstbench
+from tools.bench import burst
 from tools.serial_prefill import SerialPrefill
 
 
@@ -29,10 +29,10 @@ def test_serial_prefill_runs_a_pass_per_prompt_and_makes_the_packed_tokens() -> 
     assert serial_runner.prefills == [["a"], ["b"], ["c"]]
 
 
-def test_burstbench_serial_setting_injects_the_serial_runner(
+def test_burst_bench_serial_setting_injects_the_serial_runner(
     tiny_model: Callable[[str], LoadedModel],
 ) -> None:
-    serial = burstbench.bench_engine(tiny_model("tiny-gpt2"), {"pack_prefill": False})
+    serial = burst.bench_engine(tiny_model("tiny-gpt2"), {"pack_prefill": False})
     assert isinstance(serial.runner, SerialPrefill) and not serial.mixed_step
-    packed = burstbench.bench_engine(tiny_model("tiny-gpt2"), {})
+    packed = burst.bench_engine(tiny_model("tiny-gpt2"), {})
     assert not isinstance(packed.runner, SerialPrefill) and packed.mixed_step

@@ -1,4 +1,4 @@
-"""``python -m tools.sidebyside`` and the peer launcher, in forms that take seconds.
+"""``python -m tools.peers.sidebyside`` and the peer launcher, in forms that take seconds.
 
 The side-by-side command runs in a subprocess against our server alone (``--no-peer``,
 tiny GPT-2) and must write the JSON the docs read. The peer launcher starts the real
@@ -19,10 +19,10 @@ import trio
 
 from engine.model import tiny_llama, tiny_tokenizer
 from tools.load import run_load
-from tools.peer import open_peer, peer_command
+from tools.peers.sidebyside import compare, targets
+from tools.peers.transformers_serve import open_peer, peer_command
 from tools.records import StreamRequest
 from tools.server import REPO_ROOT
-from tools.sidebyside import compare, targets
 from tools.wire import PROTOCOLS
 
 COMMAND_TIMEOUT_S = 180  # a safety net: the command takes 20-40 s on a busy machine
@@ -32,7 +32,7 @@ def test_sidebyside_quick_writes_figures_and_targets(tmp_path: Path) -> None:
     out, png = tmp_path / "sbs.json", tmp_path / "sbs.png"
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMSCOPE_")}
     done = subprocess.run(
-        [sys.executable, "-m", "tools.sidebyside", "--model", "tiny-gpt2", "--no-peer",
+        [sys.executable, "-m", "tools.peers.sidebyside", "--model", "tiny-gpt2", "--no-peer",
          "--levels", "1", "4", "--requests", "4", "--baseline-requests", "2",
          "--max-new-tokens", "4", "--json", str(out), "--plot", str(png), "--no-progress"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)

@@ -3,7 +3,7 @@
 The engine hands a step's prompt chunks to one ``Runner.prefill`` call, which the
 product's runner packs into one forward pass (issue 10: a step pays the model's
 per-pass cost once). Before that, every prompt had a pass of its own, exactly as a
-prompt alone; ``tools.burstbench``'s ``serial`` setting still measures that, by
+prompt alone; ``tools.bench burst``'s ``serial`` setting still measures that, by
 wrapping the product's runner in ``SerialPrefill`` and turning the mixed step off
 (a mixed pass packs by nature). It is a benchmark's device, so it lives here and not
 among the engine's options.

@@ -5,7 +5,7 @@
     python -m tools.servicebench [--json results/servicebench.json] [--plot FILE.png]
     python -m tools.servicebench --quick          # levels 1 and 8, 32 tokens: seconds
 
-Why: the engine's step is measured alone elsewhere (``tools.stepbench``); what the
+Why: the engine's step is measured alone elsewhere (``python -m tools.bench step``); what the
 serving path (hub, policies, SSE, hypercorn, the event loop) costs a token, and how much
 of the engine's rate reaches clients, is measured only here, against a ceiling taken in
 the same run, and beside another serving path over the same engine.
@@ -15,7 +15,7 @@ For each engine of ``--engines`` (both by default):
 * ``tiny``: the tiny GPT-2 (``STREAMSCOPE_MODEL=tiny-gpt2``). Its ceiling is the engine
   alone in this process on the same model: N sequences submitted, stepped to the end,
   and tokens/s = N / the mean step time over the steps in which all N decode (after
-  every prefill, before the first finish), one torch thread, as ``tools.stepbench``'s
+  every prefill, before the first finish), one torch thread, as ``tools.bench step``'s
   ``engine_stepper`` times a step.
 * ``simulated``: ``tools/simulated.py``'s runner, a forward pass of ``--sim-step-ms``
   whatever the batch, everything else the real engine. Its ceiling is N / step_ms; the
@@ -24,7 +24,7 @@ For each engine of ``--engines`` (both by default):
 At each level N of ``--levels`` (STREAMSCOPE_MAX_BATCH and STREAMSCOPE_MAX_WAITING the
 largest level), two servers run side by side, started at once and idle while the other
 is measured: ours (``hypercorn -k trio app:app``, or ``'tools.simulated:build_app()'``)
-and the peer (``tools/starlette_peer.py``: the same engine behind uvicorn and Starlette's
+and the peer (``tools/peers/uvicorn_starlette.py``: the same engine behind uvicorn and Starlette's
 ``StreamingResponse``, h11 and the asyncio loop as on ours), both with ``--backlog``
 2048 (``app/edge/cli.py``'s LISTEN_BACKLOG: hypercorn's 100 drops part of a burst of
 connections) and ``OMP_NUM_THREADS=1``. Inherited ``STREAMSCOPE_`` variables are
@@ -108,7 +108,7 @@ TINY_MODEL = "tiny-gpt2"
 OURS, PEER = "streamscope", "starlette"
 APPS = {"tiny": "app:app", "simulated": "tools.simulated:build_app()"}
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-# The ceilings' engines, as the service's (and the peer's, tools/starlette_peer.py); the
+# The ceilings' engines, as the service's (and the peer's, tools/peers/uvicorn_starlette.py); the
 # short prompts fill no block, so the cache has nothing to share here: only its cost.
 PREFIX_CACHE = Settings().prefix_cache
 WARMUP_STREAMS, WARMUP_TOKENS = 2, 4
@@ -153,7 +153,7 @@ def server_commands(engine: str, max_level: int, sim_step_ms: float
     return {
         OURS: ([*python, "hypercorn", "-k", "trio", APPS[engine], "--bind", "127.0.0.1:0",
                 "--backlog", str(BACKLOG)], ours),
-        PEER: ([*python, "uvicorn", "tools.starlette_peer:create_app", "--factory",
+        PEER: ([*python, "uvicorn", "tools.peers.uvicorn_starlette:create_app", "--factory",
                 "--host", "127.0.0.1", "--port", "0", "--backlog", str(BACKLOG),
                 "--loop", "asyncio", "--http", "h11", "--no-access-log"], peer),
     }

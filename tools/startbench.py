@@ -15,7 +15,8 @@ copy made), then ``--repeats`` times in turn (rotating which goes first):
   ``PYTHONPATH`` and the working directory set to it), to measure a change against the
   code before it in the same run;
 * ``peer``: ``transformers serve --continuous-batching`` on the same float32 weights
-  (``tools.peer``; its folder is made before anything is timed). Not with ``--quick``.
+  (``tools.peers.transformers_serve``; its folder is made before anything is timed). Not
+  with ``--quick``.
 
 For each start: ``listening_s`` (spawned until the process logged its address: the
 interpreter, the imports, for ``hypercorn`` the app's build), ``ready_s`` (spawned until
@@ -81,7 +82,7 @@ def command_of(system: str) -> tuple[list[str], str, str]:
         return ([sys.executable, "-m", "hypercorn", "-k", "trio", "app:app",
                  "--bind", "127.0.0.1:0"], "/ready", "openai")
     if kind == "peer":
-        from tools.peer import peer_command, peer_model_dir
+        from tools.peers.transformers_serve import peer_command, peer_model_dir
 
         return peer_command(peer_model_dir()), "/health", "transformers"
     raise ValueError(f"unknown system {system!r}")
@@ -261,7 +262,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     if args.before is not None:
         systems += [f"before-{s}" for s in args.systems if s != "peer"]
     if "peer" in systems:  # its folder is made once, untimed
-        from tools.peer import peer_model_dir
+        from tools.peers.transformers_serve import peer_model_dir
 
         await trio.to_thread.run_sync(peer_model_dir)
     began, load_before = time.time(), os.getloadavg()

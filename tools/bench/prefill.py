@@ -1,6 +1,6 @@
 """Time of prefilling a burst of prompts: one at a time against one batched pass.
 
-``python -m tools.prefillbench [--json FILE]`` loads the embedded model once,
+``python -m tools.bench prefill`` loads the embedded model once,
 admits the experiments' 32 prompts into an engine, and times, in rounds that
 alternate the variants so that all of them see the same load on a shared
 machine:
@@ -28,11 +28,9 @@ batched decode's logits differ from a solo decode's. The variants other than
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +42,8 @@ from engine.engine import Engine
 from engine.model import load_model
 from engine.model_runner import ModelRunner
 from engine.sequence import Sequence
+from tools.bench.common import bench
+from tools.lab.common import Report
 from tools.prompts import load_prompts
 
 MASKED, PADDED = "prefillbench_masked", "prefillbench_padded"
@@ -181,15 +181,15 @@ def admitted(model: str, count: int) -> tuple[ModelRunner, list[Sequence]]:
     return engine.runner, seqs
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.prefillbench", description=__doc__)
-    parser.add_argument("--model", default="smollm2")
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds of every variant")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args(argv)
 
+
+@bench("prefill", "a burst's prefill: one pass per prompt against packed, masked, padded",
+       arguments=arguments)
+def run(args: argparse.Namespace) -> Report:
     runner, seqs = admitted(args.model, args.prompts)
     times: dict[str, list[float]] = {name: [] for name in args.variants}
     logits: dict[str, torch.Tensor] = {}
@@ -213,21 +213,10 @@ def main(argv: list[str] | None = None) -> int:
             "same_argmax": bool(torch.equal(logits[name].argmax(-1), reference.argmax(-1))),
             "runs_ms": [round(t, 1) for t in times[name]],
         })
-    tokens = sum(s.num_prompt_tokens for s in seqs)
-    print(f"{args.prompts} prompts, {tokens} tokens, {args.rounds} rounds, {args.model}")
-    print(f"{'variant':>8} {'median ms':>10} {'min ms':>8} {'ratio':>6} {'identical':>9} "
-          f"{'max diff':>9} {'argmax':>6}")
-    for row in rows:
-        print(f"{row['variant']:>8} {row['median_ms']:>10.1f} {row['min_ms']:>8.1f} "
-              f"{row['ratio']:>6.3f} {row['bit_identical']!s:>9} {row['max_abs_diff']:>9.2g} "
-              f"{row['same_argmax']!s:>6}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        summary = {"model": args.model, "prompts": args.prompts, "prompt_tokens": tokens,
-                   "rounds": args.rounds, "threads": torch.get_num_threads()}
-        args.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    summary = {"model": args.model, "prompts": args.prompts,
+               "prompt_tokens": sum(s.num_prompt_tokens for s in seqs),
+               "rounds": args.rounds, "threads": torch.get_num_threads(),
+               "median_ms": {r["variant"]: r["median_ms"] for r in rows},
+               "ratio_to_first": {r["variant"]: r["ratio"] for r in rows},
+               "same_argmax": all(r["same_argmax"] for r in rows)}
+    return Report(summary, {"rows": rows})

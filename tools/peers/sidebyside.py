@@ -2,19 +2,19 @@
 
 ::
 
-    flock /tmp/streamscope-bench.lock python -m tools.sidebyside \\
+    flock /tmp/streamscope-bench.lock python -m tools.peers.sidebyside \\
         --json results/sidebyside.json --plot docs/plots/sidebyside.png
 
 One command, one machine, one system after the other, the same client (``tools.load``):
 
-1. the bare decode ceiling: ``python -m tools.stepbench --batches 32`` (the engine's
+1. the bare decode ceiling: ``python -m tools.bench step --batches 32`` (the engine's
    decode step at batch 32; ceiling = 32 tokens per step) and the time of one packed
-   prefill of all 32 prompts (``python -m tools.prefillbench --variants packed``), both as
+   prefill of all 32 prompts (``python -m tools.bench prefill --variants packed``), both as
    subprocesses with the same thread setting as the servers;
 2. streamscope (``tools.server.open_server``: ``app:app`` under hypercorn, STREAMSCOPE_*
-   from the environment), then the peer (``tools.peer.open_peer``, the same float32
-   weights); each is warmed up with two short streams (not counted), then driven at each
-   level N of ``--levels``: N concurrent connections, ``--requests`` streams in all
+   from the environment), then the peer (``tools.peers.transformers_serve.open_peer``, the
+   same float32 weights); each is warmed up with two short streams (not counted), then
+   driven at each level N of ``--levels``: N concurrent connections, ``--requests`` streams in all
    (``--baseline-requests`` at N = 1, back to back), prompts from ``tools/prompts.txt``,
    ``--max-new-tokens`` greedy tokens, end of sequence off.
 
@@ -71,23 +71,21 @@ def thread_env(threads: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
 
 
-def _run_json_tool(module: str, args: list[str], env: Mapping[str, str]) -> dict[str, Any]:
-    """Run ``python -m module args --json FILE`` and return what it wrote."""
+def _run_bench(name: str, args: list[str], env: Mapping[str, str]) -> dict[str, Any]:
+    """Run ``python -m tools.bench NAME args`` in its own process; return what it wrote."""
     with tempfile.TemporaryDirectory() as scratch:
-        out = Path(scratch, "out.json")
-        subprocess.run([sys.executable, "-m", module, *args, "--json", str(out)], check=True,
-                       cwd=REPO_ROOT, env={**os.environ, **env}, stdout=sys.stderr)
-        data: dict[str, Any] = json.loads(out.read_text())
+        subprocess.run([sys.executable, "-m", "tools.bench", name, *args, "--out", scratch],
+                       check=True, cwd=REPO_ROOT, env={**os.environ, **env}, stdout=sys.stderr)
+        data: dict[str, Any] = json.loads(Path(scratch, f"{name}.json").read_text())
         return data
 
 
 def measure_ceiling(model: str, batch: int, env: Mapping[str, str]) -> dict[str, Any]:
     """The engine's decode step at ``batch`` and one packed prefill of ``batch`` prompts."""
-    step = _run_json_tool("tools.stepbench", ["--model", model, "--batches", str(batch),
-                                              "--steps", "8", "--warmup", "2"], env)
-    prefill = _run_json_tool("tools.prefillbench", ["--model", model, "--prompts", str(batch),
-                                                    "--rounds", "2", "--variants", "packed"],
-                             env)
+    step = _run_bench("step", ["--model", model, "--batches", str(batch), "--steps", "8",
+                               "--warmup", "2"], env)
+    prefill = _run_bench("prefill", ["--model", model, "--prompts", str(batch), "--rounds", "2",
+                                     "--variants", "packed"], env)
     step_ms = float(step["rows"][0]["engine_ms"])
     prefill_ms = float(prefill["rows"][0]["median_ms"])
     return {
@@ -219,7 +217,7 @@ async def run_side_by_side(args: argparse.Namespace) -> dict[str, Any]:
         await one("streamscope", lambda: open_server({"model": args.model}, env=env), "openai")
 
     async def run_peer() -> None:
-        from tools.peer import PEER_NAME, open_peer
+        from tools.peers.transformers_serve import PEER_NAME, open_peer
 
         await one(PEER_NAME, lambda: open_peer(env=env), "transformers")
 
@@ -242,7 +240,7 @@ async def run_side_by_side(args: argparse.Namespace) -> dict[str, Any]:
             "loadavg_after": [round(x, 2) for x in os.getloadavg()],
             "streamscope_env": {k: v for k, v in os.environ.items()
                                 if k.startswith("STREAMSCOPE_")},
-            "command": "python -m tools.sidebyside " + " ".join(args.argv),
+            "command": "python -m tools.peers.sidebyside " + " ".join(args.argv),
         },
         "ceiling": ceiling,
         "systems": systems,
@@ -292,7 +290,7 @@ def draw(data: Mapping[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tools.sidebyside", description=__doc__,
+        prog="python -m tools.peers.sidebyside", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2",
                         help="our server's model; the peer always runs the embedded one")
@@ -305,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-peer", action="store_true", help="streamscope alone")
     parser.add_argument("--peer-first", action="store_true",
                         help="run the peer before ours (to see the order's effect)")
-    parser.add_argument("--no-ceiling", action="store_true", help="skip stepbench/prefillbench")
+    parser.add_argument("--no-ceiling", action="store_true",
+                        help="skip the step and prefill benches")
     parser.add_argument("--json", type=Path, default=Path("results/sidebyside.json"))
     parser.add_argument("--plot", type=Path, default=None, help="a PNG of TTFT and gaps vs N")
     parser.add_argument("--no-progress", action="store_true")

@@ -1,6 +1,6 @@
 """A burst of arrivals and a long prompt, in the engine itself: TTFT and gaps per setting.
 
-``python -m tools.burstbench [--json FILE]`` loads the embedded model once and runs,
+``python -m tools.bench burst`` loads the embedded model once and runs,
 for each engine setting, one after another in the same process (so that they share
 the machine's load), two scenarios with no HTTP in between (times are taken in the
 stepping thread, when ``step()`` hands an event out):
@@ -42,16 +42,15 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-import torch
 
 from engine import EngineEvent, GenerationRequest, SamplingParams, TokenEvent, costs
 from engine.costs import PREFIX_POSITIONS
 from engine.engine import Engine
 from engine.model import LoadedModel, load_model
 from engine.model_runner import ModelRunner
+from tools.bench.common import bench
+from tools.lab.common import Report
 from tools.prompts import load_prompts
 from tools.serial_prefill import SerialPrefill
 
@@ -210,24 +209,19 @@ def bench_engine(loaded: LoadedModel, options: Options) -> Engine:
     return Engine(loaded, max_batch=32, num_blocks=1024, block_size=16, **options)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.burstbench", description=__doc__)
-    parser.add_argument("--model", default="smollm2")
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--burst-tokens", type=int, default=16)
     parser.add_argument("--long-tokens", type=int, default=1000)
     parser.add_argument("--step-ms", type=float, default=None)
     parser.add_argument("--settings", nargs="+", default=None, help="a subset, by name")
     parser.add_argument("--scenarios", nargs="+", default=["burst", "waves", "long"])
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads (default: torch's); 1 keeps a shared machine's "
-                        "other work from stalling every kernel of a pass")
     parser.add_argument("--ceiling-each", action="store_true",
                         help="measure the decode ceiling again before each setting")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
 
+
+@bench("burst", "a 32-prompt burst and a long prompt among running streams, per setting",
+       arguments=arguments)
+def run(args: argparse.Namespace) -> Report:
     loaded = load_model(args.model, "cpu")
     encode: Callable[[str], list[int]] = loaded.tokenizer.encode
     prompts = [encode(p) for p in load_prompts()]
@@ -240,7 +234,6 @@ def main(argv: list[str] | None = None) -> int:
             "decode_step_ms": round(decode_s * 1000, 1),
             "prefill_all_ms": round(prefill_s * 1000, 1),
             "step_target_ms": chosen["step-target"]["max_step_ms"]}
-    print(json.dumps(head))
     rows = []
     for name, options in chosen.items():
         if args.settings and name not in args.settings:
@@ -267,13 +260,6 @@ def main(argv: list[str] | None = None) -> int:
                 row["long"] = long_prompt(engine, prompts[:16], long_ids)
         rows.append(row)
         print(json.dumps(row))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        summary = {"model": args.model, "burst_tokens": args.burst_tokens,
-                   "long_tokens": len(long_ids), **head}
-        args.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    summary = {"model": args.model, "burst_tokens": args.burst_tokens,
+               "long_tokens": len(long_ids), **head}
+    return Report(summary, {"rows": rows})

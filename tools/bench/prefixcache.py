@@ -1,6 +1,6 @@
 """Prefix caching on and off, in one run: multi-turn chats with a common system prompt.
 
-``python -m tools.prefixcachebench [--json FILE]`` loads the model once and runs the
+``python -m tools.bench prefixcache`` loads the model once and runs the
 same workload on two fresh engines over it, ``prefix_cache`` off then on, in-process
 (no HTTP: what is measured is the engine). Each of ``--conversations`` chats has
 ``--turns`` turns; every turn re-sends its chat's whole history (a ``--system``-token
@@ -16,15 +16,15 @@ Wrap it in ``flock /tmp/streamscope-bench.lock`` on a shared machine.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 from engine import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 from engine.engine import Engine
 from engine.model import LoadedModel, load_model
+from tools.bench.common import bench
+from tools.lab.common import Report
 from tools.prompts import load_prompts
 
 GREEDY = SamplingParams(ignore_eos=True)
@@ -114,14 +114,8 @@ def burst(loaded: LoadedModel, on: bool, args: argparse.Namespace) -> dict[str, 
             sum(len(p) for p in prompts.values())}
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
+def draw(result: dict[str, Any], fig: Any) -> None:
     """TTFT per turn (median, cache off and on) and the prompt positions prefilled."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(10, 4))
     ttft, filled = fig.subplots(1, 2)
     for mode, run in result["chats"].items():
         turns = [t["turn"] for t in run["turns"]]
@@ -134,13 +128,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     for axes in (ttft, filled):
         axes.legend()
         axes.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--model", default="smollm2")
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--system", type=int, default=500, help="system prompt tokens")
@@ -149,39 +139,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--burst", type=int, default=0)
     parser.add_argument("--burst-system", type=int, default=1000)
     parser.add_argument("--blocks", type=int, default=1024)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: as is)")
     parser.add_argument("--cache-namespace", default="", help="every request's, in hex "
                         "(one API key's, as the app derives it); empty: the plain root")
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--plot", type=Path, help="a PNG of TTFT and prefill per turn")
-    parser.add_argument("--replot", type=Path, help="only draw --plot from this JSON")
-    args = parser.parse_args(argv)
-    if args.replot:
-        saved: dict[str, Any] = json.loads(args.replot.read_text())
-        plot(saved, args.plot or args.replot.with_suffix(".png"))
-        return saved
-    if args.threads:
-        import torch
 
-        torch.set_num_threads(args.threads)
+
+@bench("prefixcache", "prefix caching off and on: chats re-sending their history, a burst "
+       "with one system prompt", arguments=arguments)
+def run(args: argparse.Namespace) -> Report:
     loaded = load_model(args.model, "cpu")
-    result: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items()
-                                           if k not in ("json", "plot", "replot")}}
     runs = {mode: chats(loaded, mode == "on", args) for mode in ("off", "on")}
     answers = [(a, b) for t_off, t_on in zip(runs["off"]["answers"], runs["on"]["answers"],
                                              strict=True)
                for a, b in zip(t_off.values(), t_on.values(), strict=True)]
-    result["chats"] = {mode: {k: v for k, v in run.items() if k != "answers"}
-                       for mode, run in runs.items()}
-    result["identical_answers"] = sum(a == b for a, b in answers) / max(len(answers), 1)
-    # Where a pair differs: the turn, the chat and the first token that differs (a later
-    # turn's prompt carries its chat's earlier answers, so one difference propagates).
-    result["differences"] = [
-        {"turn": t + 1, "chat": rid, "first_token": next(
-            (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), len(a))}
-        for t, (t_off, t_on) in enumerate(zip(runs["off"]["answers"], runs["on"]["answers"],
-                                              strict=True))
-        for rid, a, b in zip(t_off, t_off.values(), t_on.values(), strict=True) if a != b]
+    result: dict[str, Any] = {"chats": {mode: {k: v for k, v in run.items() if k != "answers"}
+                                        for mode, run in runs.items()}}
     # Where a pair differs: the turn, the chat and the first token that differs (a later
     # turn's prompt carries its chat's earlier answers, so one difference propagates).
     result["differences"] = [
@@ -191,21 +162,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                               strict=True))
         for rid, a, b in zip(t_off, t_off.values(), t_on.values(), strict=True) if a != b]
     last_off, last_on = runs["off"]["turns"][-1], runs["on"]["turns"][-1]
-    result["last_turn_ttft_ratio"] = round(last_on["ttft_ms_median"]
-                                           / last_off["ttft_ms_median"], 3)
-    result["prefilled_share"] = round(
-        sum(t["prefilled_tokens"] for t in runs["on"]["turns"])
-        / sum(t["prefilled_tokens"] for t in runs["off"]["turns"]), 3)
+    summary: dict[str, Any] = {
+        "identical_answers": sum(a == b for a, b in answers) / max(len(answers), 1),
+        "last_turn_ttft_ratio": round(last_on["ttft_ms_median"] / last_off["ttft_ms_median"], 3),
+        "prefilled_share": round(
+            sum(t["prefilled_tokens"] for t in runs["on"]["turns"])
+            / sum(t["prefilled_tokens"] for t in runs["off"]["turns"]), 3),
+    }
     if args.burst:
         result["burst"] = {mode: burst(loaded, mode == "on", args) for mode in ("off", "on")}
-    text = json.dumps(result, indent=2)
-    if args.json:
-        args.json.write_text(text + "\n")
-    if args.plot:
-        plot(result, args.plot)
-    print(text)
-    return result
-
-
-if __name__ == "__main__":
-    main()
+        summary["burst"] = result["burst"]
+    return Report(summary, result, plot=lambda fig: draw(result, fig))

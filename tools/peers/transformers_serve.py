@@ -3,7 +3,7 @@
 ::
 
     async with open_peer(env={"OMP_NUM_THREADS": "1"}) as url: ...   # from Trio code
-    python -m tools.peer            # prepare the model folder, start, wait, print the URL, stop
+    python -m tools.peers.transformers_serve  # prepare the folder, start, wait, print URL, stop
 
 Needs the ``peer`` extra (``pip install -e '.[peer]'``: fastapi and uvicorn, which
 ``transformers serve`` imports). There is no model hub here: ``peer_model_dir()``

@@ -3,7 +3,7 @@ way to serve it, for ``tools.servicebench`` to compare our serving path with.
 
 ::
 
-    STARLETTE_PEER_ENGINE=simulated python -m uvicorn tools.starlette_peer:create_app \\
+    STARLETTE_PEER_ENGINE=simulated python -m uvicorn tools.peers.uvicorn_starlette:create_app \\
         --factory --host 127.0.0.1 --port 0
 
 Why: the serving path's cost is only meaningful beside another serving path over the same

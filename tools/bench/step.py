@@ -1,6 +1,6 @@
 """Median time of one decode step: the engine against plain transformers.
 
-``python -m tools.stepbench [--json FILE]`` loads the embedded model once and,
+``python -m tools.bench step`` loads the embedded model once and,
 for each batch size B, times decode steps (no prefill in them) of
 
 * the engine: B sequences admitted together, then ``step()`` decoding all B
@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -32,6 +30,8 @@ from transformers import DynamicCache, PreTrainedModel
 from engine import GenerationRequest, SamplingParams
 from engine.engine import Engine
 from engine.model import LoadedModel, load_model
+from tools.bench.common import bench
+from tools.lab.common import Report
 from tools.prompts import load_prompts
 
 BATCHES = (1, 2, 4, 8, 16, 32)
@@ -88,17 +88,17 @@ def measure(
     return statistics.median(engine_ms[warmup:]), statistics.median(plain_ms[warmup:])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.stepbench", description=__doc__)
-    parser.add_argument("--model", default="smollm2")
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None)
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     parser.add_argument("--steps", type=int, default=16, help="timed decode steps per run")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--prompt-tokens", type=int, default=32)
-    parser.add_argument("--json", type=Path, default=None, help="write the rows here")
-    args = parser.parse_args(argv)
 
+
+@bench("step", "one decode step: the engine against plain transformers, per batch",
+       arguments=arguments)
+def run(args: argparse.Namespace) -> Report:
     loaded = load_model(args.model, args.device)
     plain = copy.deepcopy(loaded.model)  # before the engine switches its attention
     plain.set_attn_implementation("sdpa")
@@ -109,34 +109,19 @@ def main(argv: list[str] | None = None) -> int:
     for batch in tqdm(args.batches, desc="batch sizes"):
         ids = prompt_ids(loaded, batch, args.prompt_tokens)
         engine_ms, plain_ms = measure(loaded, plain, ids, args.steps, args.warmup)
-        rows.append(
-            {
-                "batch": batch,
-                "engine_ms": round(engine_ms, 2),
-                "transformers_ms": round(plain_ms, 2),
-                "ratio": round(engine_ms / plain_ms, 3),
-            }
-        )
+        rows.append({"batch": batch, "engine_ms": round(engine_ms, 2),
+                     "transformers_ms": round(plain_ms, 2),
+                     "ratio": round(engine_ms / plain_ms, 3)})
     base = rows[0]["engine_ms"]
-    print(f"{'batch':>5} {'engine ms':>10} {'transformers ms':>16} {'ratio':>6} {'x batch 1':>9}")
     for row in rows:
-        print(
-            f"{row['batch']:>5} {row['engine_ms']:>10.2f} {row['transformers_ms']:>16.2f} "
-            f"{row['ratio']:>6.3f} {row['engine_ms'] / base:>9.2f}"
-        )
-    if args.json:
-        summary = {
-            "model": args.model,
-            "device": str(loaded.device),
-            "prompt_tokens": args.prompt_tokens,
-            "timed_steps": args.steps,
-            "ratio_at_largest_batch": rows[-1]["ratio"],
-            "largest_over_smallest_batch": round(rows[-1]["engine_ms"] / base, 3),
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        row["x_smallest_batch"] = round(row["engine_ms"] / base, 2)
+    summary = {
+        "model": args.model,
+        "device": str(loaded.device),
+        "prompt_tokens": args.prompt_tokens,
+        "timed_steps": args.steps,
+        "engine_ms_by_batch": {str(r["batch"]): r["engine_ms"] for r in rows},
+        "ratio_at_largest_batch": rows[-1]["ratio"],
+        "largest_over_smallest_batch": round(rows[-1]["engine_ms"] / base, 3),
+    }
+    return Report(summary, {"rows": rows})
