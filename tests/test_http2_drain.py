@@ -83,7 +83,9 @@ async def test_an_idle_connection_gets_goaway_when_hypercorn_itself_stops_first(
 async def test_a_busy_connection_finishes_its_streams_then_gets_goaway(
     start_tls: StartServer, certificate: Certificate
 ) -> None:
-    server = await start_tls(goaway_on_drain=True)
+    # A grace the stream's 480 paced steps never meet, however busy the machine (the
+    # default 5 s was met at a load average of 10): the drain waits for the stream's end.
+    server = await start_tls(goaway_on_drain=True, shutdown_grace_s=120)
     server.recorder.pace(PACE_S)
     client = await H2Client.connect(server, certificate)
     running = await client.post("/v1/stream", long_body())
