@@ -327,7 +327,8 @@ class Engine:
         """
         with self._stepping() as started:
             events: list[EngineEvent] = []
-            early = events.extend if on_prefill is None else partial(self._hand_over, on_prefill)
+            early = (events.extend if on_prefill is None
+                     else partial(self._pass_prefill_events, on_prefill))
             early(self.scheduler.apply_inbox())
             for seq in self.scheduler.take_resumed():  # their tokens' draws, once
                 self.runner.advance_generator(seq.generator, seq.generated_ids)
@@ -351,7 +352,7 @@ class Engine:
         finally:
             self._step_lock.release()
 
-    def _hand_over(self, on_prefill: PrefillCallback, events: list[EngineEvent]) -> None:
+    def _pass_prefill_events(self, on_prefill: PrefillCallback, events: list[EngineEvent]) -> None:
         """Give ``events`` (if any) to ``on_prefill`` with the statistics brought up to
         date first: whoever sees a finish then also sees its blocks released."""
         if events:

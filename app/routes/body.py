@@ -61,6 +61,8 @@ from quart.wrappers.response import ResponseBody
 from engine import TokenEvent
 from streams.resume import LoggedEvent
 
+from ..wire import Encoder
+
 if TYPE_CHECKING:
     from streams import Keepalives
 
@@ -99,24 +101,6 @@ class NudgeableSource(ItemSource[Item], Protocol[Item]):
     """A source the keep-alive timer can nudge: its ``receive_batch`` then returns []."""
 
     def nudge(self) -> None: ...
-
-
-class Encoder(Protocol[Item]):
-    """Items to bytes, sans-IO: ``app.wire.Encoder`` for a stream's items."""
-
-    def opening(self) -> bytes:
-        """What goes before the first item (b"" for nothing)."""
-        ...
-
-    def encode(self, items: list[Item]) -> bytes:
-        """Several items in one chunk, each its own event."""
-        ...
-
-    def error(self, error_type: str, message: str) -> bytes:
-        """The failure event after the first byte (b"" for none: the farewell)."""
-        ...
-
-    def keepalive(self) -> bytes: ...
 
 
 class SourceMoved(Exception):

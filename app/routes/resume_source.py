@@ -23,7 +23,7 @@ from .body import SourceMoved
 
 
 class LoggedEvents:
-    """``body.Encoder`` of logged events: their bytes as they are."""
+    """An ``app.wire.Encoder`` of logged events: their bytes as they are."""
 
     def __init__(self, *, send_retry: bool) -> None:
         self._opening = RETRY_LINE if send_retry else b""

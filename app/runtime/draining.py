@@ -6,8 +6,8 @@ finish until ``SHUTDOWN_GRACE_S`` from then, ends the rest with a last ``error``
 ``shutdown`` (each end asks the engine to cancel), and steps the engine until it holds
 none of our requests: the cache is whole. With a shared resume store, the resumable
 streams still running ``HANDOVER_LEAD_S`` before that deadline are handed over instead
-(``hand_over``): they stop here without a final event, their events in the store and
-their owner leases let go, and a resume on another replica continues them.
+(``hand_over_before_deadline``): they stop here without a final event, their events in
+the store and their writer leases let go, and a resume on another replica continues them.
 
 hypercorn's own stop comes after the drain or at the same moment (``app/edge/signals.py``
 says which); when both start at the signal, ``--graceful-timeout`` must be at least
@@ -51,7 +51,7 @@ async def finish_drain(
     settings: Settings, began: float,
 ) -> None:
     """Wait for the draining ``hub`` to stop (and for a hand-over of resumable streams to
-    the store, ``hand_over``), then say so in the log.
+    the store, ``hand_over_before_deadline``), then say so in the log.
 
     Cancellation: (the app's nursery, at its shutdown deadline) the remaining streams are
     ended at once (``Hub.shutdown``) and Cancelled propagates.
@@ -59,8 +59,8 @@ async def finish_drain(
     hub_stopped = trio.Event()
     handing_over = registry if settings.resume_store is not None else None
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(hand_over, handing_over, began + settings.shutdown_grace_s,
-                           hub_stopped)
+        nursery.start_soon(hand_over_before_deadline, handing_over,
+                           began + settings.shutdown_grace_s, hub_stopped)
         await hub.shutdown()
         hub_stopped.set()
     stats = eng.statistics()
@@ -70,7 +70,7 @@ async def finish_drain(
                 stats.blocks_total)
 
 
-async def hand_over(
+async def hand_over_before_deadline(
     registry: ResumeRegistry | None, deadline: float, hub_stopped: trio.Event
 ) -> None:
     """``HANDOVER_LEAD_S`` before the drain's ``deadline``, unless the hub stopped first

@@ -9,26 +9,27 @@ stream's id, the model's name), so it can be tested without a server, like
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol, TypeVar
 
 from streams import encode_comment
 
-if TYPE_CHECKING:
-    from streams import StreamItem
+Item = TypeVar("Item")
 
 # Sent when a stream is quiet, so that proxies and clients do not time the
 # connection out; a comment, which every SSE client (and OpenAI's SDK) ignores.
 KEEPALIVE_COMMENT = encode_comment("keep-alive")
 
 
-class Encoder(Protocol):
-    """One stream's bytes on the wire, in the order the body writes them."""
+class Encoder(Protocol[Item]):
+    """One stream's bytes on the wire, in the order the body writes them. ``Item`` is
+    what the body's source gives: a stream's items (``streams.StreamItem``) for every
+    route's encoder here, a resumable stream's logged events for a resume."""
 
     def opening(self) -> bytes:
         """What goes before the first item (b"" for nothing)."""
         ...
 
-    def encode(self, items: list[StreamItem]) -> bytes:
+    def encode(self, items: list[Item]) -> bytes:
         """Several items in one chunk, each its own event (or chunk), numbered on from
         the last one encoded; the same bytes as encoding them one at a time."""
         ...

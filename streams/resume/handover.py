@@ -16,7 +16,7 @@ from .log import SharedEventLog
 from .records import Holding
 
 
-def hand_over(log: SharedEventLog, local: LocalStreams) -> int:
+def leave_to_another_replica(log: SharedEventLog, local: LocalStreams) -> int:
     """Leave each published stream that has not ended to another replica; how many.
     Sync, never a checkpoint: the caller then waits for ``log.stored()``, after which
     the store has every event they logged and their writer leases are let go."""

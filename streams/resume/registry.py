@@ -50,7 +50,7 @@ import trio
 
 from ..stream import TokenStream
 from .byte_cap import ByteCap
-from .handover import hand_over
+from .handover import leave_to_another_replica
 from .local import LocalStreams
 from .log import EventLog, SharedEventLog, StoreUnavailable
 from .reader import Reader
@@ -135,7 +135,7 @@ class ResumeRegistry:
         if log is None or self.rebuild is None:
             await trio.lowlevel.checkpoint()
             return 0
-        handed = hand_over(log, self._local)
+        handed = leave_to_another_replica(log, self._local)
         self._handed_over += handed
         await log.stored()
         return handed
