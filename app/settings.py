@@ -14,8 +14,9 @@ The hub's limits (queue_limit, stall_timeout_s, max_waiting) are checked by the 
 read so that the error names it; the ``HubSettings`` the hub then runs with is built
 with the settings, once, and never checked again.
 
-The README's settings table is ``settings_table()``: each field's description says its
-meaning, so the table and the code cannot drift apart (tests/test_app_settings.py).
+The README's settings table is ``settings_table.settings_table()``: each field's
+description says its meaning, so the table and the code cannot drift apart
+(tests/test_app_settings.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import pydantic
@@ -356,15 +357,11 @@ class Settings(BaseSettings):
             shutdown_grace_s=self.shutdown_grace_s)
         return self
 
-
-def settings_table() -> list[tuple[str, str, str]]:
-    """(variable, default, meaning) for every setting, in declaration order."""
-    rows = []
-    for name, f in Settings.model_fields.items():
-        extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
-        shown = extra.get("shown") or _show(f.default)
-        rows.append((env_name(name), str(shown), f.description or ""))
-    return rows
+    # -- precision (issue 37): read by the engine's load, checked against the device there
+    dtype: Literal["float32", "bfloat16"] = _setting("float32",
+        "the weights' precision, float32 or bfloat16 (the KV cache follows it; half the "
+        "memory per position); one the device cannot run is refused at start. What each "
+        "costs and gains, and why no int8: docs/results.md")
 
 
 def env_name(field_name: str) -> str:
@@ -384,16 +381,6 @@ class _EnvironSource(EnvSettingsSource):
     def _load_env_vars(self) -> Mapping[str, str | None]:
         return {name.lower(): value.strip() for name, value in self._environ.items()
                 if name.startswith(ENV_PREFIX) and value.strip()}
-
-
-def _show(value: object) -> str:
-    if value is None:
-        return "(auto)"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, frozenset):
-        return ",".join(sorted(_show(v) for v in value))
-    return str(getattr(value, "value", value))
 
 
 def _visible_ascii(value: str) -> bool:

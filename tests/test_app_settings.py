@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from app.settings import Settings, SettingsError, settings_table
+from app.settings import Settings, SettingsError
+from app.settings_table import settings_table
 from streams import PolicyName
 
 
