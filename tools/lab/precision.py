@@ -41,7 +41,7 @@ from engine.model import load_model
 from engine.precision import LAB_PRECISIONS
 from tools.lab.common import Lab, Report, experiment
 
-SEEDED = {"temperature": 0.8, "top_p": 0.9}
+SEEDED: dict[str, Any] = {"temperature": 0.8, "top_p": 0.9}
 TOP = 2  # the top two logits at each position
 
 
@@ -66,7 +66,7 @@ async def precision(lab: Lab) -> Report:
     seeded_n = args.seeded if args.seeded is not None else lab.pick(8, 2)
     tokens = args.max_new_tokens or lab.pick(64, 8)
     prompts = lab.prompts(max(greedy_n, seeded_n))
-    runs = {}
+    runs: dict[str, dict[str, Any]] = {}
     for name in chosen:
         runs[name] = await trio.to_thread.run_sync(
             _run_precision, model, name, prompts[:greedy_n], prompts[:seeded_n], tokens)
@@ -102,7 +102,7 @@ def _run_precision(model: str, name: str, greedy: list[str], seeded: list[str],
             ignore_eos=True, logprobs=True, top_logprobs=TOP, seed=1000 + i, **SEEDED))
             for i, p in enumerate(seeded)],
     }
-    options = {"max_batch": max(len(greedy), len(seeded), 1), "num_blocks": 1024,
+    options: dict[str, Any] = {"max_batch": max(len(greedy), len(seeded), 1), "num_blocks": 1024,
                "block_size": 16}
     solo: dict[str, list[dict[str, Any]]] = {}
     solo_steps: list[float] = []
@@ -132,7 +132,8 @@ def _run(engine: Engine, batch: list[GenerationRequest]) -> tuple[dict[str, Any]
     every request of ``batch`` was decoding (none was still waiting for its first token)."""
     for request in batch:
         engine.submit(request)
-    answers = {r.request_id: {"ids": [], "text": "", "margins": []} for r in batch}
+    answers: dict[str, dict[str, Any]] = {
+        r.request_id: {"ids": [], "text": "", "margins": []} for r in batch}
     temperature = {r.request_id: r.sampling.temperature or 1.0 for r in batch}
     started: set[str] = set()
     steps: list[float] = []
@@ -159,7 +160,7 @@ def _run(engine: Engine, batch: list[GenerationRequest]) -> tuple[dict[str, Any]
 def compare(reference: list[dict[str, Any]], other: list[dict[str, Any]]) -> dict[str, Any]:
     """How ``other``'s answers depart from ``reference``'s, prompt by prompt: identical
     or not, and the first differing position with both runs' top-2 margins there."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for i, (ref, got) in enumerate(zip(reference, other, strict=True)):
         first = next((k for k, (a, b) in enumerate(zip(ref["ids"], got["ids"], strict=False))
                       if a != b), None)
