@@ -360,8 +360,9 @@ class Settings(BaseSettings):
     # -- precision (issue 37): read by the engine's load, checked against the device there
     dtype: Literal["float32", "bfloat16"] = _setting("float32",
         "the weights' precision, float32 or bfloat16 (the KV cache follows it; half the "
-        "memory per position); one the device cannot run is refused at start. What each "
-        "costs and gains, and why no int8: docs/results.md")
+        "memory per position; at a near-tie a concurrent answer may differ from its solo "
+        "run); one the device cannot run is refused at start. Figures, and why no int8: "
+        "docs/results.md")
 
 
 def env_name(field_name: str) -> str:

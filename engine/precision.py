@@ -1,22 +1,28 @@
 """The weights' precision: float32 or bfloat16 (the product's), or int8 (the lab's).
 
 One setting chooses it (``STREAMSCOPE_DTYPE`` in the app, ``precision`` here), among
-``PRECISIONS``, the ones whose answers keep the engine's promise that a sequence's
-tokens do not depend on its batch mates (tests/test_engine_identity.py runs in each):
+``PRECISIONS``; the lab measures ``LAB_PRECISIONS`` (``python -m tools.lab precision``,
+figures in docs/results.md):
 
-* ``float32``: the weights as loaded (the embedded model's GGUF dequantized to float32).
+* ``float32`` (the default): the weights as loaded (the embedded model's GGUF
+  dequantized to float32). The only precision in which every concurrent answer of the
+  embedded model equalled its solo run (32 of 32 greedy, 8 of 8 seeded).
 * ``bfloat16``: every weight cast to bfloat16; the model computes in bfloat16 and the KV
-  cache, which follows the model's dtype (``kv_cache``), holds bfloat16. Half the memory
-  per cached position. On a CPU without native bf16 (AVX-512 BF16 or AMX) torch emulates
-  it: it runs, slower than float32, so it is allowed there but never the default.
+  cache, which follows the model's dtype (``kv_cache``), holds bfloat16: half the
+  memory per cached position. On a CPU without native bf16 (AVX-512 BF16 or AMX) torch
+  emulates it, slower. Its logits are coarse (steps of 1/16-1/8 at the embedded model's
+  magnitudes) and its matrix kernels round differently with the batch's size, so at a
+  near-tie a concurrent answer can differ from the solo one: the identity tests pass on
+  the tiny models (wide logits), the embedded model kept it in 20 of 32 greedy answers.
 * ``int8``, in ``LAB_PRECISIONS`` only: torch's own dynamic quantization
   (``torch.ao.quantization.quantize_dynamic``) of every ``nn.Linear`` (GPT-2's ``Conv1D``
   layers are not ``nn.Linear``: there only the output layer): int8 weights, activations
   quantized on the fly, the result in float32; embeddings, norms and the KV cache stay
-  float32. CPU only (fbgemm/x86/qnnpack kernels). Not offered: the activations' scale is
-  ONE per input tensor, i.e. per batch, so a row's numbers depend on its batch mates and
-  a concurrent answer can differ from the solo one (tests/test_engine_precision.py shows
-  it; ``python -m tools.lab precision`` measures how often, and its speed).
+  float32. CPU only (fbgemm/x86/qnnpack kernels). Not offered, though the fastest: the
+  activations' scale is ONE per input tensor, i.e. per batch, so every row's numbers
+  depend on its batch mates (tests/test_engine_precision.py shows it; no concurrent
+  answer of the embedded model equalled its solo run), and no greedy answer equalled
+  float32's (the first token differed in 15 of 32).
 
 A precision the device cannot run raises ``PrecisionError`` before anything is built;
 the app names its setting in the message.

@@ -3,7 +3,9 @@
 Greedy and seeded on the tiny random models, in every precision the product offers
 (``engine.precision``: float32, bfloat16, int8). "Solo" means the same request alone in
 a fresh engine of the same precision; every other run must give token ids identical to
-it. The library's own ``generate`` is the reference in float32. The paged attention
+it. The library's own ``generate`` is the reference in float32. The tiny models' logits
+are wide, so bfloat16's rounding flips no token here; on the embedded model it does at
+near-ties (``python -m tools.lab precision``, docs/results.md). The paged attention
 is also checked on its own against ``scaled_dot_product_attention``.
 """
 

@@ -23,7 +23,8 @@ concurrent batch (the steps where every greedy request was decoding), so the tra
 in one run: speed against agreement.
 
 The model is loaded in this process (``--model``; default smollm2, tiny-gpt2 under
-``--quick``); the lab's server it starts (tiny-gpt2 unless ``--model``) only idles.
+``--quick``; ``--threads`` sets this process's torch threads too); the lab's server it
+starts (tiny-gpt2 unless ``--model``) only idles.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import statistics
 import time
 from typing import Any
 
+import torch
 import trio
 
 from engine import FinishEvent, GenerationRequest, SamplingParams
@@ -66,6 +68,8 @@ async def precision(lab: Lab) -> Report:
     seeded_n = args.seeded if args.seeded is not None else lab.pick(8, 2)
     tokens = args.max_new_tokens or lab.pick(64, 8)
     prompts = lab.prompts(max(greedy_n, seeded_n))
+    if args.threads:  # this process's torch threads (the engine runs here)
+        torch.set_num_threads(args.threads)
     runs: dict[str, dict[str, Any]] = {}
     for name in chosen:
         runs[name] = await trio.to_thread.run_sync(
