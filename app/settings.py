@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import pydantic
@@ -358,6 +358,12 @@ class Settings(BaseSettings):
         "with no API key set, the Host names (comma-separated, port optional) answered "
         "besides localhost, 127.0.0.1 and [::1]; others get 400 (DNS rebinding); `*`: any",
         shown="(none)")
+    # -- precision (issue 37): read by the engine's load, checked against the device there
+    dtype: Literal["float32", "bfloat16"] = _setting("float32",
+        "the weights' precision, float32 or bfloat16 (the KV cache follows it; half the "
+        "memory per position; at a near-tie a concurrent answer may differ from its solo "
+        "run); one the device cannot run is refused at start. Figures, and why no int8: "
+        "docs/results.md")
 
 
 def settings_table() -> list[tuple[str, str, str]]:

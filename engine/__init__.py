@@ -19,6 +19,7 @@ from .errors import EngineError as EngineError
 from .errors import InvalidMaxNewTokens as InvalidMaxNewTokens
 from .errors import InvalidRequest as InvalidRequest
 from .errors import InvalidSampling as InvalidSampling
+from .errors import PrecisionError as PrecisionError
 from .errors import PromptTooLong as PromptTooLong
 from .errors import StepReentered as StepReentered
 from .types import EngineEvent as EngineEvent
@@ -49,13 +50,16 @@ def load_engine(
     device: str | None = None,
     *,
     start_cache: bool = True,
+    precision: str = "float32",
     **engine_options: Any,
 ) -> Engine:
     """Load a model by name or path and wrap it in an Engine (imports torch); what each
     phase of it took is the engine's ``start_phases_s`` (``startup``). ``start_cache``:
     keep what the start computes in the user's cache directory and reuse it, the
     embedded model's converted weights (``model.load_model``) and, with a step-time
-    target, the calibration when a check agrees (``start_cache``, ``costs.calibrate``)."""
+    target, the calibration when a check agrees (``start_cache``, ``costs.calibrate``).
+    ``precision``: the weights' (``engine.precision``); ``PrecisionError`` if the
+    device cannot run it."""
     from .startup import phase, recording
 
     with recording() as phases:
@@ -65,10 +69,12 @@ def load_engine(
         from .model import converted_cache_dir, load_model
         from .start_cache import identity_of, reusing
 
-        loaded = load_model(model, device, model_cache=start_cache)
+        loaded = load_model(model, device, model_cache=start_cache, precision=precision)
         calibrates = start_cache and engine_options.get("max_step_ms") is not None
         identity = identity_of(model, str(loaded.device),
                                engine_options.get("block_size", 16)) if calibrates else {}
+        if calibrates and precision != "float32":  # a step's cost depends on it
+            identity["precision"] = precision
         with reusing(converted_cache_dir() if calibrates else None, identity), phase("engine"):
             built = Engine(loaded, **engine_options)
     built.start_phases_s = phases.rounded()
@@ -97,6 +103,7 @@ __all__ = [
     "InvalidMaxNewTokens",
     "InvalidRequest",
     "InvalidSampling",
+    "PrecisionError",
     "PromptTooLong",
     "SamplingParams",
     "StepReentered",

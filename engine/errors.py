@@ -61,3 +61,8 @@ class DoubleRelease(EngineError, RuntimeError):
 
 class StepReentered(EngineError, RuntimeError):
     """Two threads called step() at once; the engine has one caller."""
+
+
+class PrecisionError(EngineError, ValueError):
+    """The weights' precision is unknown, or the device cannot run it
+    (``engine.precision``): raised by the load, before anything is built."""

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from . import precision as precisions
 from .offline import hub_offline
 from .startup import phase
 
@@ -77,6 +78,7 @@ class LoadedModel:
     device: torch.device
     max_context: int  # positions the model can attend over
     eos_token_ids: frozenset[int]
+    precision: str = "float32"  # the weights' (``engine.precision``)
 
 
 def default_device() -> str:
@@ -84,12 +86,16 @@ def default_device() -> str:
 
 
 def load_model(
-    name: str = "smollm2", device: str | None = None, *, model_cache: bool = True
+    name: str = "smollm2", device: str | None = None, *, model_cache: bool = True,
+    precision: str = "float32",
 ) -> LoadedModel:
-    """Load ``name`` (see the module docstring) onto ``device`` as float32. With
-    ``model_cache`` False the embedded model is converted again, and nothing is kept."""
+    """Load ``name`` (see the module docstring) onto ``device`` in ``precision``
+    (``engine.precision``; a precision the device cannot run raises ``PrecisionError``
+    before anything is loaded). With ``model_cache`` False the embedded model is
+    converted again, and nothing is kept."""
     hub_offline()  # before the first import of transformers below
     target = torch.device(device or default_device())
+    precisions.check(precision, target)
     with phase("import_transformers"):  # the library's modelling code, whichever model
         import transformers.modeling_utils  # noqa: F401
     if name == "smollm2":
@@ -104,6 +110,9 @@ def load_model(
         raise ValueError(f"unknown model {name!r}: smollm2, tiny-gpt2, tiny-llama or a folder")
     with phase("to_device"):
         model = model.to(device=target, dtype=torch.float32).eval()  # type: ignore[call-arg]
+    if precision != "float32":
+        with phase("precision"):
+            model = precisions.apply(model, precision)
     return LoadedModel(
         name=name,
         model=model,
@@ -111,6 +120,7 @@ def load_model(
         device=target,
         max_context=_max_context(model),
         eos_token_ids=_eos_token_ids(model, tokenizer),
+        precision=precision,
     )
 
 

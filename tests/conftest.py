@@ -19,8 +19,9 @@ MAX_TEARDOWN_STEPS = 2_000
 
 
 @pytest.fixture(scope="session")
-def tiny_model() -> Callable[[str], LoadedModel]:
-    """``tiny_model(name)``: one shared LoadedModel per tiny model, for Engines only.
+def tiny_model() -> Callable[..., LoadedModel]:
+    """``tiny_model(name, precision="float32")``: one shared LoadedModel per tiny model and
+    precision (``engine.precision``), for Engines only.
 
     Using it sets torch to one thread for the rest of the session.
 
@@ -34,19 +35,20 @@ def tiny_model() -> Callable[[str], LoadedModel]:
     # Tiny matrices: one intra-op thread is fastest, and on a busy small machine a
     # second one makes every step many times slower (threads waiting on each other).
     torch.set_num_threads(1)
-    loaded: dict[str, LoadedModel] = {}
+    loaded: dict[tuple[str, str], LoadedModel] = {}
 
-    def get(name: str) -> LoadedModel:
-        if name not in loaded:
-            loaded[name] = load_model(name, "cpu")
-        return loaded[name]
+    def get(name: str, precision: str = "float32") -> LoadedModel:
+        if (name, precision) not in loaded:
+            loaded[name, precision] = load_model(name, "cpu", precision=precision)
+        return loaded[name, precision]
 
     return get
 
 
 @pytest.fixture
-def make_tiny_engine(tiny_model: Callable[[str], LoadedModel]) -> Iterator[Callable[..., Engine]]:
-    """``make_tiny_engine(model="tiny-gpt2", **options)``: an Engine checked at teardown.
+def make_tiny_engine(tiny_model: Callable[..., LoadedModel]) -> Iterator[Callable[..., Engine]]:
+    """``make_tiny_engine(model="tiny-gpt2", precision="float32", **options)``: an Engine
+    checked at teardown.
 
     At teardown each engine is stepped until it has no work, and then its cache must be
     whole: every block free, nothing running or waiting. A test that leaves a sequence
@@ -56,8 +58,8 @@ def make_tiny_engine(tiny_model: Callable[[str], LoadedModel]) -> Iterator[Calla
 
     engines: list[Engine] = []
 
-    def make(model: str = "tiny-gpt2", **options: Any) -> Engine:
-        engine = Engine(tiny_model(model), **options)
+    def make(model: str = "tiny-gpt2", precision: str = "float32", **options: Any) -> Engine:
+        engine = Engine(tiny_model(model, precision), **options)
         engines.append(engine)
         return engine
 

@@ -1,7 +1,11 @@
 """A sequence's tokens do not depend on its batch mates, and match the library's own run.
 
-Greedy float32 on the tiny random models. "Solo" means the same request alone in a
-fresh engine; every other run must give token ids identical to it. The paged attention
+Greedy and seeded on the tiny random models, in every precision the product offers
+(``engine.precision``: float32, bfloat16, int8). "Solo" means the same request alone in
+a fresh engine of the same precision; every other run must give token ids identical to
+it. The library's own ``generate`` is the reference in float32. The tiny models' logits
+are wide, so bfloat16's rounding flips no token here; on the embedded model it does at
+near-ties (``python -m tools.lab precision``, docs/results.md). The paged attention
 is also checked on its own against ``scaled_dot_product_attention``.
 """
 
@@ -26,8 +30,10 @@ from engine.attention import PagedBatch, decode_batch, paged_attention, prefill_
 from engine.engine import Engine
 from engine.kv_cache import PagedKVCache
 from engine.model import LoadedModel, load_model
+from engine.precision import PRECISIONS
 
 MODELS = pytest.mark.parametrize("model", ["tiny-gpt2", "tiny-llama"])
+PRECISION = pytest.mark.parametrize("precision", PRECISIONS)
 GREEDY = SamplingParams(ignore_eos=True)  # fixed lengths: the random models may emit eos
 # (prompt, max_new_tokens): prompt lengths 1..36 tokens, multi-byte text, 1..9 new tokens.
 CASES = [
@@ -56,7 +62,7 @@ SEEDED = [
 ]
 ENGINE_OPTIONS = {"max_batch": 16, "num_blocks": 128, "block_size": 4}
 
-SoloIds = Callable[[str, GenerationRequest], list[int]]
+SoloIds = Callable[[str, str, GenerationRequest], list[int]]
 
 
 def _request(
@@ -89,14 +95,15 @@ def _ids_by_request(events: list[EngineEvent]) -> dict[str, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def solo_ids(tiny_model: Callable[[str], LoadedModel]) -> SoloIds:
-    """``solo_ids(model, request)``: the ids of ``request`` run alone (memoized)."""
-    memo: dict[tuple[str, str, int, SamplingParams], list[int]] = {}
+def solo_ids(tiny_model: Callable[..., LoadedModel]) -> SoloIds:
+    """``solo_ids(model, precision, request)``: the ids of ``request`` run alone
+    (memoized)."""
+    memo: dict[tuple[str, str, str, int, SamplingParams], list[int]] = {}
 
-    def run(model: str, request: GenerationRequest) -> list[int]:
-        key = (model, request.prompt, request.max_new_tokens, request.sampling)
+    def run(model: str, precision: str, request: GenerationRequest) -> list[int]:
+        key = (model, precision, request.prompt, request.max_new_tokens, request.sampling)
         if key not in memo:
-            engine = Engine(tiny_model(model), **ENGINE_OPTIONS)
+            engine = Engine(tiny_model(model, precision), **ENGINE_OPTIONS)
             engine.submit(request)
             memo[key] = _ids_by_request(_run_until_idle(engine))[request.request_id]
             assert engine.allocator.num_free == engine.allocator.num_blocks
@@ -105,30 +112,33 @@ def solo_ids(tiny_model: Callable[[str], LoadedModel]) -> SoloIds:
     return run
 
 
+@PRECISION
 @MODELS
 @pytest.mark.parametrize("num_concurrent", [1, 2, 4, 8, 16])
 def test_concurrent_sequences_equal_solo(
-    model: str, num_concurrent: int, make_tiny_engine: Callable[..., Engine], solo_ids: SoloIds
+    model: str, precision: str, num_concurrent: int, make_tiny_engine: Callable[..., Engine],
+    solo_ids: SoloIds,
 ) -> None:
-    engine = make_tiny_engine(model, **ENGINE_OPTIONS)
+    engine = make_tiny_engine(model, precision, **ENGINE_OPTIONS)
     requests = [_request(f"r{i}", *case) for i, case in enumerate(CASES[:num_concurrent])]
     for request in requests:
         engine.submit(request)
     got = _ids_by_request(_run_until_idle(engine))
-    assert got == {r.request_id: solo_ids(model, r) for r in requests}
+    assert got == {r.request_id: solo_ids(model, precision, r) for r in requests}
 
 
+@PRECISION
 @MODELS
 @pytest.mark.parametrize("max_padding", [attention.MAX_PADDING, 2])
 def test_late_joiners_equal_solo(
-    model: str, max_padding: int, make_tiny_engine: Callable[..., Engine], solo_ids: SoloIds,
-    monkeypatch: pytest.MonkeyPatch,
+    model: str, precision: str, max_padding: int, make_tiny_engine: Callable[..., Engine],
+    solo_ids: SoloIds, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Joiners arrive while others decode and after some finished: their tables reuse
     # freed blocks, and they decode in one batch with sequences far ahead of them
     # (with a padding limit of 2, in several length groups: a call each).
     monkeypatch.setattr(attention, "MAX_PADDING", max_padding)
-    engine = make_tiny_engine(model, **ENGINE_OPTIONS)
+    engine = make_tiny_engine(model, precision, **ENGINE_OPTIONS)
     requests = [_request(f"r{i}", *case) for i, case in enumerate(CASES)]
     events: list[EngineEvent] = []
     for wave, steps in ((requests[0:4], 2), (requests[4:7], 3), (requests[7:12], 1)):
@@ -139,31 +149,34 @@ def test_late_joiners_equal_solo(
     for request in requests[12:]:
         engine.submit(request)
     events += _run_until_idle(engine)
-    assert _ids_by_request(events) == {r.request_id: solo_ids(model, r) for r in requests}
+    assert _ids_by_request(events) == {
+        r.request_id: solo_ids(model, precision, r) for r in requests}
 
 
+@PRECISION
 @MODELS
 def test_seeded_sampling_in_a_mixed_batch_equals_solo(
-    model: str, make_tiny_engine: Callable[..., Engine], solo_ids: SoloIds
+    model: str, precision: str, make_tiny_engine: Callable[..., Engine], solo_ids: SoloIds
 ) -> None:
     sampled = [
         _request(f"s{i}", prompt, max_new + 4, params)
         for i, ((prompt, max_new), params) in enumerate(zip(CASES, SEEDED, strict=False))
     ]
     greedy = [_request(f"g{i}", *case) for i, case in enumerate(CASES[4:10])]
-    engine = make_tiny_engine(model, **ENGINE_OPTIONS)
+    engine = make_tiny_engine(model, precision, **ENGINE_OPTIONS)
     for request in [*sampled[:2], *greedy[:3], *sampled[2:], *greedy[3:]]:
         engine.submit(request)
     got = _ids_by_request(_run_until_idle(engine))
-    assert got == {r.request_id: solo_ids(model, r) for r in [*sampled, *greedy]}
+    assert got == {r.request_id: solo_ids(model, precision, r) for r in [*sampled, *greedy]}
 
 
+@PRECISION
 @MODELS
-def test_seeded_sampling_actually_samples(model: str, solo_ids: SoloIds) -> None:
+def test_seeded_sampling_actually_samples(model: str, precision: str, solo_ids: SoloIds) -> None:
     # Guards the identity tests above against comparing greedy with greedy.
     differs = [
-        solo_ids(model, _request("s", prompt, 12, params))
-        != solo_ids(model, _request("s", prompt, 12, GREEDY))
+        solo_ids(model, precision, _request("s", prompt, 12, params))
+        != solo_ids(model, precision, _request("s", prompt, 12, GREEDY))
         for (prompt, _), params in zip(CASES, SEEDED, strict=False)
     ]
     assert all(differs)

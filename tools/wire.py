@@ -7,7 +7,8 @@ protocol that vLLM, llama.cpp's server and ``transformers serve`` speak, ``POST
 true}`` (``model`` only when given; ``"ignore_eos": true`` when asked, an extension vLLM
 and llama.cpp accept), answered with ``data: {chunk}`` events until ``data: [DONE]``.
 ``transformers``: ``openai`` for ``transformers serve``, which refuses ``ignore_eos`` (see
-``TransformersServeWire``).
+``TransformersServeWire``). ``llama``: ``openai`` for llama.cpp's ``llama-server``, with
+``"cache_prompt": false`` (see ``LlamaServerWire``).
 Caveat: that protocol has no token ids and no event per token, so a token here is a
 chunk: one that carries text,
 or empty text without a finish reason (a token whose bytes are held back). A closing
@@ -129,10 +130,22 @@ class TransformersServeWire(OpenAIWire):
         return body
 
 
+class LlamaServerWire(OpenAIWire):
+    """``openai`` for ``llama-server`` (``tools/peers/llama_server.py``): ``ignore_eos`` as asked,
+    and ``"cache_prompt": false``, so that each prompt is prefilled in full as the other
+    systems do (its slots would otherwise reuse a cached prefix of an earlier prompt)."""
+
+    name = "llama"
+
+    def body(self, request: StreamRequest, model: str | None) -> dict[str, Any]:
+        return {**super().body(request, model), "cache_prompt": False}
+
+
 PROTOCOLS: dict[str, WireProtocol] = {
     "streamscope": StreamscopeWire(),
     "openai": OpenAIWire(),
     "transformers": TransformersServeWire(),
+    "llama": LlamaServerWire(),
 }
 
 

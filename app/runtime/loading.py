@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import engine
 import streams
 
-from ..settings import Settings
+from ..settings import Settings, SettingsError, env_name
 
 
 class ServingEngine(streams.StepEngine, Protocol):
@@ -45,7 +45,18 @@ NO_FULL_COLLECTION = 1_000_000
 def load_engine_from_settings(settings: Settings, **engine_options: Any) -> ServingEngine:
     """The production ``make_engine``: load the model (imports torch, blocks for seconds).
     ``engine_options`` go to the Engine as well: the lab's seam for its devices (e.g. the
-    reservation admission, ``tools/lab/reservation.py``)."""
+    reservation admission, ``tools/lab/reservation.py``).
+
+    Raises:
+        SettingsError: naming ``STREAMSCOPE_DTYPE`` when the device cannot run it.
+    """
+    try:
+        return _load(settings, engine_options)
+    except engine.PrecisionError as exc:
+        raise SettingsError([f"{env_name('dtype')}={settings.dtype}: {exc}"]) from None
+
+
+def _load(settings: Settings, engine_options: dict[str, Any]) -> ServingEngine:
     return engine.load_engine(
         settings.model,
         settings.device,
@@ -57,6 +68,7 @@ def load_engine_from_settings(settings: Settings, **engine_options: Any) -> Serv
         block_size=settings.block_size,
         cache_memory=settings.cache_memory,
         prefix_cache=settings.prefix_cache,
+        precision=settings.dtype,
         **engine_options,
     )
 

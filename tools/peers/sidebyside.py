@@ -37,6 +37,15 @@ one packed prefill of all N prompts, then ``--max-new-tokens`` - 1 decode steps 
 N, and each system's share of it; a scheduler can beat it only by making decode rows
 cheaper than a full decode step (riding in prefill passes), not by batching better.
 ``--no-peer`` runs ours alone (the tests' quick form).
+
+``--llama`` adds llama.cpp's ``llama-server`` (``tools.peers.llama_server``: the binary
+``python -m tools.peers.llama_build`` built, on the shipped Q4_1 GGUF file, ``--parallel`` the
+largest level, ``-t``/``-tb`` ``--threads``), driven by the same client on the same route
+with ``ignore_eos`` and ``cache_prompt: false`` (``--protocol llama``); which build ran
+(native or portable) is in ``meta.llama_build``, and ``ratios_ours_over_llama`` and
+``llama_targets`` (issue 37: one stream at least 0.5x its tokens/s, the largest level at
+least 2x, TTFT p99 there no worse) are beside the peer's. ``--no-transformers`` leaves the
+``transformers serve`` peer out.
 """
 
 from __future__ import annotations
@@ -63,6 +72,8 @@ LEVELS = (1, 8, 32)
 TTFT_SLACK = 1.3  # issue 10: TTFT p99 within 1.3 x (one batched prefill + one step)
 CEILING_SHARE = 0.8  # issue 10: at least 80% of the decode ceiling
 PEER_FACTOR = 2.0  # issue 10: at least 2x the peer's tokens/s
+LLAMA_ONE_STREAM = 0.5  # issue 37: one stream at least 0.5x llama-server's tokens/s
+LLAMA_FACTOR = 2.0  # issue 37: the largest level at least 2x llama-server's
 COMPARED = ("tokens_per_s_counted", "ttft_p50_ms", "ttft_p99_ms", "gap_p50_ms", "gap_p99_ms",
             "gap_max_ms")
 
@@ -160,6 +171,24 @@ def compare(ours: Mapping[str, Any], peer: Mapping[str, Any]) -> dict[str, Any]:
             for n in ours if n in peer}
 
 
+def llama_targets(ours: Mapping[str, Any], llama: Mapping[str, Any],
+                  level: int) -> dict[str, Any]:
+    """Issue 37's targets against llama-server: one stream, the largest level's tokens/s
+    and its TTFT p99."""
+    out: dict[str, Any] = {"level": level}
+    if "1" in ours and "1" in llama:
+        one = _ratio(ours["1"]["tokens_per_s_counted"], llama["1"]["tokens_per_s_counted"])
+        out.update(one_stream_over_llama=one,
+                   one_stream_met=one is not None and one >= LLAMA_ONE_STREAM)
+    at, theirs = ours.get(str(level)), llama.get(str(level))
+    if at is not None and theirs is not None:
+        over = _ratio(at["tokens_per_s_counted"], theirs["tokens_per_s_counted"])
+        ttft = _ratio(at["ttft_p99_ms"], theirs["ttft_p99_ms"])
+        out.update(over_llama=over, over_llama_met=over is not None and over >= LLAMA_FACTOR,
+                   ttft_p99_over_llama=ttft, ttft_p99_met=ttft is not None and ttft <= 1.0)
+    return out
+
+
 def targets(ours: Mapping[str, Any], peer: Mapping[str, Any] | None,
             ceiling: Mapping[str, Any] | None, level: int,
             max_new_tokens: int | None = None) -> dict[str, Any]:
@@ -221,32 +250,52 @@ async def run_side_by_side(args: argparse.Namespace) -> dict[str, Any]:
 
         await one(PEER_NAME, lambda: open_peer(env=env), "transformers")
 
-    order = ([run_ours] if args.no_peer else [run_peer, run_ours] if args.peer_first
-             else [run_ours, run_peer])
+    async def run_llama() -> None:
+        from tools.peers.llama_server import LLAMA_NAME, open_llama
+
+        await one(LLAMA_NAME, lambda: open_llama(threads=args.threads, parallel=max(levels),
+                                                 env=env), "llama")
+
+    peers = [] if args.no_peer else [run_peer] * (not args.no_transformers) + [
+        run_llama] * args.llama
+    order = [*peers, run_ours] if args.peer_first else [run_ours, *peers]
     for run in order:
         await run()
     ours = systems["streamscope"]["levels"]
-    peer = next((s["levels"] for name, s in systems.items() if name != "streamscope"), None)
+    peer = next((s["levels"] for name, s in systems.items()
+                 if name not in ("streamscope", "llama-server")), None)
+    llama = systems.get("llama-server", {}).get("levels")
     return {
         "meta": {
             "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(began)),
             "wall_s": round(time.time() - began, 1),
             "model": args.model, "threads": args.threads, "levels": levels,
             "requests": args.requests, "baseline_requests": args.baseline_requests,
-            "max_new_tokens": args.max_new_tokens, "eos": "off on both",
+            "max_new_tokens": args.max_new_tokens, "eos": "off on every system",
             "order": list(systems),
-            "route": "POST /v1/completions, streaming, on both",
+            "route": "POST /v1/completions, streaming, on every system",
             "loadavg_before": [round(x, 2) for x in load_before],
             "loadavg_after": [round(x, 2) for x in os.getloadavg()],
             "streamscope_env": {k: v for k, v in os.environ.items()
                                 if k.startswith("STREAMSCOPE_")},
             "command": "python -m tools.peers.sidebyside " + " ".join(args.argv),
+            "llama_build": _llama_build() if args.llama and not args.no_peer else None,
         },
         "ceiling": ceiling,
         "systems": systems,
         "ratios_ours_over_peer": None if peer is None else compare(ours, peer),
         "targets": targets(ours, peer, ceiling, max(levels), args.max_new_tokens),
+        "ratios_ours_over_llama": None if llama is None else compare(ours, llama),
+        "llama_targets": None if llama is None else llama_targets(ours, llama, max(levels)),
     }
+
+
+def _llama_build() -> dict[str, Any] | None:
+    """Which llama-server ran: its path and build record (``tools.peers.llama_build``)."""
+    from tools.peers.llama_build import built_variant
+
+    found = built_variant()
+    return None if found is None else {"binary": str(found[0]), **found[1]}
 
 
 def draw(data: Mapping[str, Any], path: Path) -> None:
@@ -257,7 +306,7 @@ def draw(data: Mapping[str, Any], path: Path) -> None:
 
     fig = Figure(figsize=(11, 4.2))
     ttft_ax, gap_ax = fig.subplots(1, 2)
-    styles = {"streamscope": "C0"}
+    styles = {"streamscope": "C0", "llama-server": "C2"}
     for name, system in data["systems"].items():
         color = styles.get(name, "C1")
         levels = sorted(system["levels"], key=int)
@@ -301,6 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, every process")
     parser.add_argument("--no-peer", action="store_true", help="streamscope alone")
+    parser.add_argument("--llama", action="store_true",
+                        help="add llama-server (python -m tools.peers.llama_build first)")
+    parser.add_argument("--no-transformers", action="store_true",
+                        help="leave the transformers serve peer out")
     parser.add_argument("--peer-first", action="store_true",
                         help="run the peer before ours (to see the order's effect)")
     parser.add_argument("--no-ceiling", action="store_true",
@@ -316,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         draw(data, args.plot)
     print(json.dumps({"ceiling": data["ceiling"], "ratios": data["ratios_ours_over_peer"],
-                      "targets": data["targets"]}, indent=1))
+                      "targets": data["targets"], "llama": data["llama_targets"]}, indent=1))
     errors = sum(lv["errors"] for s in data["systems"].values() for lv in s["levels"].values())
     return 0 if errors == 0 else 1
 
