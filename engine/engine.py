@@ -172,7 +172,7 @@ class Engine:
             clock=clock,
         )
         self.costs: StepCosts = self.scheduler.costs
-        self.scheduler.token_text = TokenTexts(loaded.tokenizer)  # logprobs' texts
+        self.scheduler.recorder.token_text = TokenTexts(loaded.tokenizer)  # logprobs' texts
         self.mixed_step = self.scheduler.mixed_step = mixed_step
         if runner is None:
             from .model_runner import ModelRunner  # the torch side, only when it is needed
