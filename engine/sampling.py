@@ -67,17 +67,18 @@ def advance(generator: torch.Generator, vocab_size: int, draws: int) -> None:
 def constrain(logits: torch.Tensor, matchers: Sequence[object | None]) -> list[int]:
     """Apply each constrained row's next-token mask to its row of ``logits`` (batch,
     vocab) in place (the others untouched); the rows whose constraint allows no token
-    (a dead end: the caller finishes them). No mask work when no row is constrained."""
+    (a dead end: the caller finishes them). No mask work when no row is constrained.
+
+    The library fills a bit mask per row (``llguidance.numpy``); it is unpacked and
+    applied here with plain torch ops: ``llguidance.torch``'s own kernel is compiled by
+    torch on its first call, which took 10 s on this machine, inside a step."""
     rows = [row for row, matcher in enumerate(matchers) if matcher is not None]
     if not rows:
         return []
-    from llguidance.torch import (
-        allocate_token_bitmask,
-        apply_token_bitmask_inplace,
-        fill_next_token_bitmask,
-    )
+    from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
-    mask = allocate_token_bitmask(len(rows), logits.shape[1])
+    vocab = logits.shape[1]
+    mask = allocate_token_bitmask(len(rows), vocab)
     broken = []
     for index, row in enumerate(rows):
         matcher: Any = matchers[row]
@@ -85,12 +86,14 @@ def constrain(logits: torch.Tensor, matchers: Sequence[object | None]) -> list[i
             broken.append(index)
         else:
             fill_next_token_bitmask(matcher, mask, index)
+    bits = torch.from_numpy(mask).unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)
+    allowed = (bits & 1).flatten(1)[:, :vocab].bool().to(logits.device)
     every = len(rows) == logits.shape[0]
     scores = logits if every else logits[rows]  # a copy: written back below
-    apply_token_bitmask_inplace(scores, mask.to(logits.device))
+    scores.masked_fill_(~allowed, float("-inf"))
     if not every:
         logits[rows] = scores
-    empty = (mask == 0).all(dim=1).nonzero().flatten().tolist()
+    empty = (~allowed.any(dim=1)).nonzero().flatten().tolist()
     return sorted({rows[index] for index in (*broken, *empty)})
 
 

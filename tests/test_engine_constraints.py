@@ -246,16 +246,16 @@ def test_a_dead_end_finishes_the_row_with_an_error_and_its_batch_mates_go_on(
 
 def test_unconstrained_rows_do_no_mask_work(make_tiny_engine: MakeEngine,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    import llguidance.torch
+    import llguidance.numpy
 
     calls: list[int] = []
-    fill = llguidance.torch.fill_next_token_bitmask
+    fill = llguidance.numpy.fill_next_token_bitmask
 
     def counted(matcher: Any, mask: Any, index: int = 0) -> None:
         calls.append(index)
         fill(matcher, mask, index)
 
-    monkeypatch.setattr(llguidance.torch, "fill_next_token_bitmask", counted)
+    monkeypatch.setattr(llguidance.numpy, "fill_next_token_bitmask", counted)
     engine = make_tiny_engine(**OPTIONS)
     for i in range(4):
         engine.submit(_request(f"free{i}", PROMPTS[i], None, max_new=6))
