@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 # (OpenAI allows 4) and keep the matcher's per-token work small.
 MAX_STOP_STRINGS = 8
 MAX_STOP_CHARS = 64
+# The longest constraint source (a schema's JSON, a regex, a grammar) a request may send:
+# compiling costs time in proportion to it. (A constant until app/settings.py, at its
+# line cap, has room for a setting.)
+MAX_CONSTRAINT_CHARS = 16_384
 # The longest TTFT deadline a request may give: ten minutes is already no deadline.
 MAX_DEADLINE_MS = 600_000.0
 
@@ -77,6 +81,7 @@ class RequestLimits:
     # Chat requests: messages and text parts, each a template pass's work (issue 33).
     max_chat_messages: int = 512
     max_content_parts: int = 1024
+    max_constraint_chars: int = MAX_CONSTRAINT_CHARS
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RequestLimits:
