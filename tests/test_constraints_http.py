@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from app.schemas import RequestLimits, parse_generate_body
 from engine import GenerationRequest
-from streams.resume import spec_of
+from streams.resume import spec_of, spec_parts
 from tests.http_clients import parse_sse
 from tests.http_server import RunningServer
 
@@ -126,6 +126,6 @@ def test_the_rebuild_spec_carries_the_constraint() -> None:
                        {"type": "grammar", "grammar": 'start: "a"'}):
         raw = json.dumps({"prompt": "p", "constraint": constraint}).encode()
         request = parse_generate_body(raw, limits).to_generation_request()
-        spec = spec_of(request, None)
-        rebuilt: GenerationRequest = parse_generate_body(spec, limits).to_generation_request()
+        body, _ = spec_parts(spec_of(request, None))  # the body, as the rebuilder reads it
+        rebuilt: GenerationRequest = parse_generate_body(body, limits).to_generation_request()
         assert rebuilt.constraint == request.constraint is not None
