@@ -186,6 +186,10 @@ class AnthropicPrompt(BaseModel):
             check_tool_count(len(value), limits)
             check_schema_bytes([t.input_schema for t in value], limits,
                                "the tools' input schemas")
+        try:
+            check_tools(value, None)  # names given twice
+        except ValueError as exc:
+            raise PydanticCustomError("invalid_tools", str(exc)) from None
         return value
 
     @field_validator("tool_choice")

@@ -250,6 +250,10 @@ class ChatBody(OpenAIBody):
             check_tool_count(len(value), limits)
             check_schema_bytes([t.function.spec().parameters for t in value], limits,
                                "the tools' parameters")
+        try:
+            check_tool_choice(None, value)  # names given twice
+        except ValueError as exc:
+            raise PydanticCustomError("invalid_tools", str(exc)) from None
         return value
 
     @field_validator("tool_choice")

@@ -39,12 +39,9 @@ from typing import Any
 
 from engine import Constraint, ConstraintKind
 
-ANSWER_FORMAT = (
-    "To call tools, answer with one JSON object and nothing else: "
-    '{"tool_calls": [{"name": <a tool\'s name>, "arguments": <an object matching its '
-    'parameters>}]}.'
-)
-RESPONSE_FORMAT = ' To answer the user instead, answer with {"response": "<your answer>"}.'
+ANSWER_FORMAT = ('Answer with one JSON object: {"tool_calls": [{"name": <tool name>, '
+                 '"arguments": <its parameters>}]} to call tools')
+RESPONSE_FORMAT = ', or {"response": "<your answer>"} to answer the user'
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,13 +81,14 @@ class ToolUse:
 
 def system_text(use: ToolUse) -> str:
     """The system turn's part about tools: how to answer, then the tools."""
-    listing = json.dumps([_definition(t) for t in use.tools], ensure_ascii=False)
+    listing = json.dumps([_definition(t) for t in use.tools], ensure_ascii=False,
+                         separators=(",", ":"))
     how = ANSWER_FORMAT
     if use.named is not None:
-        how += f" Call the tool {json.dumps(use.named)}."
+        how += f"; call {json.dumps(use.named)}"
     elif not use.required:
         how += RESPONSE_FORMAT
-    return f"{how}\nTools:\n{listing}"
+    return f"{how}.\nTools: {listing}"
 
 
 def with_system_text(messages: Sequence[Mapping[str, str]], text: str) -> list[dict[str, str]]:
