@@ -30,7 +30,6 @@ from app.factory import StreamscopeApp, create_app
 from app.runtime import Phase, ServingEngine
 from app.settings import Settings
 from engine import (
-    Constraint,
     EngineEvent,
     EngineStatistics,
     FinishEvent,
@@ -118,9 +117,6 @@ class RecordingEngine:
         self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
     ) -> tuple[str, list[int]]:
         return self._engine.render_chat(messages, add_generation_prompt)
-
-    def compile_constraint(self, constraint: Constraint) -> None:
-        self._engine.compile_constraint(constraint)
 
     def statistics(self) -> EngineStatistics:
         return self._engine.statistics()

@@ -95,9 +95,6 @@ class Runtime:
         self._hub_draining = False  # drain() told a running hub to drain
         self._drained = trio.Event()  # the drain is over: the hub stopped (or never ran)
         self._prompts = PromptEncoder()
-        # Constraints compiled at once: a first use takes up to seconds (the library's
-        # view of the vocabulary, a large schema); more threads would only contend.
-        self._compile_limiter = trio.CapacityLimiter(1)
         # Every stream body's keep-alive timer (streams/keepalive.py), ticking from start().
         self.keepalives = streams.Keepalives(settings.keepalive_s)
 
@@ -178,9 +175,8 @@ class Runtime:
         *,
         resume_from: Sequence[int] = (),
     ) -> Prepared:
-        """Everything before a stream opens: the refusals, the deadline check, the
-        constraint's compile (if the request has one) and the prompt's encode (skipped
-        for a request that has its ``prompt_token_ids``).
+        """Everything before a stream opens: the refusals, the deadline check and the
+        prompt's encode (skipped for a request that has its ``prompt_token_ids``).
         ``open`` then opens it with no checkpoint. ``resume_from``: the tokens it made
         already on a replica that died (failover).
 
@@ -188,19 +184,12 @@ class Runtime:
             ApiError: not ready, stopping or failed (503).
             streams.DeadlineUnmeetable: by the estimate without the prompt's tokens,
                 before the encode (no wait in its queue).
-            engine.InvalidConstraint: the constraint does not compile.
 
-        Cancellation: while a constraint compiles, the compile is abandoned to its
-        thread (its result is cached for the next request); while queued for a tokenizer
-        thread, or while an encode runs (it is never abandoned; it takes milliseconds):
-        nothing was submitted.
+        Cancellation: while queued for a tokenizer thread, or while an encode runs (it
+        is never abandoned; it takes milliseconds): nothing was submitted.
         """
         self._ready_hub().check_deadline(request)  # before the encode's queue
         assert self.engine is not None  # READY: built
-        if request.constraint is not None:
-            await trio.to_thread.run_sync(
-                partial(self.engine.compile_constraint, request.constraint),
-                limiter=self._compile_limiter, abandon_on_cancel=True)
         encoded = await self._prompts.encode(self.engine, request)
         return Prepared(encoded, policy, tuple(resume_from))
 
