@@ -1,8 +1,9 @@
 """Turning a sampled token into what its event says: text, an end, log-probabilities.
 
 ``TokenRecorder.read`` runs one sampled token (or the exception sampling it raised)
-through the sequence's detokenizer and stop matcher, decides whether the sequence ends
-with it (a stop string, eos, the length) and gives a row's log-probabilities their
+through the sequence's constraint matcher (``constraints.advance``), detokenizer and
+stop matcher, decides whether the sequence ends with it (a stop string, eos, the
+length, the end of its constraint's grammar) and gives a row's log-probabilities their
 event form (``logprobs``, texts by ``token_text``). It raises whatever any of those
 raised: the scheduler's ``record_token`` is the per-sequence error boundary that turns
 that into an ``ERROR`` finish of that sequence alone, and owns the rest (appending the
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .constraints import advance
 from .logprobs import Outcome, Sampled, event_logprobs, token_id_of
 from .sequence import Sequence
 from .types import FinishReason, TokenLogprobs
@@ -50,7 +52,8 @@ class TokenRecorder:
         if isinstance(token, Exception):
             raise token
         token_id = token_id_of(token)
-        text, reason = self.text_of(seq, token_id, index)
+        ended = seq.matcher is not None and advance(seq.matcher, token_id)
+        text, reason = self.text_of(seq, token_id, index, ended)
         logprobs = event_logprobs(token, self.token_text) if isinstance(token, Sampled) else None
         return Reading(token_id, text, reason, logprobs)
 
@@ -60,23 +63,28 @@ class TokenRecorder:
         it (the finish was lost, or replaying failed), else None."""
         for index, token in enumerate(seq.generated_ids):
             try:
-                _, reason = self.text_of(seq, token, index)
+                ended = seq.matcher is not None and advance(seq.matcher, token)
+                _, reason = self.text_of(seq, token, index, ended)
             except Exception as exc:
                 return FinishReason.ERROR, f"replaying token {index} failed: {exc!r}"
             if reason is not None:
                 return reason, None
         return None
 
-    def text_of(self, seq: Sequence, token_id: int, index: int) -> tuple[str, FinishReason | None]:
-        """The text token ``index`` adds, and why the sequence ends with it (or None)."""
+    def text_of(self, seq: Sequence, token_id: int, index: int,
+                grammar_ended: bool = False) -> tuple[str, FinishReason | None]:
+        """The text token ``index`` adds, and why the sequence ends with it (or None):
+        ``grammar_ended`` (its constraint allows nothing more) is a STOP."""
         text, stopped = seq.stop_matcher.feed(seq.detokenizer.add(token_id))
         if stopped:
             return text, FinishReason.STOP
         is_eos = token_id in self.eos_token_ids and not seq.request.sampling.ignore_eos
-        if not (is_eos or index + 1 == seq.request.max_new_tokens):
+        if not (is_eos or grammar_ended or index + 1 == seq.request.max_new_tokens):
             return text, None
         tail, stopped = seq.stop_matcher.feed(seq.detokenizer.flush())
         if stopped:
             return text + tail, FinishReason.STOP
         text += tail + seq.stop_matcher.flush()
-        return text, FinishReason.EOS if is_eos else FinishReason.LENGTH
+        if is_eos:
+            return text, FinishReason.EOS
+        return text, FinishReason.STOP if grammar_ended else FinishReason.LENGTH
