@@ -123,6 +123,7 @@ async def test_the_raw_event_sequence_of_a_tool_use(tool_server: RunningServer) 
     {"tools": [{"name": "f", "input_schema": {"type": "object", "properties": {
         "a": {"type": "string", "pattern": "(unclosed"}}}}]},
     {"tools": [{"name": f"f{i}", "input_schema": {"type": "object"}} for i in range(9)]},
+    {"tools": [{"name": "f", "input_schema": {"type": "string"}}]},
     {"messages": [{"role": "user", "content": [
         {"type": "tool_use", "id": "t", "name": "wx", "input": {}}]}]},
 ])

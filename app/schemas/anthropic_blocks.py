@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .tools import ToolSpec, ToolUse, calls_text, result_text
 
@@ -107,6 +107,13 @@ class AnthropicTool(BaseModel):
     type: Literal["custom"] | None = None
     cache_control: dict[str, Any] | None = None
     strict: bool | None = None  # strict or not, the input is constrained
+
+    @field_validator("input_schema")
+    @classmethod
+    def _an_object(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if value.get("type") != "object":
+            raise ValueError('input_schema is the schema of an object: its "type" is "object"')
+        return value
 
 
 class ToolChoice(BaseModel):
