@@ -198,6 +198,13 @@ class Settings(BaseSettings):
     key_max_streams: PositiveInt = _setting(64,
         "most streams an API key holds open at once, STREAMSCOPE_API_KEY's too, where "
         "its api_keys entry sets no max_streams (429 too_many_streams past it)")
+    # -- structured output and tool calls (issue 35; app/schemas/tools.py) --
+    max_tools: PositiveInt = _setting(64,
+        "most tools (functions) one request may offer (400 above)")
+    max_schema_bytes: PositiveInt = _setting(32 * 1024,
+        "largest JSON schema a request may constrain its answer with, as compact JSON: "
+        "response_format's, or its tools' parameters together (400 above); a schema is "
+        "compiled before the request is accepted")
 
     def __init__(self, **values: Any) -> None:
         """Validate ``values`` (the defaults for the rest); no environment is read.
