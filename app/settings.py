@@ -14,8 +14,9 @@ The hub's limits (queue_limit, stall_timeout_s, max_waiting) are checked by the 
 read so that the error names it; the ``HubSettings`` the hub then runs with is built
 with the settings, once, and never checked again.
 
-This module says what can be set and what is valid; ``settings_env.py`` reads the
-environment and words the problems. docs/settings.md is ``settings_table()`` (``python -m
+This module says what can be set for the service and what is valid;
+``settings_engine.py`` the engine's part (``EngineSettings``, which ``Settings`` extends);
+``settings_env.py`` reads the environment and words the problems. docs/settings.md is ``settings_table()`` (``python -m
 tools.settings_doc``): each field's description says its meaning, so the page and the
 code cannot drift apart.
 """
@@ -24,8 +25,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import pydantic
@@ -40,31 +40,31 @@ from pydantic_settings import (
 from streams import HubSettings, PolicyName
 
 from .api_keys import ApiKey, all_keys, check_key, parse_api_keys
-from .settings_env import ENV_PREFIX, SettingsError, env_name, problems, read_environ
+from .settings_engine import EngineSettings
+from .settings_env import (
+    ENV_PREFIX,
+    Milliseconds,
+    PositiveInt,
+    Seconds,
+    SettingsError,
+    env_name,
+    problems,
+    read_environ,
+)
+from .settings_env import setting as _setting
 from .settings_env import settings_table as table_of
 
-BUILTIN_MODELS = ("smollm2", "tiny-gpt2", "tiny-llama")
 # A model name is an identifier in JSON and in URLs: printable ASCII, no spaces.
 MAX_MODEL_NAME_CHARS = 256
-_MEMORY_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9,
-                 "kib": 2**10, "mib": 2**20, "gib": 2**30}
 _HUB_LIMITS = ("queue_limit", "stall_timeout_s", "max_waiting")
 _SECRETS = frozenset({"api_key", "api_keys", "resume_store", "resume_secret",  # never echoed
                       "metrics_token"})
 
-PositiveInt = Annotated[int, Field(ge=1)]
-Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-Milliseconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
-def _setting(default: Any, doc: str, *, shown: str | None = None, repr: bool = True) -> Any:
-    """A field with its settings-page row: its meaning, and the default as shown."""
-    return Field(default, description=doc, repr=repr,
-                 json_schema_extra={"shown": shown} if shown else None)
-
-
-class Settings(BaseSettings):
-    """The server's configuration. Field ``name`` is read from ``STREAMSCOPE_NAME``.
+class Settings(EngineSettings):
+    """The server's configuration: the engine's (``EngineSettings``, first), then the
+    service's. Field ``name`` is read from ``STREAMSCOPE_NAME``.
 
     Raises:
         SettingsError: from the constructor, if a value is out of range.
@@ -76,55 +76,16 @@ class Settings(BaseSettings):
     )
     _hub: HubSettings = PrivateAttr()  # built once, with the settings (hub_settings)
 
-    model: str = _setting("smollm2",
-        "smollm2 (embedded SmolLM2-135M), tiny-gpt2, tiny-llama (random, for tests) "
-        "or a local transformers folder")
     model_name: str | None = _setting(None,
         "another name for the model on the OpenAI routes: /v1/models lists it after the "
         "model setting's value, and a request's `model` may be either (else 404 "
         "model_not_found); `*` accepts any `model` (answered with the served name)",
         shown="(none)")
-    device: str | None = _setting(None,
-        "cpu or cuda (cuda:N); unset: cuda if available, else cpu")
-    start_cache: bool = _setting(True,
-        "keep what a start computes in the user's cache directory ($XDG_CACHE_HOME/"
-        "streamscope, else ~/.cache/streamscope) for later starts: the embedded model's "
-        "weights, converted from its GGUF file to float32 at the first start, and with "
-        "max_step_ms the step-cost calibration (reused when a check pass agrees with it); "
-        "false: compute both at every start and keep nothing")
     policy: PolicyName = _setting(PolicyName.PAUSE_DROP,
         "slow-reader policy: unbounded, pause, drop or pause-drop")
     request_policies: Annotated[frozenset[PolicyName], NoDecode] = _setting(
         frozenset({PolicyName.PAUSE_DROP, PolicyName.DROP}),
         "the policies a request's `policy` field may pick, comma-separated (others: 422)")
-    max_batch: PositiveInt = _setting(32, "most sequences running at once (batch slots)")
-    cache_blocks: PositiveInt | None = _setting(None,
-        "KV-cache blocks, allocated once at startup; unset: as many as "
-        "STREAMSCOPE_CACHE_MEMORY holds", shown="(from memory)")
-    cache_memory: float | int = _setting(0.1,
-        "the KV cache's memory when cache_blocks is unset: a share of the device's "
-        "available memory at startup (a number with a point, up to 1.0; on a GPU, of what "
-        "the model left free) or bytes (`2147483648`, `512MiB`, `2GiB`); a position takes "
-        "layers × 2 × kv heads × head dim × dtype bytes (45 KiB for smollm2: 0.1 of 22 GB "
-        "available holds 47,728 positions, where 512 blocks held 8,192), and the cache never "
-        "exceeds max_batch × the model's context")
-    block_size: PositiveInt = _setting(16, "token positions per cache block")
-    max_prefill_tokens: PositiveInt = _setting(256,
-        "prompt tokens prefilled per engine step, all in one forward pass; the rest wait "
-        "a step and a longer prompt is prefilled in chunks over several steps, so a burst "
-        "of arrivals or a long prompt does not stall the running streams")
-    max_step_ms: Milliseconds | None = _setting(None,
-        "a step-time target in milliseconds: each engine step prefills only the prompt "
-        "tokens that measured costs (calibrated at startup, then from every step) say fit "
-        "beside its decode pass, within max_prefill_tokens; unset: max_prefill_tokens "
-        "alone", shown="(off)")
-    prefix_cache: bool = _setting(True,
-        "share the KV cache's full blocks between prompts that begin with the same tokens "
-        "(a conversation's history, a common system prompt): a cached prefix is not "
-        "prefilled again; unreferenced cached blocks are evicted least recently used first "
-        "when blocks are needed; a request whose next block another's prefill is computing "
-        "waits for it and shares it (a burst with one system prompt computes it once); "
-        "false: every prompt is prefilled whole")
     ttft_deadline_ms: Milliseconds | None = _setting(None,
         "a time-to-first-token deadline in milliseconds for requests that give no "
         "`deadline_ms`: one whose first token the engine estimates later is refused at "
@@ -250,7 +211,7 @@ class Settings(BaseSettings):
 
     # -- validation beyond the types --------------------------------------------------
 
-    @field_validator("policy", "device", mode="before")
+    @field_validator("policy", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value
@@ -268,13 +229,6 @@ class Settings(BaseSettings):
         HubSettings(**{str(info.field_name): value})  # raises ValueError saying why
         return value
 
-    @field_validator("model")
-    @classmethod
-    def _model(cls, value: str) -> str:
-        if value in BUILTIN_MODELS or Path(value).is_dir():
-            return value
-        raise ValueError(f"expected {', '.join(BUILTIN_MODELS)} or an existing folder")
-
     @field_validator("model_name")
     @classmethod
     def _model_name(cls, value: str | None) -> str | None:
@@ -282,37 +236,6 @@ class Settings(BaseSettings):
             return value
         raise ValueError(f"expected printable ASCII without spaces, at most "
                          f"{MAX_MODEL_NAME_CHARS} characters, or *")
-
-    @field_validator("device")
-    @classmethod
-    def _device(cls, value: str | None) -> str | None:
-        if value is None or value in ("cpu", "cuda") or (
-            value.startswith("cuda:") and value[5:].isdigit()
-        ):
-            return value
-        raise ValueError("expected cpu, cuda or cuda:N")
-
-    @field_validator("cache_memory", mode="before")
-    @classmethod
-    def _memory(cls, value: object) -> float | int:
-        """A share of memory (``0.1``, with a point) or bytes (``2147483648``, ``512MiB``)."""
-        if isinstance(value, str):
-            number = value.strip().rstrip("BbKkMmGgIi")
-            unit = value.strip()[len(number):].lower()
-            try:
-                if "." in number and not unit:
-                    value = float(number)
-                elif unit in _MEMORY_UNITS:
-                    value = int(float(number) * _MEMORY_UNITS[unit])
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not (
-            (isinstance(value, float) and 0 < value <= 1)
-            or (isinstance(value, int) and value >= 1)
-        ):
-            raise ValueError("expected a share of memory in (0, 1] such as 0.1, or bytes such "
-                             "as 2147483648, 512MiB or 2GiB")
-        return value
 
     @field_validator("resume_store")
     @classmethod
@@ -365,12 +288,6 @@ class Settings(BaseSettings):
         "with no API key set, the Host names (comma-separated, port optional) answered "
         "besides localhost, 127.0.0.1 and [::1]; others get 400 (DNS rebinding); `*`: any",
         shown="(none)")
-    # -- precision (issue 37): read by the engine's load, checked against the device there
-    dtype: Literal["float32", "bfloat16"] = _setting("float32",
-        "the weights' precision, float32 or bfloat16 (the KV cache follows it; half the "
-        "memory per position; at a near-tie a concurrent answer may differ from its solo "
-        "run); one the device cannot run is refused at start. Figures, and why no int8: "
-        "docs/results.md")
 
 
 def settings_table() -> list[tuple[str, str, str]]:

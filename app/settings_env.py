@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Collection, Mapping
-from typing import TypeVar
+from typing import Annotated, Any, TypeVar
 
 import pydantic
+from pydantic import Field
 from pydantic_settings import BaseSettings, EnvSettingsSource
 
 ENV_PREFIX = "STREAMSCOPE_"
+PositiveInt = Annotated[int, Field(ge=1)]
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Milliseconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Model = TypeVar("Model", bound=BaseSettings)
 # Variables renamed: the old name is still read, with a warning, unless the new one is set.
 RENAMED = {"STREAMSCOPE_OWNER_LEASE_S": "STREAMSCOPE_WRITER_LEASE_S"}
@@ -30,6 +34,12 @@ class SettingsError(ValueError):
     def __init__(self, problems: list[str]) -> None:
         super().__init__("invalid settings:\n  " + "\n  ".join(problems))
         self.problems = problems
+
+
+def setting(default: Any, doc: str, *, shown: str | None = None, repr: bool = True) -> Any:
+    """A field with its settings-page row: its meaning, and the default as shown."""
+    return Field(default, description=doc, repr=repr,
+                 json_schema_extra={"shown": shown} if shown else None)
 
 
 def env_name(field_name: str) -> str:
