@@ -102,3 +102,29 @@ async def start_server(
 async def server(start_server: StartServer) -> RunningServer:
     """One app with the test settings (``http_server.TEST_SETTINGS``), ready."""
     return await start_server()
+
+
+# == TLS: the app over HTTPS, for HTTP/2 (see tls.py and http_server.py) ==================
+
+if TYPE_CHECKING:
+    from tests.tls import Certificate
+
+
+@pytest.fixture(scope="session")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> Certificate:
+    """A throwaway self-signed certificate for localhost and 127.0.0.1 (``tls.py``)."""
+    from tests.tls import make_certificate
+
+    return make_certificate(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture
+async def start_tls(
+    tiny_model: Callable[[str], LoadedModel], certificate: Certificate
+) -> AsyncIterator[StartServer]:
+    """``await start_tls(**options, **settings)``: ``start_server`` over TLS with
+    ``certificate`` (ALPN ``h2`` and ``http/1.1``), with the same checks at teardown."""
+    from tests.http_server import open_servers
+
+    async with open_servers(tiny_model("tiny-gpt2"), certificate) as start:
+        yield start

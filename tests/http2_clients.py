@@ -1,11 +1,6 @@
-"""HTTP/2 and TLS for the tests: certificates made by ``openssl``, the app served over TLS,
-and a raw HTTP/2 client (the ``h2`` library on a Trio TLS stream).
-
-``make_certificate`` runs ``openssl req -x509`` for a throwaway self-signed certificate for
-``localhost`` and ``127.0.0.1`` (nothing secret is committed). ``open_tls_servers`` is
-``http_server.open_servers`` with hypercorn's ``certfile``/``keyfile`` set, so that the
-server offers ``h2`` and ``http/1.1`` by ALPN, and the same checks at the end (no stream
-open, the engine empty, its cache whole, releases == admitted).
+"""HTTP/2 clients for the tests: httpx over TLS (``h2_client``) and a raw HTTP/2 client
+(the ``h2`` library on a Trio TLS stream), against the app that
+``http_server.open_servers(..., certificate)`` serves over TLS (certificates: ``tls.py``).
 
 ``H2Client`` speaks HTTP/2 frame by frame where httpx cannot: it resets one stream
 (``RST_STREAM``), withholds one stream's ``WINDOW_UPDATE``s (a reader that stops reading
@@ -17,15 +12,10 @@ the start, so only the per-stream windows ever limit the server.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
-import ssl
 import struct
-import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import h2.config
@@ -36,50 +26,14 @@ import h2.exceptions
 import h2.settings
 import httpx
 import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve
 from hyperframe.frame import WindowUpdateFrame
 
-from app.edge import h2_retire
-from app.factory import StreamscopeApp, create_app
-from app.runtime import Phase, ServingEngine
-from app.settings import Settings
 from streams import ServerSentEvent, SSEParser
-from tests.http_server import (
-    GRACEFUL_TIMEOUT_S,
-    SETTLE_TIMEOUT_S,
-    TEST_SETTINGS,
-    RecordingEngine,
-    RunningServer,
-)
+from tests.http_server import SETTLE_TIMEOUT_S, RunningServer
+from tests.tls import Certificate
 
 READ_TIMEOUT_S = 10.0  # a safety net only: every read waits for a condition
 CONNECTION_WINDOW = 2**30  # granted at once: only the per-stream windows limit the server
-
-
-@dataclass(frozen=True)
-class Certificate:
-    cert: Path
-    key: Path
-
-    def client_context(self, alpn: Sequence[str] = ("h2",)) -> ssl.SSLContext:
-        """A client's TLS context that trusts this certificate and offers ``alpn``."""
-        context = ssl.create_default_context(cafile=str(self.cert))
-        context.set_alpn_protocols(list(alpn))
-        return context
-
-
-def make_certificate(directory: Path) -> Certificate:
-    """A self-signed certificate (P-256, one day) for localhost and 127.0.0.1, by openssl."""
-    cert, key = directory / "cert.pem", directory / "key.pem"
-    assert shutil.which("openssl"), "no openssl: apt-get install -y openssl"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-days", "1", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True, timeout=60)
-    return Certificate(cert, key)
 
 
 def h2_client(server: RunningServer, certificate: Certificate, **kwargs: Any) -> httpx.AsyncClient:
@@ -87,95 +41,6 @@ def h2_client(server: RunningServer, certificate: Certificate, **kwargs: Any) ->
     return httpx.AsyncClient(base_url=server.base_url, http2=True, trust_env=False,
                              verify=certificate.client_context(("h2", "http/1.1")),
                              timeout=SETTLE_TIMEOUT_S, **kwargs)
-
-
-StartServer = Callable[..., Awaitable[RunningServer]]
-
-
-@asynccontextmanager
-async def open_tls_servers(
-    loaded_model: Any, certificate: Certificate
-) -> AsyncIterator[StartServer]:
-    """``http_server.open_servers`` over TLS: yield ``start(**options, **settings)``.
-
-    Options: ``create`` (default ``create_app``), ``graceful_timeout_s``, ``goaway_on_drain``
-    (start ``h2_retire.goaway_on_drain`` beside the server, as ``streamscope serve`` does),
-    ``hypercorn`` (more of hypercorn's settings, by name).
-    """
-    from engine.engine import Engine  # tests may use engine internals; app may not
-
-    servers: list[RunningServer] = []
-    failures: list[BaseException] = []
-
-    def default_engine(settings: Settings) -> ServingEngine:
-        return RecordingEngine(Engine(loaded_model, max_batch=settings.max_batch,
-                                      num_blocks=settings.cache_blocks,
-                                      block_size=settings.block_size))
-
-    async with trio.open_nursery() as nursery:
-
-        async def start(
-            *,
-            create: Callable[..., StreamscopeApp] = create_app,
-            graceful_timeout_s: float = GRACEFUL_TIMEOUT_S,
-            goaway_on_drain: bool = False,
-            hypercorn: dict[str, Any] | None = None,
-            **overrides: Any,
-        ) -> RunningServer:
-            app = create(TEST_SETTINGS.replace(**overrides), make_engine=default_engine)
-            config = Config()
-            config.bind = ["127.0.0.1:0"]
-            config.graceful_timeout = graceful_timeout_s
-            config.certfile, config.keyfile = str(certificate.cert), str(certificate.key)
-            for name, value in (hypercorn or {}).items():
-                setattr(config, name, value)
-            stop, stopped = trio.Event(), trio.Event()
-            binds = await nursery.start(_serve_one, app, config, stop, stopped)
-            host, port = binds[0].removeprefix("https://").rsplit(":", 1)
-            server = RunningServer(app, binds[0], host, int(port), stop, stopped)
-            servers.append(server)
-            if goaway_on_drain:
-                nursery.start_soon(h2_retire.goaway_on_drain, app.runtime, config)
-            with trio.fail_after(SETTLE_TIMEOUT_S):
-                phase = await app.runtime.wait_settled()
-            assert phase is Phase.READY, app.runtime.failure
-            return server
-
-        yield start
-
-        for server in servers:
-            if server.engine is not None:
-                server.engine.release()
-                server.engine.pace(0)
-        for server in servers:
-            try:
-                if not server._stop.is_set():
-                    await server.assert_settled()
-            except Exception as exc:  # reported after every server stopped
-                failures.append(exc)
-            server.stop()
-            try:
-                await server.wait_stopped()
-            except trio.TooSlowError:
-                failures.append(AssertionError("the server did not stop"))
-                break
-            if server.engine is not None:
-                stats = server.engine.statistics()
-                if stats.blocks_free != stats.blocks_total:
-                    failures.append(AssertionError(f"cache not whole after shutdown: {stats}"))
-        nursery.cancel_scope.cancel(reason="the servers have stopped")
-    if failures:
-        raise failures[0]
-
-
-async def _serve_one(
-    app: StreamscopeApp, config: Config, stop: trio.Event, stopped: trio.Event,
-    *, task_status: trio.TaskStatus[list[str]],
-) -> None:
-    try:
-        await serve(app, config, shutdown_trigger=stop.wait, task_status=task_status)
-    finally:
-        stopped.set()
 
 
 # -- a raw HTTP/2 client ---------------------------------------------------------------

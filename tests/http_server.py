@@ -3,7 +3,10 @@
 ``open_servers(loaded_model)`` yields ``start(**settings)``, which builds the app around a
 ``RecordingEngine`` (the real engine on a tiny model, recording every event it emits),
 serves it with ``hypercorn.trio.serve`` on ``127.0.0.1:0`` (hypercorn reports the bound
-address through ``task_status``), and waits until the model is "loaded". At the end,
+address through ``task_status``), and waits until the model is "loaded". Given a
+``tls.Certificate``, ``open_servers(loaded_model, certificate)`` serves over TLS with
+hypercorn's ``certfile``/``keyfile``, so that the server offers ``h2`` and ``http/1.1`` by
+ALPN (the HTTP/2 clients are in ``http2_clients.py``). At the end,
 for every server, BEFORE shutting it down (shutdown would tidy up a leak and hide it):
 no stream is registered, the engine holds no request and its cache is whole, and it
 released exactly the sequences it admitted. Then the server stops and the cache must
@@ -26,6 +29,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
+from app.edge import h2_retire
 from app.factory import StreamscopeApp, create_app
 from app.runtime import Phase, ServingEngine
 from app.settings import Settings
@@ -40,6 +44,7 @@ from engine import (
 )
 from streams import Hub
 from tests.http_clients import RawClient
+from tests.tls import Certificate
 
 # Small enough to be quick, large enough for every test here: 64 blocks of 16 positions
 # hold any request the tiny models' 512-position context allows.
@@ -320,13 +325,18 @@ StartServer = Callable[..., Awaitable[RunningServer]]
 
 
 @asynccontextmanager
-async def open_servers(loaded_model: Any) -> AsyncIterator[StartServer]:
+async def open_servers(
+    loaded_model: Any, certificate: Certificate | None = None
+) -> AsyncIterator[StartServer]:
     """Yield ``start(**options, **settings)``, which serves a new app and returns it.
 
+    With ``certificate``, every server is served over TLS with it (``https://``).
     Options: ``make_engine`` (default: a RecordingEngine on ``loaded_model``, the tiny
     model's shared ``LoadedModel``), ``create`` (default ``create_app``; the lab's tests
     pass ``tools.lab._app.create_lab_app``), ``load_gate`` (a threading.Event the load waits
-    for), ``graceful_timeout_s`` (hypercorn's), ``wait_ready`` (default True).
+    for), ``graceful_timeout_s`` (hypercorn's), ``wait_ready`` (default True),
+    ``goaway_on_drain`` (start ``h2_retire.goaway_on_drain`` beside the server, as
+    ``streamscope serve`` does), ``hypercorn`` (more of hypercorn's settings, by name).
     """
     from engine.engine import Engine  # tests may use engine internals; app may not
 
@@ -347,6 +357,8 @@ async def open_servers(loaded_model: Any) -> AsyncIterator[StartServer]:
             load_gate: threading.Event | None = None,
             graceful_timeout_s: float = GRACEFUL_TIMEOUT_S,
             wait_ready: bool = True,
+            goaway_on_drain: bool = False,
+            hypercorn: dict[str, Any] | None = None,
             **overrides: Any,
         ) -> RunningServer:
             settings = TEST_SETTINGS.replace(**overrides)
@@ -360,12 +372,18 @@ async def open_servers(loaded_model: Any) -> AsyncIterator[StartServer]:
             config = Config()
             config.bind = ["127.0.0.1:0"]
             config.graceful_timeout = graceful_timeout_s
+            if certificate is not None:
+                config.certfile, config.keyfile = str(certificate.cert), str(certificate.key)
+            for name, value in (hypercorn or {}).items():
+                setattr(config, name, value)
             stop, stopped = trio.Event(), trio.Event()
             binds = await nursery.start(_serve_one, app, config, stop, stopped)
             base_url = binds[0]
-            host, port = base_url.removeprefix("http://").rsplit(":", 1)
+            host, port = base_url.split("://", 1)[1].rsplit(":", 1)
             server = RunningServer(app, base_url, host, int(port), stop, stopped)
             servers.append(server)
+            if goaway_on_drain:
+                nursery.start_soon(h2_retire.goaway_on_drain, app.runtime, config)
             if wait_ready:
                 with trio.fail_after(SETTLE_TIMEOUT_S):
                     phase = await app.runtime.wait_settled()
@@ -395,5 +413,6 @@ async def open_servers(loaded_model: Any) -> AsyncIterator[StartServer]:
                 stats = server.engine.statistics()
                 if stats.blocks_free != stats.blocks_total:
                     failures.append(AssertionError(f"cache not whole after shutdown: {stats}"))
+        nursery.cancel_scope.cancel(reason="the servers have stopped")  # goaway_on_drain's
     if failures:
         raise failures[0]

@@ -9,6 +9,7 @@ bodies included, so that an import deferred into a function cannot hide a cycle 
 from __future__ import annotations
 
 import ast
+import graphlib
 import importlib
 import json
 import re
@@ -127,19 +128,13 @@ def test_no_module_imports_one_that_imports_it_back() -> None:
              for path in (ROOT / package).rglob("*.py")}
     graph = {name: {m for m in imports_of(path) if m in files and m != name}
              for name, path in files.items()}
-    cycles: list[list[str]] = []
 
-    def walk(path: list[str]) -> None:
-        for following in sorted(graph[path[-1]]):
-            if following == path[0]:
-                cycles.append([*path, following])
-            elif following not in path and following > path[0]:  # each cycle once
-                walk([*path, following])
-
-    for name in sorted(graph):
-        walk([name])
-
-    assert cycles == []
+    # The standard library's topological sort finds a cycle if there is one, in linear
+    # time (listing every simple cycle instead took over a minute of the suite).
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as error:
+        pytest.fail(f"an import cycle: {' -> '.join(error.args[1])}")
 
 
 def crossings(rule: str) -> dict[str, list[str]]:

@@ -260,7 +260,7 @@ async def test_exercise_1_a_close_that_awaits_leaves_the_stream_running(
         assert stream.state is StreamState.STREAMING
         assert engine.cancelled == [] and engine.releases["a"] == 0
         assert hub.statistics().streams_open == 1
-        # The guard (tests/test_app_sse_body.py::test_exit_makes_no_checkpoint) catches it.
+        # The guard (tests/test_routes_body.py::test_exit_makes_no_checkpoint) catches it.
         body = AwaitingCloseBody(stream, native_events(stream), keepalive_s=15.0)
         await body.__aenter__()
         with pytest.raises(AssertionError), trio.testing.assert_no_checkpoints():

@@ -17,24 +17,15 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import AsyncIterator, Callable
 from functools import partial
 
-import pytest
 import trio
 
 from engine import FinishReason
-from engine.model import LoadedModel
-from tests.http2_clients import (
-    Certificate,
-    H2Client,
-    H2Stream,
-    StartServer,
-    make_certificate,
-    open_tls_servers,
-)
+from tests.http2_clients import H2Client, H2Stream
 from tests.http_clients import stream_body
-from tests.http_server import POLL_S, RunningServer
+from tests.http_server import POLL_S, RunningServer, StartServer
+from tests.tls import Certificate
 from tools.lab._app import create_lab_app
 from tools.lab._settings import LabSettings
 
@@ -46,19 +37,6 @@ STEADY = 3
 # How much the steady streams' 99th-percentile gap may grow beside a slow stream: the
 # issue's 1.5x, plus a few milliseconds for a busy machine's scheduling noise.
 P99_FACTOR, P99_SLACK_S = 1.5, 0.004
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> Certificate:
-    return make_certificate(tmp_path_factory.mktemp("tls"))
-
-
-@pytest.fixture
-async def start_tls(
-    tiny_model: Callable[[str], LoadedModel], certificate: Certificate
-) -> AsyncIterator[StartServer]:
-    async with open_tls_servers(tiny_model("tiny-gpt2"), certificate) as start:
-        yield start
 
 
 async def padded_server(start_tls: StartServer) -> RunningServer:

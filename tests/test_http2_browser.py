@@ -17,23 +17,17 @@ Debian's Chromium and chromedriver as in ``test_browser_page.py`` (CI installs t
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import trio
 
-from engine.model import LoadedModel
 from tests.browser import CHROMEDRIVER, CHROMIUM, headless_chromium
-from tests.http2_clients import (
-    Certificate,
-    StartServer,
-    h2_client,
-    make_certificate,
-    open_tls_servers,
-)
+from tests.http2_clients import h2_client
 from tests.http_clients import stream_body
-from tests.http_server import RunningServer
+from tests.http_server import RunningServer, StartServer
 from tests.test_browser_page import INSTALL, Browser
+from tests.tls import Certificate
 
 EVENT_SOURCES = 12
 TOKENS = 150
@@ -54,19 +48,6 @@ urls.forEach((url, i) => {
   source.addEventListener("error", end);
 });
 """
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> Certificate:
-    return make_certificate(tmp_path_factory.mktemp("tls"))
-
-
-@pytest.fixture
-async def start_tls(
-    tiny_model: Callable[[str], LoadedModel], certificate: Certificate
-) -> AsyncIterator[StartServer]:
-    async with open_tls_servers(tiny_model("tiny-gpt2"), certificate) as start:
-        yield start
 
 
 @pytest.fixture(scope="module")

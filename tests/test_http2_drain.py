@@ -16,36 +16,15 @@ closes an idle connection before the drain has retired it, the GOAWAY goes out f
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
 
-import pytest
 import trio
 
-from engine.model import LoadedModel
-from tests.http2_clients import (
-    Certificate,
-    H2Client,
-    StartServer,
-    h2_client,
-    make_certificate,
-    open_tls_servers,
-)
+from tests.http2_clients import H2Client, h2_client
 from tests.http_clients import long_body, parse_sse, stream_body
+from tests.http_server import StartServer
+from tests.tls import Certificate
 
 PACE_S = 0.005  # a long stream then runs for 480 * 5 ms at least, past the drain's start
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> Certificate:
-    return make_certificate(tmp_path_factory.mktemp("tls"))
-
-
-@pytest.fixture
-async def start_tls(
-    tiny_model: Callable[[str], LoadedModel], certificate: Certificate
-) -> AsyncIterator[StartServer]:
-    async with open_tls_servers(tiny_model("tiny-gpt2"), certificate) as start:
-        yield start
 
 
 async def test_an_idle_connection_gets_goaway_when_the_server_drains(

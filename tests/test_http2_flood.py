@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 
 import h2.errors
@@ -28,17 +28,10 @@ import trio
 
 from app.edge import h2_floods, h2_protocol
 from app.edge.h2_floods import FloodBudget
-from engine.model import LoadedModel
-from tests.http2_clients import (
-    Certificate,
-    H2Client,
-    H2Stream,
-    StartServer,
-    make_certificate,
-    open_tls_servers,
-)
+from tests.http2_clients import H2Client, H2Stream
 from tests.http_clients import stream_body
-from tests.http_server import RunningServer
+from tests.http_server import RunningServer, StartServer
+from tests.tls import Certificate
 from tools.h2flood import Attacker, flood, flood_frames
 
 ENHANCE_YOUR_CALM = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
@@ -49,19 +42,6 @@ VICTIM_TOKENS = 120
 P99_FACTOR, P99_SLACK_S = 1.5, 0.004
 ATTACK_S = 1.5  # the attacker's floods are spread over this long: the victims' run
 ROUNDS = 3
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> Certificate:
-    return make_certificate(tmp_path_factory.mktemp("tls"))
-
-
-@pytest.fixture
-async def start_tls(
-    tiny_model: Callable[[str], LoadedModel], certificate: Certificate
-) -> AsyncIterator[StartServer]:
-    async with open_tls_servers(tiny_model("tiny-gpt2"), certificate) as start:
-        yield start
 
 
 @pytest.fixture

@@ -18,19 +18,15 @@ import pytest
 import trio
 
 from engine import FinishReason
-from tests.http2_clients import Certificate, H2Client, make_certificate
+from tests.http2_clients import H2Client
 from tests.http_clients import long_body, stream_body
 from tests.http_server import RunningServer, StartServer
 from tests.test_replicas import DEPLOY, binary, free_port
+from tests.tls import Certificate
 
 START_S = 10.0
 TOKENS_READ = 3
 CONCURRENT = 32
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> Certificate:
-    return make_certificate(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ a reset stream is a disconnect, a closed connection cancels all of its streams, 
 keep-alive, resumption and the OpenAI SDK work as over HTTP/1.1.
 
 The server is hypercorn with a certificate made by ``openssl`` at test time
-(``http2_clients.open_tls_servers``): it offers ``h2`` by ALPN. httpx (``http2=True``),
+(the ``start_tls`` fixture): it offers ``h2`` by ALPN. httpx (``http2=True``),
 ``curl --http2`` and the OpenAI SDK over httpx are the clients where they can do what a
 test needs; ``H2Client`` (the ``h2`` library on a Trio TLS stream) where only a raw
 client can: a reset of one stream, a FIN or an RST under a connection with streams on it.
@@ -15,7 +15,6 @@ one token more than it had when ``engine.cancel`` was called.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -24,36 +23,14 @@ import pytest
 import trio
 
 from engine import FinishReason
-from engine.model import LoadedModel
 from streams.resume import Holding
-from tests.http2_clients import (
-    Certificate,
-    H2Client,
-    H2Stream,
-    StartServer,
-    h2_client,
-    make_certificate,
-    open_tls_servers,
-    token_ids,
-)
+from tests.http2_clients import H2Client, H2Stream, h2_client, token_ids
 from tests.http_clients import LONG_MAX_NEW_TOKENS, long_body, parse_sse, stream_body
-from tests.http_server import RunningServer
+from tests.http_server import RunningServer, StartServer
+from tests.tls import Certificate
 
 CONCURRENT = 32
 TOKENS_READ = 3
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> Certificate:
-    return make_certificate(tmp_path_factory.mktemp("tls"))
-
-
-@pytest.fixture
-async def start_tls(
-    tiny_model: Callable[[str], LoadedModel], certificate: Certificate
-) -> AsyncIterator[StartServer]:
-    async with open_tls_servers(tiny_model("tiny-gpt2"), certificate) as start:
-        yield start
 
 
 @pytest.fixture

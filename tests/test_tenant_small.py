@@ -26,10 +26,11 @@ from app.hosts import host_allowed
 from engine.engine import Engine
 from engine.model import LoadedModel
 from engine.text_chat import Pieces, _forged, chat_prompt
-from tests.http2_clients import Certificate, h2_client, make_certificate, open_tls_servers
+from tests.http2_clients import h2_client
 from tests.http_server import RecordingEngine, StartServer
 from tests.test_input_trust_chat import chatml_model  # noqa: F401 (a fixture)
 from tests.test_replicas import RESUME_SECRET, redis_process, redis_url  # noqa: F401
+from tests.tls import Certificate
 
 SAFETY_NET_S = 10.0  # fires only if the awaited answer never comes
 
@@ -259,19 +260,13 @@ def test_which_hosts_a_keyless_server_answers(host: str, allowed: bool) -> None:
     assert host_allowed(host, extra) is allowed
 
 
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> Certificate:
-    return make_certificate(tmp_path_factory.mktemp("tls"))
-
-
 async def test_http2_authority_is_checked_as_host(
-    tiny_model: Callable[[str], LoadedModel], certificate: Certificate,
+    start_tls: StartServer, certificate: Certificate,
 ) -> None:
-    async with open_tls_servers(tiny_model("tiny-gpt2"), certificate) as start:
-        server = await start()
-        async with h2_client(server, certificate) as client:
-            local = await client.get("/v1/models")
-            evil = await client.get("/v1/models", headers={"Host": "evil.example"})
+    server = await start_tls()
+    async with h2_client(server, certificate) as client:
+        local = await client.get("/v1/models")
+        evil = await client.get("/v1/models", headers={"Host": "evil.example"})
 
     assert local.http_version == evil.http_version == "HTTP/2"
     assert local.status_code == 200

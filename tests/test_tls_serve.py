@@ -24,18 +24,14 @@ import trio
 
 from app.edge.cli import ServeError, make_config
 from app.settings import Settings
-from tests.http2_clients import Certificate, H2Client, make_certificate
+from tests.http2_clients import H2Client
 from tests.http_clients import long_body, parse_sse, stream_body
 from tests.test_app_drain import POLL_S, REPO_ROOT, SERVER_ENV, START_TIMEOUT_S, WAIT_TIMEOUT_S
+from tests.tls import Certificate, make_certificate
 
 STREAMSCOPE = str(Path(sys.executable).parent / "streamscope")  # pip install -e . made it
 _LISTENING = re.compile(r"streamscope serve: listening on https://127\.0\.0\.1:(\d+);")
 _HYPERCORN_ON = re.compile(r"Running on https://127\.0\.0\.1:(\d+)")
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> Certificate:
-    return make_certificate(tmp_path_factory.mktemp("tls"))
 
 
 # -- the configuration, in-process -------------------------------------------------------

@@ -101,18 +101,19 @@ async def run_experiment(
     async def measure(url: str, owns: bool) -> tuple[Report, dict[str, Any]]:
         lab = Lab(exp.name, args, url, args.quick, owns, settings, random.Random(args.seed))
         started = time.perf_counter()
-        before = await lab.stats()
+        before = await lab.stats() if url else None
         report = await exp.run(lab)
         elapsed_s = time.perf_counter() - started
         # Our own server has no other clients: once idle, its figures show what the
         # experiment left behind (blocks still reserved would be a leak).
         idle_after: bool | None = None
-        if owns:
+        after: dict[str, Any] | None = None
+        if owns and url:
             try:
                 after, idle_after = await lab.wait_idle(), True
             except LabError:  # something was left running: record it, keep the report
                 after, idle_after = await lab.stats(), False
-        else:
+        elif url:
             after = await lab.stats()
         meta = {
             "experiment": exp.name,
@@ -131,6 +132,8 @@ async def run_experiment(
 
     if args.url:
         return await measure(args.url.rstrip("/"), False)
+    if exp.own_servers:  # it starts each server it measures: none of ours idles beside
+        return await measure("", True)
     async with open_lab_server(settings) as url:
         return await measure(url, True)
 

@@ -72,6 +72,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     "on demand against reservation at the same memory, and preemption in a small cache",
     server={"max_batch": 32, "max_waiting": 512},
     arguments=arguments,
+    own_servers=True,
 )
 async def capacity(lab: Lab) -> Report:
     clients = lab.option("clients", 64, 16)

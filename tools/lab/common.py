@@ -33,7 +33,9 @@ Conventions
   per-request field such as ``policy``), ``async with
   lab.server(lab_detect_disconnect=False) as url:`` starts one more with the
   same model; with ``--url`` that raises ``LabError`` (the lab cannot reconfigure a
-  server it does not own).
+  server it does not own). An experiment that measures only servers it starts this way
+  says ``own_servers=True``: the lab then starts none of its own (``lab.url`` is empty,
+  and ``meta`` has no ``/stats`` of one).
 * ``--quick``: a seconds-long form for the test suite: tiny-gpt2 on the CPU with one
   torch thread, few streams, few tokens (``lab.pick``). It must produce the same summary
   keys as the full form, so that a test can check them.
@@ -97,6 +99,7 @@ class Experiment:
     run: Callable[[Lab], Awaitable[Report]]
     server: Mapping[str, object]  # STREAMSCOPE_* settings for the server the lab starts
     arguments: Callable[[argparse.ArgumentParser], None] | None
+    own_servers: bool = False  # it starts every server it measures (``lab.server``)
 
 
 REGISTRY: dict[str, Experiment] = {}
@@ -108,13 +111,15 @@ def experiment(
     *,
     server: Mapping[str, object] | None = None,
     arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+    own_servers: bool = False,
 ) -> Callable[[Callable[[Lab], Awaitable[Report]]], Callable[[Lab], Awaitable[Report]]]:
     """Register ``async def run(lab) -> Report`` as ``python -m tools.lab NAME``."""
 
     def register(run: Callable[[Lab], Awaitable[Report]]) -> Callable[[Lab], Awaitable[Report]]:
         if name in REGISTRY:
             raise LabError(f"two experiments are called {name!r}")
-        REGISTRY[name] = Experiment(name, help, run, dict(server or {}), arguments)
+        REGISTRY[name] = Experiment(name, help, run, dict(server or {}), arguments,
+                                    own_servers)
         return run
 
     return register
@@ -126,7 +131,7 @@ class Lab:
 
     name: str
     args: argparse.Namespace  # every option, the experiment's own included
-    url: str  # the server under measurement
+    url: str  # the server under measurement ("" for an experiment with own_servers)
     quick: bool
     owns_server: bool
     server_settings: dict[str, object]  # what the lab started its server with

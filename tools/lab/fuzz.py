@@ -81,6 +81,7 @@ class Epoch:
     server={"model": "tiny-gpt2", "threads": 1, "max_batch": 8, "max_body_bytes": 4096,
             "max_new_tokens_limit": 64},
     arguments=arguments,
+    own_servers=True,
 )
 async def fuzz(lab: Lab) -> Report:
     count = lab.option("cases", 10_000, 150)

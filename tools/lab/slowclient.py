@@ -87,6 +87,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     "one, two or four slow readers among eight: what the others pay, under each policy",
     server={"lab_pad_bytes": PAD_BYTES, "queue_limit": 8, "stall_timeout_s": 0.25},
     arguments=arguments,
+    own_servers=True,
 )
 async def slowclient(lab: Lab) -> Report:
     policies = list(lab.args.policies or POLICIES)

@@ -1,4 +1,4 @@
-"""The SSE body object in-process, against a scripted stream, on Trio's virtual clock.
+"""The SSE body (``app/routes/body.py``) in-process, on a scripted stream and virtual clock.
 
 What Quart does with a body (``async with body: async for chunk in body: send``) is
 reproduced by ``send_body``; the stream is a fake that yields what a test queues.
