@@ -16,9 +16,9 @@ with the settings, once, and never checked again.
 
 This module says what can be set for the service and what is valid;
 ``settings_engine.py`` the engine's part (``EngineSettings``, which ``Settings`` extends);
-``settings_env.py`` reads the environment and words the problems. docs/settings.md is ``settings_table()`` (``python -m
-tools.settings_doc``): each field's description says its meaning, so the page and the
-code cannot drift apart.
+``settings_env.py`` reads the environment and words the problems. docs/settings.md is
+``settings_table()`` (``python -m tools.settings_doc``): each field's description says
+its meaning, so the page and the code cannot drift apart.
 """
 
 from __future__ import annotations
