@@ -52,8 +52,7 @@ from dataclasses import dataclass
 
 from quart import Quart, g, request
 
-from engine import FinishEvent, GenerationRequest
-from streams import StreamError, StreamItem
+from engine import GenerationRequest
 
 from .api_keys import (
     KEYLESS_CACHE_KEY,
@@ -64,7 +63,7 @@ from .api_keys import (
 )
 from .edge.connection import own
 from .errors import ApiError, ErrorType
-from .key_shares import KeyShares, Slot
+from .key_shares import KeyShares, Slot, SlotObserver
 from .metrics import RequestTimer
 from .settings import Settings
 
@@ -86,26 +85,6 @@ class Access:
     credential: Credential | None
     slot: Slot | None
     token_ttl_s: float
-
-
-class SlotObserver:
-    """A resumable stream's observer (the metrics timer) that also holds its key's slot:
-    given back at the stream's last event, or when the registry forgets the stream."""
-
-    __slots__ = ("_inner", "_slot")
-
-    def __init__(self, inner: RequestTimer, slot: Slot) -> None:
-        self._inner = inner
-        self._slot = slot
-
-    def observe(self, item: StreamItem) -> None:
-        self._inner.observe(item)
-        if isinstance(item, FinishEvent | StreamError):
-            self._slot.close()
-
-    def close(self) -> None:
-        self._slot.close()
-        self._inner.close()
 
 
 def register_auth(app: Quart, settings: Settings, shares: KeyShares | None) -> None:

@@ -25,7 +25,7 @@ from .routes import (
     make_page_blueprint,
     make_resumable_blueprint,
 )
-from .runtime import MakeEngine, Runtime, load_engine_from_settings, stop_deadline_s
+from .runtime import MakeEngine, Rebuilder, Runtime, load_engine_from_settings, stop_deadline_s
 from .settings import Settings
 
 __all__ = ["StreamscopeApp", "create_app"]
@@ -75,6 +75,7 @@ def create_app(
     app.register_blueprint(make_openai_blueprint(runtime, metrics))
     app.register_blueprint(make_anthropic_blueprint(runtime, metrics))
     app.register_blueprint(make_resumable_blueprint(runtime, metrics))
+    runtime.rebuild = Rebuilder(runtime, metrics)  # a dead replica's streams go on here
     app.register_blueprint(make_page_blueprint())  # GET /: the browser page
     app.register_blueprint(make_metrics_blueprint(metrics))
 

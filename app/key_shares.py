@@ -40,12 +40,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from streams import StreamState, TokenStream
+from engine import FinishEvent
+from streams import StreamError, StreamItem, StreamState, TokenStream
 
 from .api_keys import Credential, all_keys
 from .errors import ApiError, ErrorType
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from .metrics import RequestTimer
 
 # A key at its open-stream limit: a stream of its own must end first; most are short.
 LIMIT_RETRY_AFTER_S = 1.0
@@ -205,3 +210,23 @@ class KeyShares:
 _WHAT = {"waiting": "streams waiting for a first token (STREAMSCOPE_MAX_WAITING)",
          "resumable": "resumable streams that may generate with no reader "
                       "(STREAMSCOPE_MAX_DETACHED_STREAMS)"}
+
+
+class SlotObserver:
+    """A resumable stream's observer (the metrics timer) that also holds its key's slot:
+    given back at the stream's last event, or when the registry forgets the stream."""
+
+    __slots__ = ("_inner", "_slot")
+
+    def __init__(self, inner: RequestTimer, slot: Slot) -> None:
+        self._inner = inner
+        self._slot = slot
+
+    def observe(self, item: StreamItem) -> None:
+        self._inner.observe(item)
+        if isinstance(item, FinishEvent | StreamError):
+            self._slot.close()
+
+    def close(self) -> None:
+        self._slot.close()
+        self._inner.close()

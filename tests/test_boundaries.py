@@ -194,13 +194,14 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
     ],
     "app.runtime": [
         "HANDOVER_LEAD_S", "LOADING_RETRY_AFTER_S", "SHUTDOWN_RETRY_AFTER_S",
-        "STORE_CHECK_TIMEOUT_S", "MakeEngine", "Phase", "Prepared", "Runtime", "ServingEngine",
+        "STORE_CHECK_TIMEOUT_S", "MakeEngine", "Phase", "Prepared", "Rebuilder", "Runtime",
+        "ServingEngine",
         "load_engine_from_settings", "stop_deadline_s",
     ],
     "app.schemas": [
         "MAX_DEADLINE_MS", "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "OPENAI_DEFAULT_MAX_TOKENS",
         "ChatBody", "ChatMessage", "CompletionsBody", "CountTokensBody", "GenerateBody",
-        "MessagesBody", "OpenAIBody", "RequestLimits", "count_request", "parse_generate_body",
+        "MessagesBody", "OpenAIBody", "RequestLimits", "parse_generate_body",
     ],
     "app.wire": [
         "CHAT", "COMPLETION", "DONE", "FINISH_REASONS", "KEEPALIVE_COMMENT", "RETRY_LINE",

@@ -24,7 +24,7 @@ SECRET = "a-secret-the-replicas-share-0123456789"
 def rebuilt(request: GenerationRequest, policy: PolicyName | None,
             limits: RequestLimits = LIMITS) -> tuple[GenerationRequest, PolicyName | None]:
     """The spec as another replica reads it: validated as an HTTP body is, in the
-    request's cache namespace (app/routes/failover.py)."""
+    request's cache namespace (app/runtime/rebuild.py)."""
     raw, namespace = spec_parts(spec_of(request, policy))
     body = parse_generate_body(raw, limits)
     return replace(body.to_generation_request(), cache_namespace=namespace), body.policy

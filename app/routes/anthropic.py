@@ -7,8 +7,9 @@ bearer, ``app/auth.py``). A request is read and validated (``app.schemas``: text
 turns only; anything else is refused naming the field), its ``model`` checked against
 the served names (``openai_errors.ServedModels``, the same names), the conversation
 rendered by the model's own chat template and encoded in one call
-(``Runtime.prepare_chat``, the path of ``/v1/chat/completions``), and then it runs
-exactly like every other route: the same ``Runtime.open``, closer, timer, slow-reader
+(``Runtime.render_chat``, as for ``/v1/chat/completions``), and then it runs exactly
+like every other route: ``Runtime.prepare``, ``serving.open_owned``, the same closer,
+timer, slow-reader
 policy and disconnect path (``docs/cancellation.md``); only the bytes differ
 (``app.wire``: ``AnthropicEvents``, ``whole_message``).
 
@@ -28,22 +29,28 @@ from __future__ import annotations
 
 import time
 
-from quart import Blueprint, Response, request
+from quart import Blueprint, Response
 
-from engine import GenerationRequest, InvalidConstraint
+from engine import InvalidConstraint
 
 from ..auth import owned_request
-from ..edge.connection import own
 from ..error_handlers import answer_errors_under, error_response
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics
 from ..runtime import Runtime
-from ..schemas import CountTokensBody, MessagesBody, RequestLimits, count_request
+from ..schemas import CountTokensBody, MessagesBody, RequestLimits
 from ..wire import AnthropicEvents, whole_message
 from .anthropic_errors import anthropic_error_envelope, anthropic_error_for
 from .body import EventStreamBody
 from .openai_errors import ServedModels
-from .serving import collect, json_response, read_body, sse_response, submitted, ttft_deadline
+from .serving import (
+    collect,
+    json_response,
+    open_owned,
+    read_body,
+    sse_response,
+    ttft_deadline,
+)
 
 MESSAGES_PATH = "/v1/messages"
 
@@ -70,19 +77,14 @@ class AnthropicViews:
         model = self.models.check(body.model)
         deadline = ttft_deadline(timer, None, self.runtime.settings.ttft_deadline_ms)
 
-        def build(text: str, prompt_ids: tuple[int, ...]) -> GenerationRequest:
-            return owned_request(body.generation_request(text, prompt_ids,
-                                                         ttft_deadline=deadline))
-
+        text, prompt_ids = await self.runtime.render_chat(body.template_input(), True)
+        generation = body.generation_request(text, prompt_ids, ttft_deadline=deadline)
         try:
-            prepared = await self.runtime.prepare_chat(body.template_input(), True, build,
-                                                       None)
+            prepared = await self.runtime.prepare(owned_request(generation), None)
         except InvalidConstraint as exc:
             raise ApiError(ErrorType.INVALID_REQUEST, f"tools: {exc}") from None
         tools = body.tool_use() is not None
-        stream = self.runtime.open(prepared)
-        own(request.scope, stream)
-        submitted(timer, stream)
+        stream = open_owned(self.runtime, prepared, timer)
         headers = {"request-id": stream.request_id}
         if body.is_streaming:
             events = AnthropicEvents(stream.request_id, model, stream.prompt_tokens,
@@ -107,9 +109,7 @@ class AnthropicViews:
         """
         body = CountTokensBody.model_validate_json(await read_body(), context=self.limits)
         self.models.check(body.model)
-        prepared = await self.runtime.prepare_chat(body.template_input(), True,
-                                                   count_request, None)
-        ids = prepared.request.prompt_token_ids or ()
+        _, ids = await self.runtime.render_chat(body.template_input(), True)
         return json_response({"input_tokens": len(ids)})
 
     async def refuse(self, exc: Exception) -> Response:

@@ -25,10 +25,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Blueprint, Response, request
+from quart import Blueprint, Response
 
 from ..auth import may_see, owned_request
-from ..edge.connection import own
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics
 from ..runtime import Runtime
@@ -37,7 +36,14 @@ from ..wire import NativeEvents, logprobs_data
 from .body import EventStreamBody
 from .health import add_health_routes
 from .resumable import open_resumable
-from .serving import collect, json_response, read_body, sse_response, submitted, ttft_deadline
+from .serving import (
+    collect,
+    json_response,
+    open_owned,
+    read_body,
+    sse_response,
+    ttft_deadline,
+)
 
 
 class NativeViews:
@@ -69,9 +75,7 @@ class NativeViews:
         if body.resumable:
             return await open_resumable(self.runtime, generation, body.policy, timer)
         prepared = await self.runtime.prepare(owned_request(generation), body.policy)
-        stream = self.runtime.open(prepared)
-        own(request.scope, stream)
-        submitted(timer, stream)
+        stream = open_owned(self.runtime, prepared, timer)
         events = NativeEvents(stream.request_id, stream.prompt_tokens)
         return sse_response(
             EventStreamBody(stream, events, keepalive_s=self.runtime.settings.keepalive_s,
@@ -94,9 +98,7 @@ class NativeViews:
         deadline = ttft_deadline(timer, body.deadline_ms, self.runtime.settings.ttft_deadline_ms)
         prepared = await self.runtime.prepare(owned_request(body.to_generation_request(deadline)),
                                               body.policy)
-        stream = self.runtime.open(prepared)
-        own(request.scope, stream)
-        submitted(timer, stream)
+        stream = open_owned(self.runtime, prepared, timer)
         with stream:
             text, tokens, finish = await collect(stream, timer)
         answer: dict[str, Any] = {

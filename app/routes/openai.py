@@ -4,7 +4,7 @@ A blueprint of its own, so that its error handler answers every refusal of these
 in OpenAI's shape (``openai_errors.OpenAIError``), the API key's 401 included; the other
 routes keep our envelope. A request is read and validated (``app.schemas``), its
 ``model`` checked, chat messages rendered by the model's own chat template and encoded
-in one call (``Runtime.prepare_chat``), and then it runs exactly like ``/v1/stream`` or
+(``Runtime.render_chat``), and then it runs exactly like ``/v1/stream`` or
 ``/v1/generate``: the same ``Runtime.open``, closer, timer and disconnect path
 (``docs/cancellation.md`` walks through it); only the bytes differ (``app.wire``:
 ``OpenAIChunks`` in the route's ``ChoiceShape``, ``whole_answer``).
@@ -22,12 +22,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from quart import Blueprint, Quart, Response, request
+from quart import Blueprint, Quart, Response
 
-from engine import GenerationRequest, InvalidConstraint
+from engine import InvalidConstraint
 
 from ..auth import owned_request
-from ..edge.connection import own
 from ..error_handlers import answer_errors_under, error_response
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics, RequestTimer
@@ -36,7 +35,14 @@ from ..schemas import ChatBody, CompletionsBody, OpenAIBody, RequestLimits
 from ..wire import CHAT, COMPLETION, ChoiceShape, OpenAIChunks, tool_message, whole_answer
 from .body import EventStreamBody
 from .openai_errors import OpenAIError, ServedModels, openai_error_envelope, openai_error_for
-from .serving import collect, json_response, read_body, sse_response, submitted, ttft_deadline
+from .serving import (
+    collect,
+    json_response,
+    open_owned,
+    read_body,
+    sse_response,
+    ttft_deadline,
+)
 
 
 class OpenAIViews:
@@ -81,14 +87,12 @@ class OpenAIViews:
         body = ChatBody.model_validate_json(await read_body(), context=self.limits)
         model = self.models.check(body.model)
 
-        def build(text: str, prompt_ids: tuple[int, ...]) -> GenerationRequest:
-            return owned_request(body.generation_request(
-                text, self.limits, prompt_ids, ttft_deadline=self.deadline_of(timer, body)))
-
+        text, prompt_ids = await self.runtime.render_chat(body.template_input(),
+                                                          body.add_generation_prompt)
+        generation = body.generation_request(text, self.limits, prompt_ids,
+                                             ttft_deadline=self.deadline_of(timer, body))
         with refused_constraint(body):
-            prepared = await self.runtime.prepare_chat(
-                body.template_input(), body.add_generation_prompt, build, None
-            )
+            prepared = await self.runtime.prepare(owned_request(generation), None)
         return await self.answer(prepared, timer, body, model, CHAT,
                                  tools=body.tool_use() is not None)
 
@@ -100,9 +104,7 @@ class OpenAIViews:
         Cancellation: a whole answer's at the stream's receive (``with stream`` closes
         it); a streaming one's in the body, or the connection's backstop, closes it.
         """
-        stream = self.runtime.open(prepared)
-        own(request.scope, stream)
-        submitted(timer, stream)
+        stream = open_owned(self.runtime, prepared, timer)
         if body.is_streaming:
             chunks = OpenAIChunks(shape, stream.request_id, model,
                                   error_envelope=openai_error_envelope,

@@ -75,7 +75,6 @@ from ..runtime import SHUTDOWN_RETRY_AFTER_S, Prepared, Runtime
 from ..schemas import RequestLimits, parse_generate_body
 from ..wire import RETRY_MS, ResumableEvents
 from .body import EventStreamBody
-from .failover import Rebuilder
 from .resume_source import LoggedEvents, ResumeSource
 from .serving import json_response, read_body, sse_response, ttft_deadline
 
@@ -282,7 +281,6 @@ class ResumableViews:
 def make_resumable_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     """``POST /v1/requests``, ``GET /v1/stream/<id>``, ``DELETE /v1/requests/<id>``."""
     bp = Blueprint("resumable", __name__)
-    runtime.rebuild = Rebuilder(runtime, metrics)  # a dead replica's streams go on here
     views = ResumableViews(runtime, metrics)
     bp.add_url_rule("/v1/requests", view_func=views.create_request, methods=["POST"])
     bp.add_url_rule("/v1/stream/<request_id>", view_func=views.resume, methods=["GET"])

@@ -28,6 +28,7 @@ from streams import StreamError, TokenStream
 from ..edge.connection import own
 from ..errors import ApiError, ErrorType
 from ..metrics import RequestTimer
+from ..runtime import Prepared, Runtime
 
 JSON_MEDIA_TYPE = "application/json"  # what every body must be sent as
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
@@ -87,12 +88,21 @@ def ttft_deadline(
     return None if chosen is None else timer.arrival + chosen / 1000
 
 
-def submitted(timer: RequestTimer, stream: TokenStream) -> None:
-    """The engine accepted the request: start its timer's queue time; the connection
-    closes the timer (``cancelled`` unless the stream ended) however the request ends.
-    Sync, never a checkpoint: a route calls it right after owning the stream."""
+def open_owned(runtime: Runtime, prepared: Prepared, timer: RequestTimer) -> TokenStream:
+    """Open a prepared request and give its stream and timer to the connection: the one
+    way every route's request reaches the hub. The connection closes both however the
+    request ends (the stream asks the engine to cancel; the timer records ``cancelled``
+    unless the stream ended).
+
+    Sync, never a checkpoint: nothing can cancel between the open and the owning.
+
+    Raises: what ``Runtime.open`` raises; nothing was submitted then.
+    """
+    stream = runtime.open(prepared)
+    own(request.scope, stream)
     timer.submitted(stream.prompt_tokens)
     own(request.scope, timer)
+    return stream
 
 
 def sse_response(

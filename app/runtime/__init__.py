@@ -9,6 +9,7 @@ Other packages import these names from here, not from the modules.
 from .draining import HANDOVER_LEAD_S, stop_deadline_s
 from .loading import MakeEngine, ServingEngine, load_engine_from_settings
 from .phase import LOADING_RETRY_AFTER_S, SHUTDOWN_RETRY_AFTER_S, Phase
+from .rebuild import Rebuilder
 from .runtime import Prepared, Runtime
 from .store import STORE_CHECK_TIMEOUT_S
 
@@ -20,6 +21,7 @@ __all__ = [
     "MakeEngine",
     "Phase",
     "Prepared",
+    "Rebuilder",
     "Runtime",
     "ServingEngine",
     "load_engine_from_settings",

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import PurePath
 from typing import Any
@@ -199,29 +199,23 @@ class Runtime:
             await self._prompts.compile(self.engine, request.constraint)
         return Prepared(encoded, policy, tuple(resume_from))
 
-    async def prepare_chat(
-        self,
-        messages: Sequence[Mapping[str, str]],
-        add_generation_prompt: bool,
-        build: Callable[[str, tuple[int, ...]], engine.GenerationRequest],
-        policy: streams.PolicyName | None,
-    ) -> Prepared:
-        """``prepare`` for chat messages: the model's chat template renders and encodes
-        them in one worker-thread call; ``build`` makes the request of the text and ids.
+    async def render_chat(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
+    ) -> tuple[str, tuple[int, ...]]:
+        """Chat messages as the model's chat template renders them: the text and its
+        token ids, in one worker-thread call. The route then builds its request of them
+        and calls ``prepare`` (which keeps the ids), as for a prompt.
 
         Raises:
             ApiError: not ready, stopping or failed (503).
             engine.ChatTemplateError: no chat template, or it refused the messages.
-            whatever ``build`` raises, and what ``prepare`` raises.
 
         Cancellation: while queued for the tokenizer or rendering (never abandoned;
-        milliseconds), and then as ``prepare``'s: nothing was submitted.
+        milliseconds): nothing was made.
         """
         self._ready_hub()
         assert self.engine is not None  # READY: built
-        text, ids = await self._prompts.render_chat(self.engine, messages,
-                                                    add_generation_prompt)
-        return await self.prepare(build(text, ids), policy)
+        return await self._prompts.render_chat(self.engine, messages, add_generation_prompt)
 
     def open(self, prepared: Prepared, *, resumable: bool = False,
              rebuilt: bool = False) -> streams.TokenStream:

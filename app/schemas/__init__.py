@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from .anthropic import CountTokensBody as CountTokensBody
 from .anthropic import MessagesBody as MessagesBody
-from .anthropic import count_request as count_request
 from .limits import MAX_DEADLINE_MS as MAX_DEADLINE_MS
 from .limits import MAX_STOP_CHARS as MAX_STOP_CHARS
 from .limits import MAX_STOP_STRINGS as MAX_STOP_STRINGS
@@ -37,6 +36,5 @@ __all__ = [
     "MessagesBody",
     "OpenAIBody",
     "RequestLimits",
-    "count_request",
     "parse_generate_body",
 ]

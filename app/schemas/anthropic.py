@@ -290,10 +290,3 @@ class MessagesBody(AnthropicPrompt):
             cache_namespace=salt_bytes(self.cache_salt),
             constraint=None if (use := self.tool_use()) is None else output_constraint(use),
         )
-
-
-def count_request(prompt: str, prompt_ids: tuple[int, ...]) -> GenerationRequest:
-    """A request that only carries a rendered prompt's ids to be counted; never opened."""
-    return GenerationRequest(request_id=uuid.uuid4().hex, prompt=prompt, max_new_tokens=1,
-                             prompt_token_ids=prompt_ids)
-

@@ -19,22 +19,26 @@ follow are the uninterrupted run's); the engine refuses any of them outside its
 vocabulary (``engine.InvalidRequest``, as everything else it refuses at the submit: the
 stream is refused, not run). A spec refused ends its reader's body with one
 ``error`` event ``unavailable`` (``refusal``) and counts in ``resume_spec_rejected``.
-Knows the ``Runtime``, and ``streams.resume`` and the engine only at their roots.
+Knows the ``Runtime``, and ``streams.resume`` and the engine only at their roots; the
+app's factory makes it the runtime's ``rebuild`` (``app/factory.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import pydantic
 
 import engine
 from streams.resume import Adopt, StoreRejected, generated_ids, spec_parts
 
-from ..auth import SlotObserver
 from ..errors import ErrorType
-from ..metrics import Metrics, RequestTimer
-from ..runtime import Runtime
+from ..key_shares import SlotObserver
+from .runtime import Runtime
+
+if TYPE_CHECKING:
+    from ..metrics import Metrics, RequestTimer
 from ..schemas import RequestLimits, parse_generate_body
 from ..wire import ResumableEvents, event_without_id
 
