@@ -30,8 +30,9 @@ TOKENIZE_THREADS = 1
 INLINE_ENCODE_CHARS = 512
 
 
-class PromptEncoder:
-    """The tokenizer's work for one server, queued under one limiter."""
+class TokenizerQueue:
+    """The tokenizer's work for one server, queued under one limiter (the encoding
+    itself is the engine's ``engine.text.PromptEncoder``)."""
 
     def __init__(self) -> None:
         self._limiter = trio.CapacityLimiter(TOKENIZE_THREADS)

@@ -50,7 +50,7 @@ from ..settings import Settings
 from .draining import finish_drain
 from .loading import MakeEngine, ServingEngine, build_and_freeze
 from .phase import Phase, refusal
-from .prompts import PromptEncoder
+from .prompts import TokenizerQueue
 from .stats import statistics_fields
 from .store import resume_log, store_refusal
 
@@ -97,7 +97,7 @@ class Runtime:
         self._drain_started = False
         self._hub_draining = False  # drain() told a running hub to drain
         self._drained = trio.Event()  # the drain is over: the hub stopped (or never ran)
-        self._prompts = PromptEncoder()
+        self._prompts = TokenizerQueue()
         # Every stream body's keep-alive timer (streams/keepalive.py), ticking from start().
         self.keepalives = streams.Keepalives(settings.keepalive_s)
 
