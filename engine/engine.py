@@ -7,10 +7,10 @@ or the cache happens inside ``step()``, which one caller runs repeatedly:
 
 1. apply the inbox: submits join the waiting queue (one resumed from tokens made
    elsewhere replays them silently and its generator is advanced past their draws),
-   cancels finish a waiting
-   sequence (never admitted) or a running one (blocks released), pauses and
-   resumes flip a flag; a request past its ``ttft_deadline`` whose prefill has
-   not begun finishes with DEADLINE; with ``on_prefill``, the finishes go out at once;
+   cancels finish a waiting sequence (never admitted) or a running one (blocks
+   released), pauses and resumes flip a flag; a request past its ``ttft_deadline``
+   whose prefill has not begun finishes with DEADLINE; with ``on_prefill``, the
+   finishes go out at once;
 2. schedule: admit waiting sequences in arrival order while there are batch
    slots and blocks, and choose the admitted prompts to prefill, in arrival
    order, up to ``max_prefill_tokens`` prompt tokens (the rest next step);
@@ -47,11 +47,10 @@ once, in ``on_prefill`` or in the return value: if ``on_prefill`` raises, the
 step stops there and the exception propagates, and every event made until then
 was already handed to it (the rest of the step runs next time).
 
-Prompts are encoded with ``tokenize`` (any thread, its own copy of the
-tokenizer: see ``text.PromptEncoder``), or in ``submit``, which turns a request into
-a sequence in the caller's thread (``intake.Intake``: checks, prompt ids, a
-constraint's compiled matcher); detokenizing happens only in the stepping thread,
-so no fast tokenizer is used by two threads.
+Prompts are encoded with ``tokenize`` (any thread, the tokenizer's own copy:
+``text.PromptEncoder``) or in ``submit``, which makes a request a sequence in the
+caller's thread (``intake.Intake``: checks, prompt ids, a constraint's matcher);
+detokenizing happens only in the stepping thread: no tokenizer is shared by two threads.
 """
 
 from __future__ import annotations
@@ -226,18 +225,14 @@ class Engine:
 
         The prompt is encoded here unless ``request.prompt_token_ids`` holds its ids.
 
-        ``resume_from``: the tokens this request already generated (a stream rebuilt on
-        another replica after its owner died). It continues exactly as the uninterrupted
-        run would: its prefill caches the prompt and these tokens but the last (as a
-        preempted sequence's recompute: nothing sampled), the step that applies the
-        submit replays them through its detokenizer and stop matcher with no event
-        (text and stop strings across the cut come out the same) and advances its
-        generator by the draws they took (``Runner.advance_generator``); its token
-        events go on from index ``len(resume_from)``, and ``max_new_tokens`` counts
-        them. If they already end it (a stop string, eos, the length), that step gives
-        only its FinishEvent. A sampled request needs its ``seed`` for this. A
-        constrained request's matcher is compiled here if ``compile_constraint`` did
-        not, and replays those tokens with them.
+        ``resume_from``: the tokens it already generated (a stream rebuilt on another
+        replica after its writer died). It continues as the uninterrupted run would: its
+        prefill caches the prompt and these tokens but the last (a recompute: nothing
+        sampled); the step that applies the submit replays them, with no event, through
+        its detokenizer, stop matcher and constraint's matcher, and advances its
+        generator by their draws (``Runner.advance_generator``; a sampled request needs
+        its ``seed``); its events go on from index ``len(resume_from)``, counted in
+        ``max_new_tokens``. If they already end it, that step gives only its finish.
 
         Raises:
             EmptyPrompt, InvalidMaxNewTokens, InvalidSampling, PromptTooLong,
