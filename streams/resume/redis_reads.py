@@ -41,7 +41,6 @@ from .redis_keys import (
     stream_keys,
     writer_key,
 )
-from .redis_ping import StorePing
 from .signing import StoreSigner
 
 Entry = tuple[int, bytes, bool]  # (n, data, last)
@@ -155,7 +154,7 @@ class StoreReads:
 
     async def ping(self) -> None:
         """``SharedEventLog.ping``, on a connection and a thread of its own
-        (``redis_ping.py``). Cancellation: abandoned: nothing changes."""
+        (``StorePing``). Cancellation: abandoned: nothing changes."""
         await self._pinger.ping()
 
     async def read_remote(self, stream_id: str, after: int, *,
@@ -223,3 +222,32 @@ class StoreReads:
     @staticmethod
     def _ms(seconds: float) -> int:
         return max(1, math.ceil(seconds * 1000))
+
+
+class StorePing:
+    """Pings the Redis of ``client`` on a connection of its own: ``/ready``'s question
+    never waits behind the readers' limiter and pool (a follower's XREAD BLOCK holds both
+    for up to ``follow_wait_s``, and a balancer would take a busy replica out).
+
+    Args:
+        client: the log's client; only its pool's connection settings are used.
+    """
+
+    def __init__(self, client: redis.Redis) -> None:
+        pool = client.connection_pool
+        own = redis.ConnectionPool(connection_class=pool.connection_class, max_connections=1,
+                                   **pool.connection_kwargs)
+        self._client = redis.Redis(connection_pool=own)
+        self._limiter = trio.CapacityLimiter(1)  # a ping still out (Redis hangs): wait
+
+    async def ping(self) -> None:
+        """Raises StoreUnavailable: Redis did not answer, or refused.
+
+        Cancellation: the ping is abandoned to its thread, which gives the limiter and
+        the connection back when Redis answers (or its socket times out).
+        """
+        try:
+            await trio.to_thread.run_sync(self._client.ping, limiter=self._limiter,
+                                          abandon_on_cancel=True)
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"Redis: {exc!r}") from exc

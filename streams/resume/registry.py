@@ -11,8 +11,8 @@ owner of its streams (it closes them); the jobs live apart:
 - ``local.py``: detach and attach on this replica, and the holder task between
   (``reader.py``: the reader here);
 - ``replicas.py``: readers through a shared log (``remote_reader.py``), with
-  ``failover.py`` (a dead writer's stream continued here) and ``handover.py`` (a
-  draining replica's streams left to another);
+  ``failover.py`` (a dead writer's stream continued here); a draining replica's
+  streams are left to another by ``hand_over``;
 - ``log.py``, ``redis_log.py``: the logs; ``spec.py``: what a rebuild needs.
 
 Numbering: event 1 is the opening (the app's ``start``); each item taken is the next
@@ -50,7 +50,6 @@ import trio
 
 from ..stream import TokenStream
 from .byte_cap import ByteCap
-from .handover import leave_to_another_replica
 from .local import LocalStreams
 from .log import EventLog, SharedEventLog, StoreUnavailable
 from .reader import Reader
@@ -114,9 +113,11 @@ class ResumeRegistry:
             self._replicas.drain()
 
     async def hand_over(self) -> int:
-        """This replica drains and its deadline is near: leave each of its streams that
-        has not ended to another replica (``handover.py``); how many. Returns once the
-        store has every event they logged and their writer leases are let go.
+        """This replica drains and its deadline is near: leave each of its published
+        streams that has not ended to another replica; how many. Returns once the store
+        has every event they logged and their writer leases are let go (compare-and-
+        delete, in the same ordered batches as the events), so a resume on another
+        replica takes each over at once and continues it with the same tokens.
 
         Sync up to that wait: each stream is closed (the engine is asked to cancel it:
         the one close path, blocks released once) and forgotten here only (the store's
@@ -135,7 +136,13 @@ class ResumeRegistry:
         if log is None or self.rebuild is None:
             await trio.lowlevel.checkpoint()
             return 0
-        handed = leave_to_another_replica(log, self._local)
+        leaving = [e for e in self._local.entries()
+                   if e.published and not e.is_ended and e.holding is not Holding.GONE]
+        for entry in leaving:
+            log.release_local_reader(entry.request_id)
+            self._local.forget(entry, disowned=True)  # this replica's copy only
+            log.release_writer(entry.request_id)  # queued after every event it logged
+        handed = len(leaving)
         self._handed_over += handed
         await log.stored()
         return handed
