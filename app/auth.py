@@ -56,10 +56,15 @@ from .settings import Settings
 
 # Probes and scrapers (load balancers, orchestrators, Prometheus) carry no key, nor does
 # a browser loading the page (routes/page.py); these show no request data.
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/", "/page.js"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/", "/page.js", "/scope",
+                        "/scope.js"})
 # EventSource sends no headers: the one route a stream's read token opens, for that id.
 STREAM_READ_PREFIX = "/v1/stream/"
 STREAM_TOKEN_PARAM = "token"
+# The scope's feed (routes/scope.py), for EventSource: a read token of this id, which no
+# stream's id can be (ids never hold "/"), opens it for the key that made the token.
+SCOPE_EVENTS_PATH = "/scope/events"
+SCOPE_TOKEN_ID = "/scope"
 # A key at its limit: a stream of its own must end first; most are short.
 LIMIT_RETRY_AFTER_S = 1.0
 _ACCESS = "streamscope_access"  # the quart.g attribute
@@ -157,6 +162,10 @@ def register_auth(app: Quart, settings: Settings) -> None:
         if token is None and _stream_token_valid(credentials):
             setattr(g, _ACCESS, Access(None, None, ttl_s))
             return
+        scope_key = None if token is not None else _scope_token_key(credentials)
+        if scope_key is not None:
+            setattr(g, _ACCESS, Access(scope_key, None, ttl_s))
+            return
         # Headers arrive decoded as latin-1, so this gives back the bytes that were sent.
         presented = None if token is None else token.encode("latin-1")
         matched = [c for c in credentials if presented is not None and c.matches(presented)]
@@ -232,6 +241,35 @@ def _stream_token_valid(credentials: list[Credential]) -> bool:
         return False
     now = time.time()
     return any([c.token_opens(given, request_id, now) for c in credentials])
+
+
+def _scope_token_key(credentials: list[Credential]) -> Credential | None:
+    """The key whose scope read token this ``GET /scope/events?token=`` carries,
+    unexpired (each key is tried), or None."""
+    if request.method != "GET" or request.path != SCOPE_EVENTS_PATH:
+        return None
+    given, now = request.args.get(STREAM_TOKEN_PARAM, ""), time.time()
+    if not given.isascii():
+        return None
+    opened = [c for c in credentials if c.token_opens(given, SCOPE_TOKEN_ID, now)]
+    return opened[0] if opened else None
+
+
+def scope_query() -> str:
+    """What the scope feed's URL carries for EventSource: ``?token=<read token>`` of
+    this request's key, else nothing."""
+    access = _access()
+    if access is None or access.credential is None:
+        return ""
+    expiry = token_expiry(time.time(), access.token_ttl_s)
+    token = access.credential.stream_token(SCOPE_TOKEN_ID, expiry)
+    return f"?{STREAM_TOKEN_PARAM}={token}"
+
+
+def key_name() -> str | None:
+    """The name of the key that let this request in; None on a server without keys."""
+    access = _access()
+    return None if access is None or access.credential is None else access.credential.name
 
 
 def bearer_token(header: str) -> str | None:

@@ -23,6 +23,7 @@ from .routes import (
     make_openai_blueprint,
     make_page_blueprint,
     make_resumable_blueprint,
+    make_scope_blueprint,
 )
 from .runtime import MakeEngine, Runtime, load_engine_from_settings, stop_deadline_s
 from .settings import Settings
@@ -73,6 +74,7 @@ def create_app(
     app.register_blueprint(make_anthropic_blueprint(runtime, metrics))
     app.register_blueprint(make_resumable_blueprint(runtime, metrics))
     app.register_blueprint(make_page_blueprint())  # GET /: the browser page
+    app.register_blueprint(make_scope_blueprint(runtime))  # GET /scope: the live view
     app.register_blueprint(make_metrics_blueprint(metrics))
 
     @app.before_serving

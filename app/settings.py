@@ -337,6 +337,23 @@ class Settings(BaseSettings):
             shutdown_grace_s=self.shutdown_grace_s)
         return self
 
+    # -- the scope: the live page of the batch (/scope, app/routes/scope.py; docs/scope.md) --
+    scope_operator_keys: Annotated[frozenset[str], NoDecode] = _setting(frozenset(),
+        "names of the API keys (`default` for STREAMSCOPE_API_KEY) that see every stream "
+        "on /scope, comma-separated; any other key sees its own streams' rows and the "
+        "server's steps and block pool; without keys /scope is open, like /stats",
+        shown="(none)")
+    scope_show_text: bool = _setting(False,
+        "/scope's rows carry each stream's latest generated text (its last 80 "
+        "characters); off: no text of any request appears on /scope")
+
+    @field_validator("scope_operator_keys", mode="before")
+    @classmethod
+    def _key_names(cls, value: object) -> object:
+        if isinstance(value, str):
+            return frozenset(n.strip() for n in value.split(",") if n.strip())
+        return value
+
 
 def settings_table() -> list[tuple[str, str, str]]:
     """(variable, default, meaning) for every setting, in declaration order."""

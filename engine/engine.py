@@ -68,7 +68,7 @@ from .errors import EmptyPrompt, InvalidMaxNewTokens, PromptTooLong, StepReenter
 from .inbox import Op
 from .logprobs import TokenTexts
 from .model_side import ModelSource, Runner
-from .passes import StepPasses
+from .passes import StepPasses, plan_statistics
 from .prefix_cache import cached_tokens, statistics_of
 from .scheduler import Scheduler, StepPlan
 from .sequence import Sequence
@@ -371,9 +371,9 @@ class Engine:
         )
         if plan.planned_ms is not None:
             self.costs.observe_step(plan.planned_ms, elapsed_ms)
-        self._snapshot = self._take_snapshot()
+        self._snapshot = self._take_snapshot(plan)
 
-    def _take_snapshot(self) -> EngineStatistics:
+    def _take_snapshot(self, plan: StepPlan | None = None) -> EngineStatistics:
         scheduler = self.scheduler
         self._ttft.observe_boundary()
         return EngineStatistics(
@@ -393,4 +393,5 @@ class Engine:
             steps=self.timing.steps,
             last_step_ms=self.timing.last_step_ms,
             median_decode_step_ms=self.timing.median_decode_step_ms(),
+            step_target_ms=scheduler.max_step_ms, **({} if plan is None else plan_statistics(plan)),
         )

@@ -181,6 +181,7 @@ def statistics_of(allocator: BlockAllocator) -> dict[str, int]:
         "prefix_cache_hits": allocator.num_hit_tokens,
         "blocks_cached": allocator.num_cached,
         "blocks_evicted": allocator.num_evictions,
+        "blocks_shared": allocator.num_shared,
     }
 
 
