@@ -8,9 +8,10 @@ Theory of operation
 Three hooks feed it, each behind one attribute check (``watched``), so that with no
 watcher nothing is built and nothing is kept:
 
-* ``stepped(stats)``, in the stepping thread after each step (``stepper.py``): the
-  engine's statistics of that step go into a bounded deque (appends are atomic); the
-  oldest fall off, counted, if the loop does not route for a long while;
+* ``stepped(stats)``, in the stepping thread after each step (``stepper.py``), and at
+  a hand-over in a step (its cancels' blocks already back): the engine's statistics go
+  into a bounded deque (appends are atomic); the oldest fall off, counted, if the loop
+  does not route for a long while;
 * ``routed(events)``, in the Trio thread after each batch of events is routed: the
   finishes are noted (a finish is the release of the sequence's blocks), and one frame
   is made (``ScopeFrame``: every open stream's row, the steps since the last frame, the
@@ -218,10 +219,11 @@ class ScopeFeed:
         taken = []
         while self._pending:
             stats = self._pending.popleft()
-            last = self._last_stats
+            last, self._last_stats = self._last_stats, stats
             if last is not None:
                 self._count_preemptions(last, stats)
-            self._last_stats = stats
+                if stats.steps == last.steps:  # a hand-over in the step: the pool only
+                    continue
             step = ScopeStep(stats.steps, stats.last_step_ms, stats.last_step_decoded,
                              stats.last_step_prefilled, stats.step_target_ms)
             self._recent_steps.append(step)

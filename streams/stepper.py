@@ -86,7 +86,8 @@ class StepWatch(Protocol):
     watched: bool
 
     def stepped(self, stats: EngineStatistics) -> None:
-        """A step's statistics, in the stepping thread, before its events are posted."""
+        """A step's statistics, in the stepping thread, before its events are posted;
+        also the statistics of a hand-over in the step (the same ``steps``)."""
 
     def routed(self, events: list[EngineEvent]) -> None:
         """A batch of events was routed, in the Trio thread."""
@@ -197,12 +198,14 @@ class Stepper:
     def _route_now(self, events: list[EngineEvent]) -> None:
         """on_prefill, inline: route in this (the Trio) thread."""
         self._prefilled = self._prefilled or bool(events)
+        self._watch_step()  # the pool as the hand-over left it (a cancel's blocks back)
         self._route_watched(events)
 
     def _post(self, events: list[EngineEvent]) -> None:
         """on_prefill: the prefill's events go to the loop now; the step goes on."""
         self._prefilled = self._prefilled or bool(events)
         if events:
+            self._watch_step()  # as in _route_now
             self._token().run_sync_soon(self._deliver, events, False)
 
     def _post_step(self, events: list[EngineEvent]) -> None:
