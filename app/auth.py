@@ -33,6 +33,12 @@ another. The token is signed with a key derived from the API key, never the key 
 which never travels in a cookie (browsers send a cookie to every port of the host) nor in
 a URL. The page itself and its script show no request data and are open.
 
+The scope (``routes/scope.py``) reads its feed with ``EventSource`` too: ``GET
+/scope/token``, made with a key, answers the feed's URL with a read token of the id
+``SCOPE_TOKEN_ID`` (which no stream's id can be), which opens ``GET /scope/events`` alone,
+as that key (``key_name``): a key sees its own streams there unless the operator named it
+in ``scope_operator_keys``. The scope's page and script are open, like ``/``.
+
 The comparisons are ``hmac.compare_digest``, the key's over SHA-256 digests, each key
 compared: their time depends on neither the secret's value nor its length.
 """

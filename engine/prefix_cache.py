@@ -37,6 +37,7 @@ from array import array
 from collections.abc import Iterable, Mapping
 from collections.abc import Sequence as Seq
 from collections.abc import Set as AbstractSet
+from typing import Any
 
 from .block_allocator import BlockAllocator, BlockTable
 from .sequence import Sequence
@@ -174,7 +175,7 @@ def _hits(allocator: BlockAllocator, digests: list[bytes], pending: AbstractSet[
     return hits
 
 
-def statistics_of(allocator: BlockAllocator) -> dict[str, int]:
+def statistics_of(allocator: BlockAllocator) -> dict[str, Any]:
     """The prefix cache's counters, as ``EngineStatistics`` names them."""
     return {
         "prefix_cache_queries": allocator.num_query_tokens,

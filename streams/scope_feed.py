@@ -228,8 +228,8 @@ class ScopeFeed:
                              stats.last_step_prefilled, stats.step_target_ms)
             self._recent_steps.append(step)
             taken.append((step, stats.last_step_prefill_ids))
-        stats = self._last_stats
-        return taken, None if stats is None else _pool(stats)
+        latest = self._last_stats
+        return taken, None if latest is None else _pool(latest)
 
     def _count_preemptions(self, last: EngineStatistics, stats: EngineStatistics) -> None:
         preempted = stats.preemptions - last.preemptions
