@@ -14,19 +14,27 @@ client reads ``GET /scope/events`` from before the first stream to after the las
 page does (``app/routes/scope.py``), counting frames and what its snapshots say it missed;
 in a *none* run nobody watches, so the server builds nothing (``streams/scope_feed.py``).
 The JSON holds every run's load summary and, per kind, the median tokens/s; ``ratio`` is
-watched / none (issue 38's goal: at least 0.98). ``--screenshot`` adds a last, unmeasured
-watched run with Chromium showing ``/scope`` (``tests/browser.py``), captured mid-run.
+watched / none (issue 38's goal: at least 0.98). On a shared machine the wall clock
+moves with everyone else's load, so each run also counts the CPU seconds the serving
+process spent (``/proc``: utime + stime of the process that listens on the server's
+port, the largest if several), per token; ``cpu_ratio`` is watched / none of those:
+what watching costs the server, whatever else runs beside it. ``--screenshot`` adds a
+last, unmeasured watched run with Chromium showing ``/scope`` (``tests/browser.py``),
+captured mid-run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import trio
@@ -67,10 +75,40 @@ class Watcher:
                         self.frames += 1
 
 
-async def one_run(url: str, prompts: list[str], args: argparse.Namespace, watched: bool
-                  ) -> dict[str, Any]:
-    """One load run, watched or not: its summary, and the watcher's counts."""
+def serving_pid(url: str) -> int:
+    """The process listening on ``url``'s port (of several, the largest resident set:
+    hypercorn's worker, not its parent)."""
+    port = urlsplit(url).port
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) == port:
+                    inodes.add(f"socket:[{fields[9]}]")
+    pids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with suppress(OSError):
+            if any(os.readlink(f"/proc/{entry}/fd/{fd}") in inodes
+                   for fd in os.listdir(f"/proc/{entry}/fd")):
+                pids.append(int(entry))
+    if not pids:
+        raise RuntimeError(f"no process listens on port {port}")
+    return max(pids, key=lambda pid: int(Path(f"/proc/{pid}/statm").read_text().split()[1]))
+
+
+def cpu_s(pid: int) -> float:
+    """``pid``'s CPU seconds so far (utime + stime, all its threads)."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def one_run(url: str, prompts: list[str], args: argparse.Namespace, watched: bool,
+                  pid: int) -> dict[str, Any]:
+    """One load run, watched or not: its summary, the server's CPU, the watcher's counts."""
     watcher = Watcher(url) if watched else None
+    cpu_before = cpu_s(pid)
     async with trio.open_nursery() as nursery:
         if watcher is not None:
             await nursery.start(watcher.watch)
@@ -79,6 +117,9 @@ async def one_run(url: str, prompts: list[str], args: argparse.Namespace, watche
                                 progress=False)
         nursery.cancel_scope.cancel(reason="the run is over")
     row: dict[str, Any] = {"kind": "watched" if watched else "none", **result.summary()}
+    row["server_cpu_s"] = round(cpu_s(pid) - cpu_before, 2)
+    row["server_cpu_ms_per_token"] = round(row["server_cpu_s"] * 1000 / row["tokens"], 3) \
+        if row["tokens"] else None
     if watcher is not None:
         row.update(frames=watcher.frames, snapshots=watcher.snapshots,
                    frames_missed=watcher.missed)
@@ -113,11 +154,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     began = time.time()
     async with open_server(settings, env=env) as url:
         await run_load(url, prompts, clients=2, max_new_tokens=8, progress=False)  # warm-up
+        pid = serving_pid(url)
         runs = []
         for n in range(args.rounds):
             order = (False, True) if n % 2 == 0 else (True, False)
             for watched in order:
-                runs.append(await one_run(url, prompts, args, watched))
+                runs.append(await one_run(url, prompts, args, watched, pid))
                 print(json.dumps(runs[-1]), file=sys.stderr)
         if args.screenshot is not None:
             watched_s = [r["makespan_s"] for r in runs if r["kind"] == "watched"]
@@ -131,14 +173,23 @@ def summarize(runs: list[dict[str, Any]], args: argparse.Namespace, began: float
     def median(kind: str) -> float:
         return statistics.median(r["tokens_per_s"] for r in runs if r["kind"] == kind)
 
+    def median_cpu(kind: str) -> float:
+        return statistics.median(r["server_cpu_ms_per_token"] for r in runs
+                                 if r["kind"] == kind)
+
     none, watched = median("none"), median("watched")
     ratio = round(watched / none, 4)
+    cpu_none, cpu_watched = median_cpu("none"), median_cpu("watched")
     return {
         "model": args.model, "streams": args.streams, "max_new_tokens": args.max_new_tokens,
         "rounds": args.rounds, "threads": args.threads,
         "seconds": round(time.time() - began, 1),
         "none_tokens_per_s": round(none, 2), "watched_tokens_per_s": round(watched, 2),
         "ratio": ratio, "goal": GOAL, "within_goal": ratio >= GOAL,
+        "none_server_cpu_ms_per_token": cpu_none,
+        "watched_server_cpu_ms_per_token": cpu_watched,
+        "cpu_ratio": round(cpu_watched / cpu_none, 4),
+        "load_average": os.getloadavg(),
         "errors": sum(r["errors"] for r in runs),
         "runs": runs,
     }
