@@ -21,11 +21,19 @@ port, the largest if several), per token; ``cpu_ratio`` is watched / none of tho
 what watching costs the server, whatever else runs beside it. ``--screenshot`` adds a
 last, unmeasured watched run with Chromium showing ``/scope`` (``tests/browser.py``),
 captured mid-run.
+
+What a frame costs, alone (``frame_cost``, in this process, after the server runs; or
+``--frame-cost-only``): the feed's work at one step boundary with ``--streams`` open
+streams (``ScopeFeed.stepped``, ``routed``: the frame built and queued) and the encoder's
+(``ScopeEvents.encode``), in CPU microseconds a frame over many frames. Divided by the
+server's median decode step (``/stats``), it bounds what watching adds to each step,
+apart from the write of the frame's bytes.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -39,7 +47,11 @@ from urllib.parse import urlsplit
 import httpx
 import trio
 
-from streams import SSEParser
+from app.wire import ScopeEvents
+from engine import EngineStatistics, TokenEvent
+from streams import PolicyName, ScopeFeed, SSEParser, TokenStream
+from streams.open_streams import OpenStreams
+from streams.policy import Policy
 from tools.load import run_load
 from tools.prompts import load_prompts
 from tools.server import open_server
@@ -147,6 +159,47 @@ async def screenshot(url: str, prompts: list[str], args: argparse.Namespace, pat
                        ignore_eos=True, progress=False)
 
 
+class _NoEngine:
+    """The wishes of streams that no engine serves (``frame_cost``)."""
+
+    def pause(self, request_id: str) -> None: ...
+    def resume(self, request_id: str) -> None: ...
+    def cancel(self, request_id: str) -> None: ...
+
+
+def frame_cost(streams: int, frames: int = 2000) -> dict[str, Any]:
+    """CPU microseconds a frame: built by the feed over ``streams`` running streams and
+    encoded, as at each step boundary while one page watches."""
+
+    async def measure() -> float:
+        open_streams = OpenStreams(_NoEngine(), wake=lambda: None,  # type: ignore[arg-type]
+                                   caught_up=lambda: None)
+        policy = Policy(PolicyName.PAUSE_DROP)
+        for i in range(streams):
+            stream = TokenStream(f"{i:032x}", 20, policy, open_streams)
+            open_streams.add(stream, gated=False)
+            stream.deliver(TokenEvent(stream.request_id, 0, 1, "x"))
+        feed = ScopeFeed(policy, streams=lambda: open_streams, steps=lambda: 0)
+        watcher, encoder = feed.subscribe(), ScopeEvents()
+        watcher.take_ready(1)
+        events: list[Any] = [TokenEvent(s.request_id, 1, 1, "y") for s in open_streams.all()]
+        base = EngineStatistics(blocks_total=1024, blocks_free=512, blocks_reserved=512,
+                                running=streams, waiting=0, paused=0, admitted=streams,
+                                releases=0, steps=0, last_step_ms=80.0,
+                                median_decode_step_ms=80.0, last_step_decoded=streams)
+        steps = [dataclasses.replace(base, steps=n + 1) for n in range(frames)]
+        started = time.process_time()
+        for stats in steps:
+            feed.stepped(stats)
+            feed.routed(events)
+            encoder.encode(watcher.take_ready(64))
+        spent = time.process_time() - started
+        watcher.close()
+        return spent / frames * 1e6
+
+    return {"streams": streams, "frames": frames, "cpu_us_per_frame": round(trio.run(measure), 1)}
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     prompts = load_prompts()
     settings = {"model": args.model, "max_batch": max(args.streams, 1)}
@@ -161,15 +214,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             for watched in order:
                 runs.append(await one_run(url, prompts, args, watched, pid))
                 print(json.dumps(runs[-1]), file=sys.stderr)
+        async with httpx.AsyncClient(timeout=10.0, trust_env=False) as http:
+            step_ms = (await http.get(url + "/stats")).json()["median_decode_step_ms"]
         if args.screenshot is not None:
             watched_s = [r["makespan_s"] for r in runs if r["kind"] == "watched"]
             await screenshot(url, prompts, args, args.screenshot,
                              statistics.median(watched_s) / 2)
-    return summarize(runs, args, began)
+    return summarize(runs, args, began, step_ms)
 
 
-def summarize(runs: list[dict[str, Any]], args: argparse.Namespace, began: float
-              ) -> dict[str, Any]:
+def summarize(runs: list[dict[str, Any]], args: argparse.Namespace, began: float,
+              step_ms: float | None) -> dict[str, Any]:
     def median(kind: str) -> float:
         return statistics.median(r["tokens_per_s"] for r in runs if r["kind"] == kind)
 
@@ -189,6 +244,7 @@ def summarize(runs: list[dict[str, Any]], args: argparse.Namespace, began: float
         "none_server_cpu_ms_per_token": cpu_none,
         "watched_server_cpu_ms_per_token": cpu_watched,
         "cpu_ratio": round(cpu_watched / cpu_none, 4),
+        "median_decode_step_ms": step_ms,
         "load_average": os.getloadavg(),
         "errors": sum(r["errors"] for r in runs),
         "runs": runs,
@@ -204,14 +260,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch's intra-op threads")
     parser.add_argument("--json", type=Path, help="write the figures here too")
     parser.add_argument("--screenshot", type=Path, help="a PNG of /scope mid-run")
+    parser.add_argument("--frame-cost-only", action="store_true",
+                        help="measure what a frame costs alone, without a server")
     args = parser.parse_args(argv)
-    data = trio.run(run, args)
+    data = {} if args.frame_cost_only else trio.run(run, args)
+    data["frame_cost"] = cost = frame_cost(args.streams)
+    if data.get("median_decode_step_ms"):
+        cost["share_of_a_step"] = round(
+            cost["cpu_us_per_frame"] / 1000 / data["median_decode_step_ms"], 5)
     text = json.dumps(data, indent=2)
     print(text)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(text + "\n")
-    return 0 if data["errors"] == 0 else 1
+    return 0 if data.get("errors", 0) == 0 else 1
 
 
 if __name__ == "__main__":
