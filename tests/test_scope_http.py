@@ -153,3 +153,21 @@ async def test_a_watcher_that_does_not_read_never_holds_the_engine_up(
                 "completion_tokens"] == 64
     assert server.hub.scope.watchers == 0 and not server.hub.scope.watched
     stalled.close_abort()
+
+
+async def test_a_rows_text_is_there_only_when_the_operator_turns_it_on(
+    start_server: StartServer,
+) -> None:
+    server = await start_server(scope_show_text=True)
+    async with server.client() as client, open_feed(client) as feed:
+        answer = await client.post("/v1/generate", json=stream_body(max_new_tokens=6))
+        assert answer.status_code == 200
+        text = answer.json()["text"]
+        request_id = answer.headers["X-Request-ID"]
+
+        def ended() -> bool:
+            rows = feed.rows(request_id)
+            return bool(rows) and rows[-1]["state"] in ("eos", "length", "stop")
+
+        await feed.until(ended, "the row's end")
+        assert text.endswith(feed.rows(request_id)[-1]["text"])

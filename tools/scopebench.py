@@ -58,6 +58,8 @@ from tools.server import open_server
 
 GOAL = 0.98  # watched tokens/s over none, at least (issue 38)
 SCREENSHOT_WINDOW = "--window-size=1400,900"
+SCREENSHOT_STEPS = 12  # decode steps after every stream runs, before the screenshot
+SCREENSHOT_WAIT_S = 300.0  # at most, for that (a loaded machine prefills slowly)
 
 
 class Watcher:
@@ -147,7 +149,15 @@ async def screenshot(url: str, prompts: list[str], args: argparse.Namespace, pat
         with headless_chromium(SCREENSHOT_WINDOW) as driver:
             driver.get(url + "/scope")
             trio.from_thread.run_sync(started.set)
-            time.sleep(mid_s)
+            running = ("return [...window.scope.rows.values()].filter("
+                       "r => r.state === 'running').length")
+            deadline = time.monotonic() + max(mid_s * 4, SCREENSHOT_WAIT_S)
+            while time.monotonic() < deadline and driver.execute_script(running) < args.streams:
+                time.sleep(0.2)
+            steps = driver.execute_script("return window.scope.steps.length")
+            while time.monotonic() < deadline and driver.execute_script(
+                    "return window.scope.steps.length") < steps + SCREENSHOT_STEPS:
+                time.sleep(0.2)  # some decode steps on the timeline
             path.parent.mkdir(parents=True, exist_ok=True)
             driver.save_screenshot(str(path))
 
@@ -219,7 +229,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.screenshot is not None:
             watched_s = [r["makespan_s"] for r in runs if r["kind"] == "watched"]
             await screenshot(url, prompts, args, args.screenshot,
-                             statistics.median(watched_s) / 2)
+                             statistics.median(watched_s) / 2 if watched_s else 10.0)
     return summarize(runs, args, began, step_ms)
 
 
@@ -232,6 +242,9 @@ def summarize(runs: list[dict[str, Any]], args: argparse.Namespace, began: float
         return statistics.median(r["server_cpu_ms_per_token"] for r in runs
                                  if r["kind"] == kind)
 
+    if not runs:  # --rounds 0: a screenshot alone
+        return {"model": args.model, "streams": args.streams, "runs": [],
+                "median_decode_step_ms": step_ms}
     none, watched = median("none"), median("watched")
     ratio = round(watched / none, 4)
     cpu_none, cpu_watched = median_cpu("none"), median_cpu("watched")

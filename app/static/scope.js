@@ -19,6 +19,7 @@ const RETRY_MS = 1000;
 const MAX_ENDED_ROWS = 64; // ended rows kept on the page
 const MAX_STEPS = 240; // steps on the timeline
 const MAX_MOMENTS = 50;
+const MAX_CELLS = 640; // the pool's grid: past this, a cell stands for several blocks
 
 const $ = (id) => document.getElementById(id);
 const scope = (window.scope = {
@@ -161,7 +162,7 @@ function renderRows() {
     badge.textContent = row.state;
     tr.cells[2].append(badge);
     tr.cells[3].textContent = String(row.tokens);
-    const share = Math.min(1, row.queued / row.limit);
+    const share = isOver(row) ? 0 : Math.min(1, row.queued / row.limit);
     tr.cells[4].innerHTML = `<span class="queue" title="${row.queued}/${row.limit}">` +
       `<i style="width:${(share * 100).toFixed(0)}%"${share >= 1 ? ' class="full"' : ""}></i></span>`;
     tr.cells[5].textContent = !isOver(row) ? "held" : row.released ? "back" : "held";
@@ -178,10 +179,13 @@ function drawSteps() {
   const steps = scope.steps;
   if (!steps.length) return;
   const target = steps[steps.length - 1][4];
-  const top = Math.max(target ?? 0, ...steps.map((s) => s[1] ?? 0)) * 1.15 || 1;
+  // The scale: most steps, not the rare long prefill (a taller bar is cut at the top).
+  const sorted = steps.map((s) => s[1] ?? 0).sort((a, b) => a - b);
+  const usual = sorted[Math.floor(sorted.length * 0.95)] || sorted[sorted.length - 1];
+  const top = Math.max(target ?? 0, usual) * 1.15 || 1;
   const w = width / MAX_STEPS;
   steps.forEach(([, ms, decoded, prefilled], i) => {
-    const h = ((ms ?? 0) / top) * (height - 14);
+    const h = Math.min(1, (ms ?? 0) / top) * (height - 14);
     const x = i * w;
     const share = decoded + prefilled ? prefilled / (decoded + prefilled) : 0;
     ctx.fillStyle = "#2a7d2a"; // decode, below
@@ -206,13 +210,17 @@ function drawPool() {
   const pool = scope.pool;
   const grid = $("pool");
   if (!pool) return;
-  while (grid.children.length < pool.total) grid.append(document.createElement("i"));
-  while (grid.children.length > pool.total) grid.lastChild.remove();
+  const per = Math.ceil(pool.total / MAX_CELLS); // blocks a cell stands for
+  const cells = Math.ceil(pool.total / per);
+  while (grid.children.length < cells) grid.append(document.createElement("i"));
+  while (grid.children.length > cells) grid.lastChild.remove();
   [...grid.children].forEach((cell, i) => {
-    cell.className = i < pool.shared ? "shared" : i < pool.in_use ? "used" : "";
+    const first = i * per; // a cell is drawn as its first block
+    cell.className = first < pool.shared ? "shared" : first < pool.in_use ? "used" : "";
   });
   $("pool-counts").textContent = `${pool.in_use} in use (${pool.shared} shared), ` +
-    `${pool.free} free of ${pool.total}, ${pool.cached} cached prefix blocks`;
+    `${pool.free} free of ${pool.total}, ${pool.cached} cached prefix blocks` +
+    (per > 1 ? `; a cell is ${per} blocks` : "");
 }
 
 function addMoment(moment) {
