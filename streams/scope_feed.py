@@ -82,6 +82,8 @@ class ScopeFeed:
         self.watched = False  # the one check the step path makes
         self.show_text = False  # the operator's setting: rows carry their latest text
         self.key_of: Callable[[str], str | None] = lambda request_id: None
+        # Whether a resumable stream has no reader now (the app's resume registry says).
+        self.detached: Callable[[str], bool] = lambda request_id: False
         self._watchers: list[ScopeWatcher] = []
         self._epoch = secrets.token_hex(4)  # event ids of another server life never match
         self._seq = 0
@@ -288,6 +290,8 @@ class ScopeFeed:
             state = "prefilling" if request_id in prefilling else "waiting"
         else:
             state = "paused" if stats.is_paused else "running"
+        if state in ("waiting", "running") and self.detached(request_id):
+            state = "detached"  # it generates into its log, for a reader yet to come
         text = self._texts.pop(request_id, None) if final else self._texts.get(request_id)
         return ScopeRow(request_id, key, state, max(tokens, 0), stats.queued,
                         stream.policy.queue_limit, released=finish is not None,

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 class ScopeRow:
     """One stream as the scope shows it.
 
-    ``state``: ``waiting``, ``prefilling``, ``running``, ``paused``, or, once over,
+    ``state``: ``waiting``, ``prefilling``, ``running``, ``paused``, ``detached`` (a
+    resumable stream generating with no reader attached), or, once over,
     the end: ``eos``, ``length``, ``stop`` (the engine finished it), ``cancelled`` (its
     client left: closed while the engine held it), ``dropped`` (a slow reader the policy
     dropped), ``error``, ``deadline``, ``shutdown``. ``released``: the engine's finish
@@ -36,7 +37,7 @@ class ScopeRow:
         return self.state not in LIVE_STATES
 
 
-LIVE_STATES = frozenset({"waiting", "prefilling", "running", "paused"})
+LIVE_STATES = frozenset({"waiting", "prefilling", "running", "paused", "detached"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -171,3 +171,21 @@ async def test_a_rows_text_is_there_only_when_the_operator_turns_it_on(
 
         await feed.until(ended, "the row's end")
         assert text.endswith(feed.rows(request_id)[-1]["text"])
+
+
+async def test_a_resumable_stream_without_a_reader_is_detached_until_deleted(
+    server: RunningServer,
+) -> None:
+    async with server.client() as client, open_feed(client) as feed:
+        created = await client.post("/v1/requests", json=long_body())
+        assert created.status_code == 201
+        request_id = created.json()["id"]
+        await feed.until(lambda: any(r["state"] == "detached" for r in feed.rows(request_id)),
+                         "the stream detached: generating with no reader")
+        assert (await client.delete(f"/v1/requests/{request_id}")).status_code in (200, 204)
+
+        def released() -> bool:
+            rows = feed.rows(request_id)
+            return bool(rows) and rows[-1]["state"] == "cancelled" and rows[-1]["released"]
+
+        await feed.until(released, "the row cancelled with its blocks back")

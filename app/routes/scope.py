@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from quart import Blueprint, Response, request
 
+from streams.resume import Holding
+
 from ..api_keys import Credential, all_keys
 from ..auth import SCOPE_EVENTS_PATH, key_name, scope_query
 from ..edge.connection import own
@@ -91,6 +93,9 @@ def make_scope_blueprint(runtime: Runtime) -> Blueprint:
             raise ApiError(ErrorType.UNAVAILABLE, "the model is not loaded yet")
         feed = hub.scope
         feed.key_of = key_of
+        registry = runtime.resumption
+        if registry is not None:
+            feed.detached = lambda i: registry.holding(i) is Holding.DETACHED
         feed.show_text = settings.scope_show_text
         last = request.headers.get("Last-Event-ID") or request.args.get("last_event_id")
         watcher = feed.subscribe(last)

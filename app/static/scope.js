@@ -115,7 +115,7 @@ function apply(frame, snapshot) {
 }
 
 function isOver(row) {
-  return !["waiting", "prefilling", "running", "paused"].includes(row.state);
+  return !["waiting", "prefilling", "running", "paused", "detached"].includes(row.state);
 }
 
 function trimEnded() {
