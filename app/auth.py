@@ -40,6 +40,12 @@ prefix-cache namespace (``api_keys.cache_namespace``, split further by the body'
 ``cache_salt``), so a key never finds another key's prompt cached; ``/metrics`` needs
 ``STREAMSCOPE_METRICS_TOKEN`` when it is set (``guard_metrics``).
 
+The scope (``routes/scope.py``) reads its feed with ``EventSource`` too: ``GET
+/scope/token``, made with a key, answers the feed's URL with a read token of the id
+``SCOPE_TOKEN_ID`` (which no stream's id can be), which opens ``GET /scope/events`` alone,
+as that key (``key_name``): a key sees its own streams there unless the operator named it
+in ``scope_operator_keys``. The scope's page and script are open, like ``/``.
+
 The comparisons are ``hmac.compare_digest``, the key's over SHA-256 digests, each key
 compared: their time depends on neither the secret's value nor its length.
 """
@@ -71,10 +77,15 @@ from .settings import Settings
 # a browser loading the page (routes/page.py); these show no request data.
 # /metrics needs STREAMSCOPE_METRICS_TOKEN instead, when it is set (guard_metrics).
 METRICS_PATH = "/metrics"
-OPEN_PATHS = frozenset({"/health", "/ready", METRICS_PATH, "/", "/page.js"})
+OPEN_PATHS = frozenset({"/health", "/ready", METRICS_PATH, "/", "/page.js", "/scope",
+                        "/scope.js"})
 # EventSource sends no headers: the one route a stream's read token opens, for that id.
 STREAM_READ_PREFIX = "/v1/stream/"
 STREAM_TOKEN_PARAM = "token"
+# The scope's feed (routes/scope.py), for EventSource: a read token of this id, which no
+# stream's id can be (ids never hold "/"), opens it for the key that made the token.
+SCOPE_EVENTS_PATH = "/scope/events"
+SCOPE_TOKEN_ID = "/scope"
 _ACCESS = "streamscope_access"  # the quart.g attribute
 
 
@@ -109,6 +120,10 @@ def register_auth(app: Quart, settings: Settings, shares: KeyShares | None) -> N
         token = bearer_token(request.headers.get("Authorization", "")) or api_key_header()
         if token is None and _stream_token_valid(credentials):
             setattr(g, _ACCESS, Access(None, None, ttl_s))
+            return
+        scope_key = None if token is not None else _scope_token_key(credentials)
+        if scope_key is not None:
+            setattr(g, _ACCESS, Access(scope_key, None, ttl_s))
             return
         # Headers arrive decoded as latin-1, so this gives back the bytes that were sent.
         presented = None if token is None else token.encode("latin-1")
@@ -209,6 +224,35 @@ def _stream_token_valid(credentials: list[Credential]) -> bool:
         return False
     now = time.time()
     return any([c.token_opens(given, request_id, now) for c in credentials])
+
+
+def _scope_token_key(credentials: list[Credential]) -> Credential | None:
+    """The key whose scope read token this ``GET /scope/events?token=`` carries,
+    unexpired (each key is tried), or None."""
+    if request.method != "GET" or request.path != SCOPE_EVENTS_PATH:
+        return None
+    given, now = request.args.get(STREAM_TOKEN_PARAM, ""), time.time()
+    if not given.isascii():
+        return None
+    opened = [c for c in credentials if c.token_opens(given, SCOPE_TOKEN_ID, now)]
+    return opened[0] if opened else None
+
+
+def scope_query() -> str:
+    """What the scope feed's URL carries for EventSource: ``?token=<read token>`` of
+    this request's key, else nothing."""
+    access = _access()
+    if access is None or access.credential is None:
+        return ""
+    expiry = token_expiry(time.time(), access.token_ttl_s)
+    token = access.credential.stream_token(SCOPE_TOKEN_ID, expiry)
+    return f"?{STREAM_TOKEN_PARAM}={token}"
+
+
+def key_name() -> str | None:
+    """The name of the key that let this request in; None on a server without keys."""
+    access = _access()
+    return None if access is None or access.credential is None else access.credential.name
 
 
 def bearer_token(header: str) -> str | None:

@@ -24,6 +24,7 @@ from .routes import (
     make_openai_blueprint,
     make_page_blueprint,
     make_resumable_blueprint,
+    make_scope_blueprint,
 )
 from .runtime import MakeEngine, Rebuilder, Runtime, load_engine_from_settings, stop_deadline_s
 from .settings import Settings
@@ -77,6 +78,7 @@ def create_app(
     app.register_blueprint(make_resumable_blueprint(runtime, metrics))
     runtime.rebuild = Rebuilder(runtime, metrics)  # a dead replica's streams go on here
     app.register_blueprint(make_page_blueprint())  # GET /: the browser page
+    app.register_blueprint(make_scope_blueprint(runtime))  # GET /scope: the live view
     app.register_blueprint(make_metrics_blueprint(metrics))
 
     @app.before_serving

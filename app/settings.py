@@ -288,6 +288,22 @@ class Settings(EngineSettings):
         "with no API key set, the Host names (comma-separated, port optional) answered "
         "besides localhost, 127.0.0.1 and [::1]; others get 400 (DNS rebinding); `*`: any",
         shown="(none)")
+    # -- the scope: the live page of the batch (/scope, app/routes/scope.py; docs/scope.md) --
+    scope_operator_keys: Annotated[frozenset[str], NoDecode] = _setting(frozenset(),
+        "names of the API keys (`default` for STREAMSCOPE_API_KEY) that see every stream "
+        "on /scope, comma-separated; any other key sees its own streams' rows and the "
+        "server's steps and block pool; without keys /scope is open, like /stats",
+        shown="(none)")
+    scope_show_text: bool = _setting(False,
+        "/scope's rows carry each stream's latest generated text (its last 80 "
+        "characters); off: no text of any request appears on /scope")
+
+    @field_validator("scope_operator_keys", mode="before")
+    @classmethod
+    def _key_names(cls, value: object) -> object:
+        if isinstance(value, str):
+            return frozenset(n.strip() for n in value.split(",") if n.strip())
+        return value
 
 
 def settings_table() -> list[tuple[str, str, str]]:

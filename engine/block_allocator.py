@@ -75,6 +75,7 @@ class BlockAllocator:
         self.num_evictions = 0  # committed blocks whose identity was dropped for space
         self.num_query_tokens = 0  # positions looked up at reserve (vLLM's queries)
         self.num_hit_tokens = 0  # of those, found cached (vLLM's hits)
+        self.num_shared = 0  # blocks referenced by more than one table
 
     @property
     def num_free(self) -> int:
@@ -175,6 +176,7 @@ class BlockAllocator:
         table.is_released = True
         for block in reversed(table.block_ids):
             self._refs[block] -= 1
+            self.num_shared -= self._refs[block] == 1
             assert self._refs[block] >= 0, f"block {block} released more than it was held"
             if self._refs[block] == 0:
                 if block in self._digest_of:
@@ -208,6 +210,7 @@ class BlockAllocator:
         if self._refs[block] == 0:
             del self._evictable[block]
         self._refs[block] += 1
+        self.num_shared += self._refs[block] == 2
 
     def _allocate(self) -> int:
         """A block for one new reference: a free one, else the least recently used

@@ -70,7 +70,7 @@ from .inbox import Op
 from .intake import Intake
 from .logprobs import TokenTexts
 from .model_side import ModelSource, Runner
-from .passes import StepPasses
+from .passes import StepPasses, plan_statistics
 from .scheduler import Scheduler, StepPlan
 from .step_timing import StepTiming
 from .ttft import TtftEstimator
@@ -354,9 +354,9 @@ class Engine:
         )
         if plan.planned_ms is not None:
             self.costs.observe_step(plan.planned_ms, elapsed_ms)
-        self._snapshot = self._take_snapshot()
+        self._snapshot = self._take_snapshot(plan)
 
-    def _take_snapshot(self) -> EngineStatistics:
+    def _take_snapshot(self, plan: StepPlan | None = None) -> EngineStatistics:
         scheduler = self.scheduler
         self._ttft.observe_boundary()
         return EngineStatistics(
@@ -376,4 +376,5 @@ class Engine:
             steps=self.timing.steps,
             last_step_ms=self.timing.last_step_ms,
             median_decode_step_ms=self.timing.median_decode_step_ms(),
+            step_target_ms=scheduler.max_step_ms, **({} if plan is None else plan_statistics(plan)),
         )

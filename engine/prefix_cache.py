@@ -44,6 +44,7 @@ from array import array
 from collections.abc import Iterable, Mapping
 from collections.abc import Sequence as Seq
 from collections.abc import Set as AbstractSet
+from typing import Any
 
 from .block_allocator import BlockAllocator, BlockTable
 from .sequence import Sequence
@@ -202,7 +203,7 @@ class PrefixCache:
             hits += 1
         return hits
 
-    def statistics(self) -> dict[str, int]:
+    def statistics(self) -> dict[str, Any]:
         """The prefix cache's counters, as ``EngineStatistics`` names them."""
         allocator = self.allocator
         return {
@@ -210,6 +211,7 @@ class PrefixCache:
             "prefix_cache_hits": allocator.num_hit_tokens,
             "blocks_cached": allocator.num_cached,
             "blocks_evicted": allocator.num_evictions,
+            "blocks_shared": allocator.num_shared,
         }
 
 

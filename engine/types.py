@@ -161,3 +161,9 @@ class EngineStatistics:
     prefix_cache_hits: int = 0  # of those, found cached: not computed
     blocks_cached: int = 0  # committed full blocks, shared or evictable
     blocks_evicted: int = 0  # cached blocks reused for other positions (LRU)
+    blocks_shared: int = 0  # referenced by more than one live table (a shared prefix)
+    # The last step's plan (0 and () in a snapshot taken in a step, at a hand-over):
+    last_step_decoded: int = 0  # rows the last step decoded
+    last_step_prefilled: int = 0  # prompt positions the last step prefilled
+    last_step_prefill_ids: tuple[str, ...] = ()  # the requests whose prompt it prefilled
+    step_target_ms: float | None = None  # the step-time target (``max_step_ms``), if any

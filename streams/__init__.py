@@ -29,6 +29,14 @@ if TYPE_CHECKING:
     from .hub_types import StepGate as StepGate
     from .keepalive import Keepalives as Keepalives
     from .policy import PolicyName as PolicyName
+    from .scope_feed import ScopeFeed as ScopeFeed
+    from .scope_types import ScopeFrame as ScopeFrame
+    from .scope_types import ScopeMoment as ScopeMoment
+    from .scope_types import ScopePool as ScopePool
+    from .scope_types import ScopeRow as ScopeRow
+    from .scope_types import ScopeStep as ScopeStep
+    from .scope_watcher import ScopeItem as ScopeItem
+    from .scope_watcher import ScopeWatcher as ScopeWatcher
     from .sse import ServerSentEvent as ServerSentEvent
     from .sse import SSEParser as SSEParser
     from .sse import encode_comment as encode_comment
@@ -51,6 +59,14 @@ _HOMES = {  # the module that defines each exported name
     "Keepalives": "keepalive",
     "NotAccepting": "errors",
     "PolicyName": "policy",
+    "ScopeFeed": "scope_feed",
+    "ScopeWatcher": "scope_watcher",
+    "ScopeItem": "scope_watcher",
+    "ScopeFrame": "scope_types",
+    "ScopeMoment": "scope_types",
+    "ScopePool": "scope_types",
+    "ScopeRow": "scope_types",
+    "ScopeStep": "scope_types",
     "SSEParser": "sse",
     "ServerSentEvent": "sse",
     "StepEngine": "hub_types",
@@ -92,6 +108,14 @@ __all__ = [
     "NotAccepting",
     "PolicyName",
     "SSEParser",
+    "ScopeFeed",
+    "ScopeFrame",
+    "ScopeItem",
+    "ScopeMoment",
+    "ScopePool",
+    "ScopeRow",
+    "ScopeStep",
+    "ScopeWatcher",
     "ServerSentEvent",
     "StepEngine",
     "StepGate",

@@ -79,6 +79,7 @@ from .errors import NotAccepting, WaitingLimitReached
 from .hub_types import HubSettings, HubState, HubStatistics, RunStep, StepEngine, StepGate
 from .open_streams import OpenStreams
 from .policy import Policy, PolicyName
+from .scope_feed import ScopeFeed
 from .stepper import Stepper
 from .stream import ErrorType, StreamEnd, StreamError, StreamState, TokenStream
 
@@ -116,9 +117,11 @@ class Hub:
         self._run_step = run_step
         self._step_gate = step_gate
         self._default_policy = self._policy(settings.policy)  # validates the policy's limits
-        self._streams = OpenStreams(engine, wake=self._wake_up,
+        self.scope = ScopeFeed(self._default_policy, streams=lambda: self._streams,
+                               steps=lambda: self._stepper.steps)  # the live view
+        self._streams = OpenStreams(engine, wake=self._wake_up, closed=self.scope.closed,
                                     caught_up=lambda: self._stepper.caught_up())
-        self._stepper = Stepper(engine, self._route,
+        self._stepper = Stepper(engine, self._route, watch=self.scope,
                                 keep_stepping=lambda: not self._streams.any_gated,
                                 hold=lambda: self._streams.any_writing)
         self._deadlines = TtftDeadlines(engine)

@@ -27,13 +27,16 @@ class OpenStreams:
         wake: wakes the hub's step loop (a wish gives it work).
         caught_up: told when no stream has items left to write (the stepping thread
             may route what it held for them).
+        closed: told of each stream as it unregisters (the hub's scope).
     """
 
     def __init__(self, engine: StepEngine, *, wake: Callable[[], None],
-                 caught_up: Callable[[], None]) -> None:
+                 caught_up: Callable[[], None],
+                 closed: Callable[[TokenStream], None] = lambda stream: None) -> None:
         self._engine = engine
         self._wake = wake
         self._caught_up = caught_up
+        self._closed = closed
         self._streams: dict[str, TokenStream] = {}
         self._writing: set[str] = set()  # streams whose reader has items to write
         self._gated: set[str] = set()  # streams the step gate waits for (``Hub``)
@@ -106,3 +109,4 @@ class OpenStreams:
         del self._streams[stream.request_id]
         self._gated.discard(stream.request_id)
         self.closes += 1
+        self._closed(stream)

@@ -58,10 +58,11 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import trio
 
-from engine import EngineEvent
+from engine import EngineEvent, EngineStatistics
 
 from .hub_types import StepEngine
 
@@ -78,6 +79,20 @@ LOOP_SHARE = 0.25
 SMOOTHING = 0.2  # of the moving averages of a step's and a wave's time
 
 
+class StepWatch(Protocol):
+    """Who watches the steps (``scope_feed.ScopeFeed``): ``watched`` is read once a step
+    and once a routing; the rest is called only while it is True."""
+
+    watched: bool
+
+    def stepped(self, stats: EngineStatistics) -> None:
+        """A step's statistics, in the stepping thread, before its events are posted;
+        also the statistics of a hand-over in the step (the same ``steps``)."""
+
+    def routed(self, events: list[EngineEvent]) -> None:
+        """A batch of events was routed, in the Trio thread."""
+
+
 class Stepper:
     """Steps ``engine`` in a worker thread; see the module docstring.
 
@@ -88,6 +103,7 @@ class Stepper:
         hold: read in the Trio thread: True while writers are still busy with the
             last routing's items (hold the next step's events; see the docstring).
         steps_ahead: steps stepped and not yet routed, at most (>= 1).
+        watch: told of each step and routing while it watches (the hub's scope).
     """
 
     def __init__(
@@ -98,11 +114,13 @@ class Stepper:
         keep_stepping: Callable[[], bool] = lambda: True,
         hold: Callable[[], bool] = lambda: False,
         steps_ahead: int = DEFAULT_STEPS_AHEAD,
+        watch: StepWatch | None = None,
     ) -> None:
         if steps_ahead < 1:
             raise ValueError(f"steps_ahead must be >= 1, not {steps_ahead}")
         self._engine = engine
         self._route = route
+        self._watch = watch
         self._keep_stepping = keep_stepping
         self._hold = hold
         self._held: list[list[EngineEvent]] = []  # Trio thread only: batches not routed yet
@@ -147,7 +165,8 @@ class Stepper:
             self._prefilled = False
             events = self._engine.step(on_prefill=self._route_now)
             self.steps += 1
-            self._route(events)
+            self._watch_step()
+            self._route_watched(events)
             return not events and not self._prefilled
         while self._wait_for_room():
             self._prefilled = False
@@ -155,6 +174,7 @@ class Stepper:
             events = self._engine.step(on_prefill=self._post)
             self._step_s = _smooth(self._step_s, time.perf_counter() - started)
             self.steps += 1
+            self._watch_step()
             if events:
                 with self._room:
                     self._unrouted += 1
@@ -178,12 +198,14 @@ class Stepper:
     def _route_now(self, events: list[EngineEvent]) -> None:
         """on_prefill, inline: route in this (the Trio) thread."""
         self._prefilled = self._prefilled or bool(events)
-        self._route(events)
+        self._watch_step()  # the pool as the hand-over left it (a cancel's blocks back)
+        self._route_watched(events)
 
     def _post(self, events: list[EngineEvent]) -> None:
         """on_prefill: the prefill's events go to the loop now; the step goes on."""
         self._prefilled = self._prefilled or bool(events)
         if events:
+            self._watch_step()  # as in _route_now
             self._token().run_sync_soon(self._deliver, events, False)
 
     def _post_step(self, events: list[EngineEvent]) -> None:
@@ -222,7 +244,7 @@ class Stepper:
         try:
             for events in held:
                 if self.failure is None:
-                    self._route(events)
+                    self._route_watched(events)
         except Exception as exc:  # must not reach Trio's queue runner: it would crash the run
             self.failure = exc
             self.stop()
@@ -230,6 +252,17 @@ class Stepper:
             with self._room:
                 self._unrouted -= steps
                 self._room.notify_all()
+
+    def _watch_step(self) -> None:
+        watch = self._watch
+        if watch is not None and watch.watched:
+            watch.stepped(self._engine.statistics())
+
+    def _route_watched(self, events: list[EngineEvent]) -> None:
+        self._route(events)
+        watch = self._watch
+        if watch is not None and watch.watched:
+            watch.routed(events)
 
     def _token(self) -> trio.lowlevel.TrioToken:
         if self._trio_token is None:

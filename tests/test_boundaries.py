@@ -190,7 +190,7 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
     "app.edge": [],
     "app.routes": [
         "make_anthropic_blueprint", "make_blueprint", "make_openai_blueprint",
-        "make_page_blueprint", "make_resumable_blueprint",
+        "make_page_blueprint", "make_resumable_blueprint", "make_scope_blueprint",
     ],
     "app.runtime": [
         "HANDOVER_LEAD_S", "LOADING_RETRY_AFTER_S", "SHUTDOWN_RETRY_AFTER_S",
@@ -208,8 +208,8 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
         "RETRY_MS", "TAKEN_OVER_EVENT", "AnthropicEvents", "ChatShape", "ChoiceShape",
         "CompletionShape",
         "Encoder", "ErrorEnvelope", "NativeEvents", "OpenAIChunks", "ResumableEvents",
-        "encode_json_event", "error_data", "event_without_id", "item_event", "logprobs_data",
-        "start_event", "token_event", "tool_message", "usage", "whole_answer",
+        "ScopeEvents", "encode_json_event", "error_data", "event_without_id", "item_event",
+        "logprobs_data", "start_event", "token_event", "tool_message", "usage", "whole_answer",
         "whole_message",
     ],
     "engine": [
@@ -227,7 +227,8 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
     "streams": [
         "DeadlineUnmeetable", "ErrorType", "Hub", "HubError", "HubSettings", "HubState",
         "HubStatistics", "Keepalives", "NotAccepting", "PolicyName", "SSEParser",
-        "ServerSentEvent",
+        "ScopeFeed", "ScopeFrame", "ScopeItem", "ScopeMoment", "ScopePool", "ScopeRow",
+        "ScopeStep", "ScopeWatcher", "ServerSentEvent",
         "StepEngine", "StepGate", "StreamEnd", "StreamError", "StreamItem", "StreamState",
         "StreamStatistics", "TokenStream", "WaitingLimitReached", "encode_comment",
         "encode_event",

@@ -9,7 +9,8 @@
 * ``resumable``: ``POST /v1/requests``, ``GET /v1/stream/<id>``, ``DELETE
   /v1/requests/<id>`` (a reader as a source: ``resume_source``; a dead replica's stream
   rebuilt here: ``failover``);
-* ``page``: ``GET /`` and ``/page.js``, the browser page.
+* ``page``: ``GET /`` and ``/page.js``, the browser page;
+* ``scope``: ``GET /scope``, its script, token and ``/scope/events``, the live view.
 
 Every streaming answer is ``body.EventStreamBody``: a source (a ``TokenStream``, or a
 resumable stream's reader), an encoder (``app.wire``), the keep-alive, one farewell.
@@ -23,6 +24,7 @@ from .native import make_blueprint
 from .openai import make_openai_blueprint
 from .page import make_page_blueprint
 from .resumable import make_resumable_blueprint
+from .scope import make_scope_blueprint
 
 __all__ = [
     "make_anthropic_blueprint",
@@ -30,4 +32,5 @@ __all__ = [
     "make_openai_blueprint",
     "make_page_blueprint",
     "make_resumable_blueprint",
+    "make_scope_blueprint",
 ]

@@ -59,6 +59,7 @@ import trio
 from quart.wrappers.response import ResponseBody
 
 from engine import TokenEvent
+from streams import ScopeFrame
 from streams.resume import LoggedEvent
 
 from ..wire import Encoder
@@ -74,9 +75,10 @@ if TYPE_CHECKING:
 MAX_EVENTS_PER_WRITE = 64
 
 Item = TypeVar("Item")  # a StreamItem, or a resumable stream's LoggedEvent
-# An item of these types never ends a stream: a token, or a resumable stream's logged
-# event (its reader says when the stream is over). Any other (a finish, an error) does.
-_CONTINUING = frozenset({TokenEvent, LoggedEvent})
+# An item of these types never ends a stream: a token, a resumable stream's logged event
+# (its reader says when the stream is over), a frame of the scope (``scope.py``). Any
+# other (a finish, an error) does.
+_CONTINUING = frozenset({TokenEvent, LoggedEvent, ScopeFrame})
 
 
 class ItemSource(Protocol[Item]):

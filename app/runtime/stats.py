@@ -61,6 +61,9 @@ def _engine_fields(eng: ServingEngine | None) -> dict[str, Any]:
     fields = _flat(stats, engine.EngineStatistics, {}, None)
     phases = getattr(eng, "start_phases_s", None)  # engine.Engine's: what its start took
     fields["start_phases_s"] = dict(phases) if isinstance(phases, dict) else None
+    # Which requests the last step prefilled is the scope's (per key); any key may read
+    # /stats, so other keys' request ids stay out of it (docs/security.md).
+    fields.pop("last_step_prefill_ids", None)
     return fields
 
 

@@ -38,6 +38,7 @@ from .resumable import RETRY_MS as RETRY_MS
 from .resumable import TAKEN_OVER_EVENT as TAKEN_OVER_EVENT
 from .resumable import ResumableEvents as ResumableEvents
 from .resumable import event_without_id as event_without_id
+from .scope_events import ScopeEvents as ScopeEvents
 
 __all__ = [
     "CHAT",
@@ -57,6 +58,7 @@ __all__ = [
     "NativeEvents",
     "OpenAIChunks",
     "ResumableEvents",
+    "ScopeEvents",
     "encode_json_event",
     "error_data",
     "event_without_id",

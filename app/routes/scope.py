@@ -1,0 +1,107 @@
+"""The scope: a live page of the batch, the cache and every stream's fate.
+
+* ``GET /scope`` and ``GET /scope.js``: the page (``static/scope.html``, ``scope.js``),
+  static, no build step; open like ``/`` (``auth.OPEN_PATHS``): it holds no data.
+* ``GET /scope/token``: with a key, the feed's URL with a read token of the feed
+  (``auth.scope_query``: EventSource cannot send the key), and who the page sees as.
+* ``GET /scope/events``: the feed, one SSE stream of frames (``app.wire.ScopeEvents``)
+  read from the hub's ``ScopeFeed`` through the one SSE body (``body.py``).
+
+Who sees what: without API keys, everyone sees everything (like ``/stats``). With keys,
+the feed needs one (the bearer token, or the read token ``/scope/token`` made with it):
+a key named in ``scope_operator_keys`` sees every stream's row; any other key sees its
+own streams' rows (a stream's key is the one that owns its id: ``auth.owned_request``)
+and the server's steps and block pool, which hold no request. No prompt or text is in
+it unless ``scope_show_text`` is on.
+
+A watcher is a stream like any other: its queue is bounded by the hub's policy, it
+misses frames (and gets a snapshot) when behind, and a dropping policy drops it with
+``slow_client``; the engine never waits for it (``streams/scope_watcher.py``). A page
+that reconnects sends ``Last-Event-ID`` (or ``?last_event_id=``) and gets what it
+missed, or a snapshot.
+"""
+
+from __future__ import annotations
+
+from quart import Blueprint, Response, request
+
+from streams.resume import Holding
+
+from ..api_keys import Credential, all_keys
+from ..auth import SCOPE_EVENTS_PATH, key_name, scope_query
+from ..edge.connection import own
+from ..errors import ApiError, ErrorType
+from ..runtime import Runtime
+from ..wire import ScopeEvents
+from .body import EventStreamBody
+from .page import CACHE_CONTROL, CONTENT_SECURITY_POLICY, STATIC_DIR
+from .serving import json_response, sse_response
+
+PAGE_PATH = "/scope"
+SCRIPT_PATH = "/scope.js"
+TOKEN_PATH = "/scope/token"
+
+
+def make_scope_blueprint(runtime: Runtime) -> Blueprint:
+    """The scope's four routes (module docstring)."""
+    bp = Blueprint("scope", __name__)
+    settings = runtime.settings
+    credentials = [Credential(k) for k in all_keys(settings.api_key, settings.api_keys)]
+    page = (STATIC_DIR / "scope.html").read_bytes()
+    script = (STATIC_DIR / "scope.js").read_bytes()
+    headers = {"Cache-Control": CACHE_CONTROL, "Content-Security-Policy":
+               CONTENT_SECURITY_POLICY, "X-Content-Type-Options": "nosniff"}
+
+    def key_of(request_id: str) -> str | None:
+        """The name of the key that owns ``request_id`` (None: no key, or none does)."""
+        return next((c.name for c in credentials if c.owns(request_id)), None)
+
+    def viewer() -> str | None:
+        """The key whose rows this request sees; None: every row (ScopeEvents.ALL)."""
+        name = key_name()
+        return None if name is None or name in settings.scope_operator_keys else name
+
+    @bp.get(PAGE_PATH)
+    async def scope_page() -> Response:
+        """The page. Cancellation: no checkpoint."""
+        return Response(page, content_type="text/html; charset=utf-8", headers=headers)
+
+    @bp.get(SCRIPT_PATH)
+    async def scope_script() -> Response:
+        """Its script. Cancellation: no checkpoint."""
+        return Response(script, content_type="text/javascript; charset=utf-8",
+                        headers=headers)
+
+    @bp.get(TOKEN_PATH)
+    async def scope_token() -> Response:
+        """The feed's URL for EventSource, and whose rows it shows. Cancellation: no
+        checkpoint."""
+        name = viewer()
+        return json_response({"events_url": SCOPE_EVENTS_PATH + scope_query(),
+                              "key": key_name(), "sees_all": name is None})
+
+    @bp.get(SCOPE_EVENTS_PATH)
+    async def scope_events() -> Response:
+        """Subscribe a watcher and answer its frames as ``text/event-stream``.
+
+        Raises: ApiError 503 unavailable before the hub runs.
+        Cancellation: no checkpoint before the body, which (or the connection's
+        backstop) closes the watcher.
+        """
+        hub = runtime.hub
+        if hub is None:
+            raise ApiError(ErrorType.UNAVAILABLE, "the model is not loaded yet")
+        feed = hub.scope
+        feed.key_of = key_of
+        registry = runtime.resumption
+        if registry is not None:
+            feed.detached = lambda i: registry.holding(i) is Holding.DETACHED
+        feed.show_text = settings.scope_show_text
+        last = request.headers.get("Last-Event-ID") or request.args.get("last_event_id")
+        watcher = feed.subscribe(last)
+        own(request.scope, watcher)
+        body = EventStreamBody(watcher, ScopeEvents(viewer()),
+                               keepalive_s=settings.keepalive_s, keepalives=runtime.keepalives)
+        return sse_response(body, None)
+
+    return bp
