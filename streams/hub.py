@@ -8,17 +8,11 @@ Theory of operation
 -------------------
 One Trio task (``run``, started with ``nursery.start``) steps the engine through
 ``run_step`` (default ``trio.to_thread.run_sync``, never abandoned: a step is an
-uncancellable critical section that mutates the cache). In the worker thread a
-``Stepper`` (``stepper.py``) runs steps back to back while there is work, at most
-``steps_ahead`` of them ahead of the routing, and posts each step's events to the Trio
-thread without waiting: the next step runs while the loop writes the last one's
-events. Each event goes to its stream through the stream's policy, synchronously: the
-loop never waits for a reader. (A ``StepGate``, which only the lab installs, selects
-streams it does wait for: while one is open the thread returns after every step, and the
-loop waits until its reader took every item: the lab's ``naive`` counter-example.)
-Events a prefill produces are posted as soon as that prefill is done, through
-``on_prefill`` (and before them the finishes of the cancels the step applied). The open
-streams, and the hub as they see it, are ``open_streams.py``'s.
+uncancellable critical section that mutates the cache), where a ``Stepper``
+(``stepper.py``) runs steps back to back and posts their events without waiting for the
+loop. Each event goes to its stream through the stream's policy, synchronously: the
+loop never waits for a reader (but for the lab's ``StepGate``: ``hub_types.py``). The
+open streams, and the hub as they see it, are ``open_streams.py``'s.
 
     NEW ──run()──> RUNNING ──drain()──> DRAINING ──engine holds nothing──> STOPPED
                       └──────── a step raised ─────────> FAILED
@@ -45,10 +39,9 @@ Invariants:
 - ``engine.submit``, ``cancel``, ``pause`` and ``resume`` are only wishes; the engine
   applies them at its next step. Besides them the hub calls only ``has_work()``, and
   only between steps.
-- ``_in_engine`` is every request id submitted here whose FinishEvent has not yet
-  arrived: while it is not empty the engine's cache is not whole. The engine sends
-  exactly one FinishEvent per request (finished, failed or cancelled).
-- Events for an unregistered (closed) or ended stream are dropped and counted.
+- The router's ledger (``router.py``) is every request id submitted here whose
+  FinishEvent has not yet arrived: while it is not empty the engine's cache is not
+  whole. Events for an unregistered (closed) or ended stream are dropped and counted.
 
 Cancellation: cancelling ``run`` lets the step in flight finish (the default
 ``run_step`` is never abandoned) and its events be routed, then ends every open
@@ -62,14 +55,12 @@ the hub refuses new streams (FAILED, ``last_error``) and ``run`` re-raises it.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import trio
 
 from engine import (
     DuplicateRequestId,
-    EngineEvent,
     FinishEvent,
     GenerationRequest,
 )
@@ -79,6 +70,7 @@ from .errors import NotAccepting, WaitingLimitReached
 from .hub_types import HubSettings, HubState, HubStatistics, RunStep, StepEngine, StepGate
 from .open_streams import OpenStreams
 from .policy import Policy, PolicyName
+from .router import EventRouter
 from .scope_feed import ScopeFeed
 from .stepper import Stepper
 from .stream import ErrorType, StreamEnd, StreamError, StreamState, TokenStream
@@ -87,10 +79,6 @@ from .stream import ErrorType, StreamEnd, StreamError, StreamState, TokenStream
 # sequences keep out), step again when woken or after this long: about one decode step on
 # the reference chapter's machine, so at most about one wasted step per step time.
 EMPTY_STEP_BACKOFF_S = 0.01
-
-# How many engine finishes ``finished()`` remembers: enough for the reference
-# chapter's 300-stream leak test and for looking up a request a client just ran.
-RECENT_FINISHES = 4096
 
 
 class Hub:
@@ -121,12 +109,12 @@ class Hub:
                                steps=lambda: self._stepper.steps)  # the live view
         self._streams = OpenStreams(engine, wake=self._wake_up, closed=self.scope.closed,
                                     caught_up=lambda: self._stepper.caught_up())
-        self._stepper = Stepper(engine, self._route, watch=self.scope,
+        self._deadlines = TtftDeadlines(engine)
+        self._router = EventRouter(self._streams, self._deadlines)
+        self._stepper = Stepper(engine, self._router.route, watch=self.scope,
                                 keep_stepping=lambda: not self._streams.any_gated,
                                 hold=lambda: self._streams.any_writing)
-        self._deadlines = TtftDeadlines(engine)
         self._state = HubState.NEW
-        self._in_engine: set[str] = set()
         self._wake = trio.Event()
         self._stopped = trio.Event()
         self._draining = trio.Event()  # set by drain(); _drain_deadline is then valid
@@ -134,8 +122,6 @@ class Hub:
         self._last_error: str | None = None
         self._opened = self._refused_waiting = 0
         self._step_errors = self._slow_client_drops = 0
-        self._events_routed = self._events_dropped = 0
-        self._recent_finishes: OrderedDict[str, FinishEvent] = OrderedDict()
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -241,14 +227,14 @@ class Hub:
             )
         self.check_deadline(request)
         request_id = request.request_id
-        if request_id in self._streams or request_id in self._in_engine:
+        if request_id in self._streams or request_id in self._router.in_engine:
             raise DuplicateRequestId(f"request id {request_id!r} is in use")
         prompt_tokens = self._engine.submit(request, resume_from)
         chosen = self._default_policy if policy is None else self._policy(policy)
         stream = TokenStream(request_id, prompt_tokens, chosen, self._streams)
         gate = self._step_gate
         self._streams.add(stream, gated=gate is not None and gate.waits_for(request, policy))
-        self._in_engine.add(request_id)
+        self._router.submitted(request_id)
         self._deadlines.submitted(request)
         self._opened += 1
         self._wake.set()
@@ -260,7 +246,7 @@ class Hub:
         The FinishEvent says why (including ``cancelled`` for a client that left),
         how many tokens were made, and when the blocks were released.
         """
-        return self._recent_finishes.get(request_id)
+        return self._router.finished(request_id)
 
     def statistics(self) -> HubStatistics:
         streams = [s.statistics() for s in self._streams.all()]
@@ -269,7 +255,7 @@ class Hub:
             streams_open=len(streams),
             waiting=sum(s.state is StreamState.WAITING for s in streams),
             paused_streams=sum(s.is_paused for s in streams),
-            engine_requests=len(self._in_engine),
+            engine_requests=len(self._router.in_engine),
             opened=self._opened,
             closes=self._streams.closes,
             refused_waiting=self._refused_waiting,
@@ -278,8 +264,8 @@ class Hub:
             steps=self._stepper.steps,
             step_errors=self._step_errors,
             last_error=self._last_error,
-            events_routed=self._events_routed,
-            events_dropped=self._events_dropped,
+            events_routed=self._router.routed,
+            events_dropped=self._router.dropped,
             slow_client_drops=self._slow_client_drops,
             loop_wait_s=self._stepper.loop_wait_s,
         )
@@ -293,7 +279,7 @@ class Hub:
         (``_stop_stepping_when_cancelled`` makes it return after its step in flight).
         """
         idle = False  # the last step produced no event
-        while self._state is HubState.RUNNING or self._in_engine:
+        while self._state is HubState.RUNNING or self._router.in_engine:
             has_work = self._engine.has_work()
             if idle or not has_work:
                 wait_s = EMPTY_STEP_BACKOFF_S if has_work else self._deadlines.until_next()
@@ -316,18 +302,6 @@ class Hub:
             for stream in self._streams.gated():
                 await stream.wait_settled()
         return None
-
-    def _route(self, events: list[EngineEvent]) -> None:
-        for event in events:
-            if isinstance(event, FinishEvent):
-                self._in_engine.discard(event.request_id)
-                self._deadlines.finished(event)
-                self._remember(event)
-            stream = self._streams.get(event.request_id)
-            if stream is not None and stream.deliver(event):
-                self._events_routed += 1
-            else:
-                self._events_dropped += 1
 
     async def _stop_stepping_when_cancelled(self) -> None:
         """Sleep; when cancelled (the hub's task is, or its loop ended), tell the stepping
@@ -366,11 +340,6 @@ class Hub:
                     self._slow_client_drops += 1
 
     # -- helpers -------------------------------------------------------------------
-
-    def _remember(self, event: FinishEvent) -> None:
-        self._recent_finishes[event.request_id] = event
-        if len(self._recent_finishes) > RECENT_FINISHES:
-            self._recent_finishes.popitem(last=False)
 
     def _policy(self, name: PolicyName) -> Policy:
         s = self.settings

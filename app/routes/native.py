@@ -3,7 +3,7 @@
 ``health.py``; all of them use ``serving.py``.)
 
 ``GET /v1/requests/<id>`` says how the engine let a request go, for as long as the hub
-remembers it (the most recent ``streams.hub.RECENT_FINISHES`` finishes): the finish
+remembers it (the most recent ``streams.router.RECENT_FINISHES`` finishes): the finish
 reason (``eos``, ``length``, ``stop``, ``cancelled`` for a client that left, ``error``),
 the prompt and completion token counts, and the error message if any. It answers "what
 happened to request X" (the id is the stream's ``X-Request-ID``). 404 ``not_found`` while
