@@ -291,7 +291,10 @@ async def test_preempted_streams_over_http_equal_solo_and_metrics_agree_with_sta
     assert value(samples, "streamscope_preemptions_total") == current["preemptions"]
     assert (value(samples, "streamscope_recomputed_tokens_total")
             == current["recomputed_tokens"])
-    assert value(samples, "streamscope_kv_cache_blocks_filled") == current["blocks_filled"] == 0
+    assert current["blocks_filled"] == 0
+    # A prefix-cache series: the open /metrics leaves it out (no STREAMSCOPE_METRICS_TOKEN;
+    # docs/security.md), since it moves when any key's prompt is found cached.
+    assert ("streamscope_kv_cache_blocks_filled", ()) not in samples
 
 
 # -- a cache sized from memory -------------------------------------------------------------
