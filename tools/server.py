@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 from typing import IO
@@ -185,6 +185,41 @@ def serve(
 
 
 @asynccontextmanager
+async def until_ready(process: LoggedProcess, path: str,
+                      ready: Callable[[httpx.Response], bool],
+                      ready_timeout_s: float) -> AsyncIterator[str]:
+    """Yield the URL of a started ``process`` once ``GET path`` says ``ready``; stop it
+    (SIGINT, then SIGKILL after ``STOP_GRACE_S``) on the way out. Every server the tools
+    start (ours, ``transformers serve``, ``llama-server``) is waited for and stopped so.
+
+    Raises:
+        ServerError: the process died or was not ready within ``ready_timeout_s``.
+
+    Cancellation: while waiting, the process is stopped; the stop itself is shielded
+    (a child process has no Trio event to wait on: its exit status is polled).
+    """
+    try:
+        async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+            while True:
+                url = process.check(ready_timeout_s)
+                try:
+                    if url and ready(await client.get(url + path)):
+                        break
+                except httpx.TransportError:
+                    pass  # not listening yet
+                await trio.sleep(POLL_S)
+        print(process.ready_message(), file=sys.stderr)
+        assert url is not None
+        yield url
+    finally:
+        process.interrupt()
+        with trio.CancelScope(shield=True), trio.move_on_after(STOP_GRACE_S):
+            while process.proc.poll() is None:  # noqa: ASYNC110
+                await trio.sleep(POLL_S)
+        process.kill()
+
+
+@asynccontextmanager
 async def open_server(
     settings: Mapping[str, object] | None = None,
     *,
@@ -199,24 +234,6 @@ async def open_server(
 
     Cancellation: see the module docstring.
     """
-    process = _process(settings, env, app)
-    try:
-        async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
-            while True:
-                url = process.check(ready_timeout_s)
-                try:
-                    if url and _is_ready(await client.get(url + "/ready")):
-                        break
-                except httpx.TransportError:
-                    pass  # not listening yet
-                await trio.sleep(POLL_S)
-        print(process.ready_message(), file=sys.stderr)
-        assert url is not None
+    async with until_ready(_process(settings, env, app), "/ready", _is_ready,
+                           ready_timeout_s) as url:
         yield url
-    finally:
-        process.interrupt()
-        with trio.CancelScope(shield=True), trio.move_on_after(STOP_GRACE_S):
-            # A child process has no Trio event to wait on; poll its exit status.
-            while process.proc.poll() is None:  # noqa: ASYNC110
-                await trio.sleep(POLL_S)
-        process.kill()

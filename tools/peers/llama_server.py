@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import re
 import socket
-import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -38,7 +37,7 @@ import httpx
 import trio
 
 from tools.peers.llama_build import built_variant
-from tools.server import POLL_S, READY_TIMEOUT_S, LoggedProcess, ServerError
+from tools.server import READY_TIMEOUT_S, LoggedProcess, ServerError, until_ready
 
 STOP_GRACE_S = 5.0
 SLOT_POSITIONS = 256
@@ -87,24 +86,12 @@ async def open_llama(
                             parallel=parallel)
     process = LoggedProcess(command, {**os.environ, **(env or {})}, running_on=_RUNNING_ON,
                             name=LLAMA_NAME)
-    try:
-        async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
-            while True:
-                url = process.check(ready_timeout_s)
-                try:
-                    if url and (await client.get(url + "/health")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass  # not listening yet
-                await trio.sleep(POLL_S)
-        print(process.ready_message(), file=sys.stderr)
+    async with until_ready(process, "/health", _healthy, ready_timeout_s) as url:
         yield url
-    finally:
-        process.interrupt()
-        with trio.CancelScope(shield=True), trio.move_on_after(STOP_GRACE_S):
-            while process.proc.poll() is None:  # noqa: ASYNC110
-                await trio.sleep(POLL_S)
-        process.kill()
+
+
+def _healthy(response: httpx.Response) -> bool:
+    return response.status_code == 200
 
 
 def main() -> int:

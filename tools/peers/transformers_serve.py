@@ -40,7 +40,7 @@ from pathlib import Path
 import httpx
 import trio
 
-from tools.server import POLL_S, READY_TIMEOUT_S, LoggedProcess
+from tools.server import READY_TIMEOUT_S, LoggedProcess, until_ready
 
 # uvicorn's graceful shutdown of the peer waits on its generation thread, which does not
 # stop on SIGINT: past a few seconds, SIGKILL (nothing of the peer's is kept).
@@ -100,24 +100,12 @@ async def open_peer(
     folder: Path = (model_dir if model_dir is not None
                     else await trio.to_thread.run_sync(peer_model_dir))
     process = _peer_process(peer_command(folder), env)
-    try:
-        async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
-            while True:
-                url = process.check(ready_timeout_s)
-                try:
-                    if url and (await client.get(url + "/health")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass  # not listening yet
-                await trio.sleep(POLL_S)
-        print(process.ready_message(), file=sys.stderr)
+    async with until_ready(process, "/health", _healthy, ready_timeout_s) as url:
         yield url
-    finally:
-        process.interrupt()
-        with trio.CancelScope(shield=True), trio.move_on_after(STOP_GRACE_S):
-            while process.proc.poll() is None:  # noqa: ASYNC110
-                await trio.sleep(POLL_S)
-        process.kill()
+
+
+def _healthy(response: httpx.Response) -> bool:
+    return response.status_code == 200
 
 
 def main() -> int:
