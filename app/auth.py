@@ -187,6 +187,13 @@ def owned_request(generation: GenerationRequest) -> GenerationRequest:
     return dataclasses.replace(generation, request_id=access.credential.new_owned_id())
 
 
+def key_name() -> str | None:
+    """The name of this request's API key; None on a server without keys (what its
+    stored responses are counted under, ``routes/responses.py``)."""
+    access = _access()
+    return None if access is None or access.credential is None else access.credential.name
+
+
 def may_see(request_id: str) -> bool:
     """Whether this request may see ``request_id``: no key, or the key that made it."""
     access = _access()

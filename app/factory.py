@@ -22,6 +22,7 @@ from .routes import (
     make_blueprint,
     make_openai_blueprint,
     make_page_blueprint,
+    make_responses_blueprint,
     make_resumable_blueprint,
 )
 from .runtime import MakeEngine, Runtime, load_engine_from_settings, stop_deadline_s
@@ -72,6 +73,7 @@ def create_app(
     app.register_blueprint(make_openai_blueprint(runtime, metrics))
     app.register_blueprint(make_anthropic_blueprint(runtime, metrics))
     app.register_blueprint(make_resumable_blueprint(runtime, metrics))
+    app.register_blueprint(make_responses_blueprint(runtime, metrics))
     app.register_blueprint(make_page_blueprint())  # GET /: the browser page
     app.register_blueprint(make_metrics_blueprint(metrics))
 

@@ -192,6 +192,16 @@ class Settings(BaseSettings):
         "get error shutdown (with a Redis resume store, resumable ones are handed over to "
         "another replica 0.5 s before); hypercorn's --graceful-timeout must be at least "
         "this + 1")
+    # -- the Responses API (POST /v1/responses): stored responses --------------------------
+    responses_ttl_s: Seconds = _setting(3600.0,
+        "how long a stored response (`store`, the default, and every background one) is "
+        "kept after its last change, in the resume store (memory, or the shared Redis)")
+    responses_max_stored: PositiveInt = _setting(1000,
+        "most responses one API key (or, without keys, the server) keeps stored; past it "
+        "a request with `store` is refused with 429 too_many_stored")
+    responses_max_bytes: PositiveInt = _setting(16 * 1024 * 1024,
+        "most bytes of stored responses (response objects and input items) one API key "
+        "(or, without keys, the server) keeps; past it, 429 too_many_stored")
 
     def __init__(self, **values: Any) -> None:
         """Validate ``values`` (the defaults for the rest); no environment is read.

@@ -113,14 +113,19 @@ class ResponseEvents:
         new_id: makes an output item's id from a prefix (``msg``, ``fc``).
         skip_through: a resumed reader's ``starting_after``: events numbered up to it
             are not sent again.
+        on_final: told of the response object once it is final (its last event, or
+            the ``error`` event after the first byte), once.
     """
 
     def __init__(self, response: dict[str, Any], parser: OutputParser,
-                 new_id: Callable[[str], str], *, skip_through: int = -1) -> None:
+                 new_id: Callable[[str], str], *, skip_through: int = -1,
+                 on_final: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.response = response
         self.parser = parser
         self.new_id = new_id
         self.skip_through = skip_through
+        self.on_final = on_final
+        self.is_final = False
         self.sequence_number = 0  # of the next event
         self._item: dict[str, Any] | None = None  # the output item being written
         self._text: list[str] = []  # of the open message, or the open call's arguments
@@ -140,7 +145,9 @@ class ResponseEvents:
         """The ``error`` event for a stream cut off after its first byte."""
         self.response["status"] = "failed"
         self.response["error"] = {"code": error_type, "message": message}
-        return self._event("error", code=error_type, message=message, param=None)
+        event = self._event("error", code=error_type, message=message, param=None)
+        self._final()
+        return event
 
     def keepalive(self) -> bytes:
         return KEEPALIVE_COMMENT
@@ -216,6 +223,17 @@ class ResponseEvents:
                                   output_index=where["output_index"], item=item)
 
     def _finish(self, finish: FinishEvent) -> bytes:
+        last = self._last_event(finish)
+        self._final()
+        return last
+
+    def _final(self) -> None:
+        if not self.is_final:
+            self.is_final = True
+            if self.on_final is not None:
+                self.on_final(self.snapshot())
+
+    def _last_event(self, finish: FinishEvent) -> bytes:
         tail = b"".join(self._delta(d) for d in self.parser.finish())
         incomplete = finish.reason is FinishReason.LENGTH
         tail += self._close("incomplete" if incomplete else "completed")

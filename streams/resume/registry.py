@@ -233,6 +233,24 @@ class ResumeRegistry:
         self._cancels += 1
         return True
 
+    async def logged(self, request_id: str) -> list[bytes] | None:
+        """Every event of the stream logged so far (event 1 first), without attaching a
+        reader: this replica's log, else (with a shared log) the store's; None if
+        neither holds it (the Responses API's ``GET /v1/responses/<id>`` re-reads a
+        background response's events so).
+
+        Raises:
+            StoreUnavailable, StoreRejected: (a shared log) the store's read failed.
+
+        Cancellation: a read: nothing changes.
+        """
+        entry = self._local.get(request_id)
+        if entry is not None or self._shared is None:
+            await trio.lowlevel.checkpoint()
+            return None if entry is None else entry.read_after(0)
+        found = await self._shared.read_for_rebuild(request_id)
+        return None if found is None else [data for _, data, _ in found[1]]
+
     def generating_detached(self) -> int:
         """Streams held with no reader that have not ended (they generate for nobody)."""
         return sum(e.holding is Holding.DETACHED and not e.is_ended
