@@ -25,13 +25,18 @@ KEY_A, KEY_B = "key-a-" + "0" * 32, "key-b-" + "1" * 32
 
 
 async def serve(start_server: StartServer, tiny_model: Callable[[str], LoadedModel],
-                **settings: Any) -> RunningServer:
-    """A server whose tiny model has a ChatML chat template, served as ``tiny``."""
+                *, ends_at_once: bool = False, **settings: Any) -> RunningServer:
+    """A server whose tiny model has a ChatML chat template, served as ``tiny``;
+    ``ends_at_once``: every token is an end of sequence (an answer of one token, ended
+    by the model: ``completed``, where the random model would otherwise run to its
+    ``max_output_tokens``)."""
     loaded = with_chat_template(tiny_model("tiny-gpt2"))
+    eos = frozenset(range(loaded.model.config.vocab_size)) if ends_at_once else None
 
     def make_engine(s: Settings) -> RecordingEngine:
         return RecordingEngine(Engine(loaded, max_batch=s.max_batch,
-                                      num_blocks=s.cache_blocks, block_size=s.block_size))
+                                      num_blocks=s.cache_blocks, block_size=s.block_size,
+                                      eos_token_ids=eos))
 
     return await start_server(make_engine=make_engine, model_name=MODEL, **settings)
 
@@ -77,9 +82,9 @@ async def test_a_streamed_response_equals_the_whole_one(
 
 
 async def test_the_stream_helper_gives_the_final_response(
-    chat_server: RunningServer, sdk: Any
+    start_server: StartServer, tiny_model: Callable[[str], LoadedModel], sdk: Any
 ) -> None:
-    client, _ = sdk(chat_server)
+    client, _ = sdk(await serve(start_server, tiny_model, ends_at_once=True))
 
     deltas = []
     async with client.responses.stream(model=MODEL, input="Hello", max_output_tokens=4,
@@ -89,6 +94,7 @@ async def test_the_stream_helper_gives_the_final_response(
                 deltas.append(event.delta)
         final = await stream.get_final_response()
 
+    assert final.status == "completed"
     assert final.output_text == "".join(deltas)
     assert (await client.responses.retrieve(final.id)).output_text == final.output_text
 
