@@ -17,9 +17,11 @@ import trio
 
 from engine import FinishReason
 from engine.model import LoadedModel
+from tests import test_openai_sdk
 from tests.http_server import RunningServer, StartServer
-from tests.test_openai_sdk import sdk  # noqa: F401 (fixture)
 from tests.test_responses_sdk import MODEL, serve
+
+sdk = test_openai_sdk.sdk  # the fixture: an AsyncOpenAI client of a server
 
 PACE_S = 0.02  # each engine step waits this long: a stream of 40 tokens takes 0.8 s at least
 

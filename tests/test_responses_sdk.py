@@ -17,8 +17,11 @@ import pytest
 from app.settings import Settings
 from engine.engine import Engine
 from engine.model import LoadedModel
+from tests import test_openai_sdk
 from tests.http_server import RecordingEngine, RunningServer, StartServer
-from tests.test_openai_sdk import sdk, wire_lines, with_chat_template  # noqa: F401 (fixture)
+from tests.test_openai_sdk import wire_lines, with_chat_template
+
+sdk = test_openai_sdk.sdk  # the fixture: an AsyncOpenAI client of a server
 
 MODEL = "tiny"
 KEY_A, KEY_B = "key-a-" + "0" * 32, "key-b-" + "1" * 32

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Any, cast
 
-from quart import Blueprint, Response, current_app, request
+from quart import Blueprint, Quart, Response, current_app, request
+from quart_trio import QuartTrio
 
 from engine import GenerationRequest, SamplingParams
 from streams.resume import spec_of, with_seed
@@ -92,7 +93,8 @@ class ResponsesViews:
 
     def writer(self) -> StoreWriter:
         if self._writer is None:  # the app's nursery exists once it serves
-            self._writer = StoreWriter(self.store, current_app.nursery)
+            app = cast("QuartTrio", current_app)
+            self._writer = StoreWriter(self.store, app.nursery)
         return self._writer
 
     def stored(self) -> StoredResponses:
@@ -236,6 +238,10 @@ def make_responses_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     bp.add_url_rule("/v1/responses/<response_id>/cancel", view_func=views.cancel,
                     methods=["POST"])
     bp.register_error_handler(Exception, views.refuse)
-    bp.record_once(lambda state: answer_errors_under(  # type: ignore[arg-type]
-        state.app, "/v1/responses", openai_error_for))
+    # A wrong method, an unknown path below these, a 401 there: OpenAI's shape.
+    bp.record_once(lambda state: answer_responses_errors(state.app))  # type: ignore[arg-type]
     return bp
+
+
+def answer_responses_errors(app: Quart) -> None:
+    answer_errors_under(app, "/v1/responses", openai_error_for)
