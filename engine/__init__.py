@@ -16,11 +16,14 @@ from .errors import DoubleRelease as DoubleRelease
 from .errors import DuplicateRequestId as DuplicateRequestId
 from .errors import EmptyPrompt as EmptyPrompt
 from .errors import EngineError as EngineError
+from .errors import InvalidConstraint as InvalidConstraint
 from .errors import InvalidMaxNewTokens as InvalidMaxNewTokens
 from .errors import InvalidRequest as InvalidRequest
 from .errors import InvalidSampling as InvalidSampling
 from .errors import PromptTooLong as PromptTooLong
 from .errors import StepReentered as StepReentered
+from .types import Constraint as Constraint
+from .types import ConstraintKind as ConstraintKind
 from .types import EngineEvent as EngineEvent
 from .types import EngineStatistics as EngineStatistics
 from .types import FinishEvent as FinishEvent
@@ -85,6 +88,8 @@ __all__ = [
     "MIN_TOP_K",
     "MIN_TOP_P",
     "ChatTemplateError",
+    "Constraint",
+    "ConstraintKind",
     "DoubleRelease",
     "DuplicateRequestId",
     "EmptyPrompt",
@@ -94,6 +99,7 @@ __all__ = [
     "FinishEvent",
     "FinishReason",
     "GenerationRequest",
+    "InvalidConstraint",
     "InvalidMaxNewTokens",
     "InvalidRequest",
     "InvalidSampling",

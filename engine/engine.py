@@ -48,8 +48,10 @@ step stops there and the exception propagates, and every event made until then
 was already handed to it (the rest of the step runs next time).
 
 Prompts are encoded with ``tokenize`` (any thread, its own copy of the
-tokenizer: see ``text.PromptEncoder``), or in ``submit``; detokenizing happens
-only in the stepping thread, so no fast tokenizer is used by two threads.
+tokenizer: see ``text.PromptEncoder``), or in ``submit``, which turns a request into
+a sequence in the caller's thread (``intake.Intake``: checks, prompt ids, a
+constraint's compiled matcher); detokenizing happens only in the stepping thread,
+so no fast tokenizer is used by two threads.
 """
 
 from __future__ import annotations
@@ -64,23 +66,17 @@ from functools import partial
 from .admission import DEFAULT_WATERMARK, ON_DEMAND, AdmissionPolicy
 from .block_manager import BlockAllocator
 from .costs import StepCosts, calibrate
-from .errors import EmptyPrompt, InvalidMaxNewTokens, PromptTooLong, StepReentered
+from .errors import StepReentered
 from .inbox import Op
+from .intake import Intake
 from .logprobs import TokenTexts
 from .model_side import ModelSource, Runner
 from .passes import StepPasses
 from .prefix_cache import cached_tokens, statistics_of
 from .scheduler import Scheduler, StepPlan
-from .sequence import Sequence
 from .step_timing import StepTiming
-from .text import IncrementalDetokenizer, PromptEncoder, StopMatcher, text_decoder
 from .ttft import TtftEstimator
-from .types import (
-    EngineEvent,
-    EngineStatistics,
-    GenerationRequest,
-)
-from .validation import validate_given_ids, validate_request, vocab_size_of
+from .types import Constraint, EngineEvent, EngineStatistics, GenerationRequest
 
 PrefillCallback = Callable[[list[EngineEvent]], None]
 
@@ -147,10 +143,7 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.loaded = loaded
-        self.vocab_size = vocab_size_of(loaded)  # token ids given to submit are below it
         self.tokenizer = loaded.tokenizer  # the stepping thread's: detokenizers use it
-        self._text_decoder = text_decoder(loaded.tokenizer)
-        self._encoder = PromptEncoder(loaded.tokenizer)
         if num_blocks is None:
             if runner is not None:
                 raise ValueError("num_blocks is required with a given runner")
@@ -172,13 +165,16 @@ class Engine:
             clock=clock,
         )
         self.costs: StepCosts = self.scheduler.costs
-        self.scheduler.token_text = TokenTexts(loaded.tokenizer)  # logprobs' texts
+        self.scheduler.recorder.token_text = TokenTexts(loaded.tokenizer)  # logprobs' texts
         self.mixed_step = self.scheduler.mixed_step = mixed_step
         if runner is None:
             from .model_runner import ModelRunner  # the torch side, only when it is needed
 
             runner = ModelRunner(loaded, num_blocks=num_blocks, block_size=block_size)  # type: ignore[arg-type]
         self.runner = runner
+        self._intake = Intake(loaded, runner, min(loaded.max_context, num_blocks * block_size),
+                              self.scheduler.recorder.eos_token_ids)
+        self.vocab_size = self._intake.vocab_size  # token ids given to submit are below it
         self._step_lock = threading.Lock()  # one step at a time
         self._passes = StepPasses(runner, self.scheduler)
         self.timing = StepTiming()
@@ -206,13 +202,13 @@ class Engine:
         (a 32k-character prompt takes tens of milliseconds), so an event loop runs it
         in a worker thread.
         """
-        return self._encoder.encode(prompt)
+        return self._intake.encoder.encode(prompt)
 
     def tokenize_if_free(self, prompt: str) -> list[int] | None:
         """``tokenize(prompt)`` if the encoder is free now, else None without waiting:
         for an event loop to encode a short prompt itself (tens of microseconds, less
         than a worker thread's round trip) without ever waiting for a long one."""
-        return self._encoder.encode_if_free(prompt)
+        return self._intake.encoder.encode_if_free(prompt)
 
     def render_chat(
         self, messages: Seq[Mapping[str, str]], add_generation_prompt: bool = True
@@ -224,7 +220,7 @@ class Engine:
         Raises:
             ChatTemplateError: the model has no chat template, or it refused the messages.
         """
-        return self._encoder.render_chat(messages, add_generation_prompt)
+        return self._intake.render_chat(messages, add_generation_prompt)
 
     def submit(self, request: GenerationRequest, resume_from: Seq[int] = ()) -> int:
         """Validate and queue a request; return its prompt's token count.
@@ -240,44 +236,33 @@ class Engine:
         generator by the draws they took (``Runner.advance_generator``); its token
         events go on from index ``len(resume_from)``, and ``max_new_tokens`` counts
         them. If they already end it (a stop string, eos, the length), that step gives
-        only its FinishEvent. A sampled request needs its ``seed`` for this.
+        only its FinishEvent. A sampled request needs its ``seed`` for this. A
+        constrained request's matcher is compiled here if ``compile_constraint`` did
+        not, and replays those tokens with them.
 
         Raises:
             EmptyPrompt, InvalidMaxNewTokens, InvalidSampling, PromptTooLong,
-            DuplicateRequestId, InvalidTokenId (a given id outside the vocabulary):
-            nothing was queued.
+            DuplicateRequestId, InvalidTokenId (a given id outside the vocabulary),
+            InvalidConstraint: nothing was queued.
         """
-        validate_request(request)
-        given = request.prompt_token_ids
-        validate_given_ids(given, resume_from, self.vocab_size)
-        prompt_ids = list(given) if given is not None else self.tokenize(request.prompt)
-        if not prompt_ids:
-            raise EmptyPrompt("the prompt is empty")
-        if len(resume_from) > request.max_new_tokens:
-            raise InvalidMaxNewTokens(f"{len(resume_from)} tokens to resume from, over "
-                                      f"max_new_tokens ({request.max_new_tokens})")
-        self.check_budget(len(prompt_ids), request.max_new_tokens)
-        self.scheduler.inbox.post_submit(
-            Sequence(
-                request=request,
-                prompt_ids=prompt_ids,
-                detokenizer=IncrementalDetokenizer(self.tokenizer, prompt_ids, self._text_decoder),
-                stop_matcher=StopMatcher(tuple(request.stop)),
-                generator=self.runner.new_generator(request.sampling),
-                generated_ids=list(resume_from),
-            )
-        )
-        return len(prompt_ids)
+        seq = self._intake.sequence(request, resume_from)
+        self.scheduler.inbox.post_submit(seq)
+        return seq.num_prompt_tokens
+
+    def compile_constraint(self, constraint: Constraint) -> None:
+        """Compile a request's constraint now, so that its ``submit`` finds it compiled
+        (``constraints``: a bounded cache keyed by the constraint). Thread-safe and
+        blocking (milliseconds; the first constraint also builds the library's view of
+        the tokenizer, seconds): a server runs it in a worker thread while validating.
+
+        Raises:
+            InvalidConstraint: the library refuses it (the message says why).
+        """
+        self._intake.compile(constraint)
 
     def check_budget(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """Raise PromptTooLong if the request can never fit the cache or the model."""
-        total = prompt_tokens + max_new_tokens
-        limit = min(self.loaded.max_context, self.allocator.num_blocks * self.allocator.block_size)
-        if total > limit:
-            raise PromptTooLong(
-                f"prompt ({prompt_tokens} tokens) plus max_new_tokens ({max_new_tokens}) "
-                f"is {total}, over the limit of {limit} tokens"
-            )
+        self._intake.check_budget(prompt_tokens, max_new_tokens)
 
     def cancel(self, request_id: str) -> None:
         """Ask for a request to end at the next step boundary (idempotent)."""

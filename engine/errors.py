@@ -55,6 +55,11 @@ class ChatTemplateError(InvalidRequest):
     the template refused them (many raise on an unexpected role order)."""
 
 
+class InvalidConstraint(InvalidRequest):
+    """A request's constraint does not compile (a schema, regex or grammar the
+    constrained-decoding library refuses): its message says where."""
+
+
 class DoubleRelease(EngineError, RuntimeError):
     """Blocks of one sequence were released a second time."""
 

@@ -32,6 +32,7 @@ from .attention import (
     prefill_batch,
     register_paged_attention,
 )
+from .constraints import ConstraintDeadEnd
 from .kv_cache import PagedKVCache
 
 if TYPE_CHECKING:
@@ -159,7 +160,13 @@ class ModelRunner:
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[Outcome]:
         """Each row's next token (with its log-probabilities if its request asked: the
-        same logits, ``sampling.logprobs``), or the exception sampling that row raised."""
-        return sampling.sample(logits, [
+        same logits, ``sampling.logprobs``), or the exception sampling that row raised;
+        a constrained row's from the logits its grammar allows (``sampling.constrain``),
+        a row whose grammar allows none gets ``ConstraintDeadEnd``."""
+        dead = sampling.constrain(logits, [seq.matcher for seq in seqs])
+        outcomes = sampling.sample(logits, [
             (seq.request.sampling, cast("torch.Generator | None", seq.generator))
             for seq in seqs])
+        for row in dead:
+            outcomes[row] = ConstraintDeadEnd("the constraint allows no further token")
+        return outcomes

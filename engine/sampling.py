@@ -7,12 +7,15 @@ The rows whose request asked for log-probabilities get them from the same logits
 (``logprobs``: one ``log_softmax`` and one ``topk`` over those rows together, after
 each one's temperature, before its top-k/top-p cut); the others pay nothing, and no
 generator is drawn from for them, so the tokens are the same with or without.
+A constrained row (``constraints``) has its grammar's mask applied to its logits first
+(``constrain``): it samples, and reports log-probabilities, from what the grammar allows.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -59,6 +62,36 @@ def advance(generator: torch.Generator, vocab_size: int, draws: int) -> None:
     uniform = torch.full((vocab_size,), 1.0 / vocab_size, device=generator.device)
     for _ in range(draws):
         torch.multinomial(uniform, 1, generator=generator)
+
+
+def constrain(logits: torch.Tensor, matchers: Sequence[object | None]) -> list[int]:
+    """Apply each constrained row's next-token mask to its row of ``logits`` (batch,
+    vocab) in place (the others untouched); the rows whose constraint allows no token
+    (a dead end: the caller finishes them). No mask work when no row is constrained."""
+    rows = [row for row, matcher in enumerate(matchers) if matcher is not None]
+    if not rows:
+        return []
+    from llguidance.torch import (
+        allocate_token_bitmask,
+        apply_token_bitmask_inplace,
+        fill_next_token_bitmask,
+    )
+
+    mask = allocate_token_bitmask(len(rows), logits.shape[1])
+    broken = []
+    for index, row in enumerate(rows):
+        matcher: Any = matchers[row]
+        if matcher.is_error():
+            broken.append(index)
+        else:
+            fill_next_token_bitmask(matcher, mask, index)
+    every = len(rows) == logits.shape[0]
+    scores = logits if every else logits[rows]  # a copy: written back below
+    apply_token_bitmask_inplace(scores, mask.to(logits.device))
+    if not every:
+        logits[rows] = scores
+    empty = (mask == 0).all(dim=1).nonzero().flatten().tolist()
+    return sorted({rows[index] for index in (*broken, *empty)})
 
 
 def greedy(logits: torch.Tensor) -> list[int]:

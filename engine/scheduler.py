@@ -41,10 +41,9 @@ the budget is planned within the target over the measured margin (``costs.StepCo
 margin``): such a step's plan (``StepPlan.planned_ms``) is compared with what it took.
 
 ``record_token`` is the per-sequence error boundary: it turns one sampled token
-(or the exception its sampling raised) into events, running the detokenizer and
-the stop matcher and deciding whether the sequence ends (stop string, eos,
-length), and a row's log-probabilities into the event's (``logprobs``, texts by
-``token_text``); any exception there finishes that sequence alone with ``ERROR``.
+(or the exception its sampling raised) into events through the ``token_record.
+TokenRecorder`` (text, stop, eos, length, log-probabilities); any exception there
+finishes that sequence alone with ``ERROR``.
 ``finish`` is the only way out, and it releases the blocks through the
 allocator, the one place they are freed; ``_preempt`` releases them the same way
 and drops the table (a readmitted sequence gets a new one), so whatever mix of
@@ -63,9 +62,10 @@ from .admission import DEFAULT_WATERMARK, ON_DEMAND, AdmissionPolicy
 from .block_manager import BlockAllocator
 from .costs import StepCosts, cost_tokens, tokens_within
 from .inbox import Inbox, Op
-from .logprobs import Outcome, Sampled, event_logprobs, token_id_of
+from .logprobs import Outcome
 from .prefix_cache import admit, commit, defer, fits, in_flight, waits_for
 from .sequence import Chunk, Sequence, SequenceState
+from .token_record import TokenRecorder
 from .types import EngineEvent, FinishEvent, FinishReason, TokenEvent
 
 # The least a step prefills while a prompt waits, however full the step target is with
@@ -131,7 +131,7 @@ class Scheduler:
         self.max_step_ms = max_step_ms
         self.costs = costs or StepCosts()
         self.mixed_step = False  # the engine's: a step's prefill and decode share one pass
-        self.eos_token_ids = eos_token_ids
+        self.recorder = TokenRecorder(eos_token_ids)  # token -> text, end, logprobs
         self.admission = admission
         self.watermark_blocks = int(watermark * allocator.num_blocks)
         self.num_preemptions = 0
@@ -140,7 +140,6 @@ class Scheduler:
         self.running: dict[str, Sequence] = {}  # insertion order = admission order
         self.num_admitted = 0
         self.inbox = Inbox()  # the wishes of other threads: Engine.submit, cancel, ...
-        self.token_text: Callable[[int], str] = str  # the engine's: logprobs.TokenTexts
         self._resumed: list[Sequence] = []  # replayed by apply_inbox: see take_resumed
 
     def has_work(self) -> bool:
@@ -185,15 +184,11 @@ class Scheduler:
         after its generated tokens, silently (their events went out where they were
         made); a finish if those tokens already end it (the finish was lost)."""
         self._resumed.append(seq)
-        for index, token in enumerate(seq.generated_ids):
-            try:
-                _, reason = self._text_of(seq, token, index)
-            except Exception as exc:
-                error = f"replaying token {index} failed: {exc!r}"
-                return [self.finish(seq, FinishReason.ERROR, error=error)]
-            if reason is not None:
-                return [self.finish(seq, reason)]
-        return []
+        ended = self.recorder.replay(seq)
+        if ended is None:
+            return []
+        reason, error = ended
+        return [self.finish(seq, reason, error=error)]
 
     def expire_deadlines(self, now: float) -> list[EngineEvent]:
         """Finish with DEADLINE every sequence whose ``ttft_deadline`` (time.monotonic()
@@ -263,20 +258,15 @@ class Scheduler:
         """
         index = len(seq.generated_ids)
         try:
-            if isinstance(token, Exception):
-                raise token
-            token_id = token_id_of(token)
-            text, reason = self._text_of(seq, token_id, index)
-            logprobs = (event_logprobs(token, self.token_text)
-                        if isinstance(token, Sampled) else None)
+            read = self.recorder.read(seq, token, index)
         except Exception as exc:
             return [self.finish(seq, FinishReason.ERROR, error=f"token {index} failed: {exc!r}")]
-        seq.generated_ids.append(token_id)
+        seq.generated_ids.append(read.token_id)
         commit(self.allocator, seq, seq.num_cached)  # prefix cache: its full blocks
-        events: list[EngineEvent] = [TokenEvent(seq.request_id, index, token_id, text,
-                                                logprobs)]
-        if reason is not None:
-            events.append(self.finish(seq, reason))
+        events: list[EngineEvent] = [TokenEvent(seq.request_id, index, read.token_id, read.text,
+                                                read.logprobs)]
+        if read.reason is not None:
+            events.append(self.finish(seq, read.reason))
         return events
 
     def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> FinishEvent:
@@ -373,20 +363,6 @@ class Scheduler:
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
-
-    def _text_of(self, seq: Sequence, token_id: int, index: int) -> tuple[str, FinishReason | None]:
-        """The text token ``index`` adds, and why the sequence ends with it (or None)."""
-        text, stopped = seq.stop_matcher.feed(seq.detokenizer.add(token_id))
-        if stopped:
-            return text, FinishReason.STOP
-        is_eos = token_id in self.eos_token_ids and not seq.request.sampling.ignore_eos
-        if not (is_eos or index + 1 == seq.request.max_new_tokens):
-            return text, None
-        tail, stopped = seq.stop_matcher.feed(seq.detokenizer.flush())
-        if stopped:
-            return text + tail, FinishReason.STOP
-        text += tail + seq.stop_matcher.flush()
-        return text, FinishReason.EOS if is_eos else FinishReason.LENGTH
 
 
 def _expired(seq: Sequence, now: float) -> bool:

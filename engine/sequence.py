@@ -52,6 +52,9 @@ class Sequence:
     # The identities of its full blocks, as far as computed (``prefix_cache``): memoized,
     # its tokens never change.
     block_digests: list[bytes] = field(default_factory=list)
+    # Where its constraint's grammar stands after ``generated_ids`` (``constraints``),
+    # None when unconstrained; like the detokenizer it survives a preemption.
+    matcher: object | None = None
 
     def __post_init__(self) -> None:
         if self.generated_ids:  # a stream rebuilt elsewhere: recompute what it had

@@ -41,6 +41,24 @@ class SamplingParams:
     top_logprobs: int = 0  # and the likeliest this many tokens' (needs ``logprobs``)
 
 
+class ConstraintKind(enum.Enum):
+    """What a ``Constraint``'s source is."""
+
+    JSON_SCHEMA = "json_schema"  # a JSON schema (its JSON text): the output is a document of it
+    JSON_OBJECT = "json_object"  # any JSON object (the source is ignored)
+    REGEX = "regex"  # a regular expression the whole output matches
+    GRAMMAR = "grammar"  # a Lark grammar (llguidance's dialect: ``start`` is the rule)
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """The form a request's output must take (``engine.constraints``): every token is
+    sampled from those the form allows next, eos only where it may end."""
+
+    kind: ConstraintKind
+    source: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """One request as submitted to the engine.
@@ -60,6 +78,8 @@ class GenerationRequest:
     # request still waiting then, its prefill not begun, is finished with DEADLINE at
     # the next step boundary (``Scheduler.expire_deadlines``).
     ttft_deadline: float | None = None
+    # The form the output must take (None: free text).
+    constraint: Constraint | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from app.factory import StreamscopeApp, create_app
 from app.runtime import Phase, ServingEngine
 from app.settings import Settings
 from engine import (
+    Constraint,
     EngineEvent,
     EngineStatistics,
     FinishEvent,
@@ -112,6 +113,9 @@ class RecordingEngine:
 
     def tokenize_if_free(self, prompt: str) -> list[int] | None:
         return self._engine.tokenize_if_free(prompt)
+
+    def compile_constraint(self, constraint: Constraint) -> None:
+        self._engine.compile_constraint(constraint)
 
     def render_chat(
         self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool

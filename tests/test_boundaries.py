@@ -218,9 +218,11 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
     "engine": [
         "MAX_SEED", "MAX_TEMPERATURE", "MAX_TOP_LOGPROBS", "MAX_TOP_P", "MIN_SEED",
         "MIN_TEMPERATURE", "MIN_TOP_K",
-        "MIN_TOP_P", "ChatTemplateError", "DoubleRelease", "DuplicateRequestId", "EmptyPrompt",
+        "MIN_TOP_P", "ChatTemplateError", "Constraint", "ConstraintKind", "DoubleRelease",
+        "DuplicateRequestId", "EmptyPrompt",
         "EngineError", "EngineEvent", "EngineStatistics", "FinishEvent", "FinishReason",
-        "GenerationRequest", "InvalidMaxNewTokens", "InvalidRequest", "InvalidSampling",
+        "GenerationRequest", "InvalidConstraint", "InvalidMaxNewTokens", "InvalidRequest",
+        "InvalidSampling",
         "PromptTooLong", "SamplingParams", "StepReentered", "TokenEvent", "TokenLogprobs",
         "load_engine",
         "validate_request", "validate_sampling",

@@ -1,4 +1,5 @@
-"""Tokenizer work for the routes: a prompt's encode and a chat template's rendering.
+"""Tokenizer work for the routes: a prompt's encode, a chat template's rendering, and
+compiling a request's constraint.
 
 Both run in a worker thread (a 32k-character prompt takes tens of milliseconds: never on
 the event loop), ``TOKENIZE_THREADS`` at a time, by the engine's tokenizer copy that the
@@ -34,6 +35,23 @@ class PromptEncoder:
 
     def __init__(self) -> None:
         self._limiter = trio.CapacityLimiter(TOKENIZE_THREADS)
+        # Constraints compile in their own thread: a schema's compile never queues a
+        # prompt's encode (nor the other way round).
+        self._compiling = trio.CapacityLimiter(1)
+
+    async def compile(self, eng: ServingEngine, constraint: engine.Constraint) -> None:
+        """Compile a request's constraint in a worker thread (the engine caches it, so
+        its ``submit`` on the event loop finds it compiled).
+
+        Raises:
+            engine.InvalidConstraint: the library refuses it.
+
+        Cancellation: while queued, or while a compile runs (never abandoned: the
+        engine's cache is written whole; milliseconds, seconds for the very first,
+        which builds the library's view of the tokenizer): nothing was submitted.
+        """
+        await trio.to_thread.run_sync(partial(eng.compile_constraint, constraint),
+                                      limiter=self._compiling)
 
     async def encode(
         self, eng: ServingEngine, request: engine.GenerationRequest

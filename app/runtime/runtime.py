@@ -184,6 +184,7 @@ class Runtime:
             ApiError: not ready, stopping or failed (503).
             streams.DeadlineUnmeetable: by the estimate without the prompt's tokens,
                 before the encode (no wait in its queue).
+            engine.InvalidConstraint: its constraint does not compile (422).
 
         Cancellation: while queued for a tokenizer thread, or while an encode runs (it
         is never abandoned; it takes milliseconds): nothing was submitted.
@@ -191,6 +192,8 @@ class Runtime:
         self._ready_hub().check_deadline(request)  # before the encode's queue
         assert self.engine is not None  # READY: built
         encoded = await self._prompts.encode(self.engine, request)
+        if request.constraint is not None:  # compiled off the loop, before any byte
+            await self._prompts.compile(self.engine, request.constraint)
         return Prepared(encoded, policy, tuple(resume_from))
 
     async def prepare_chat(

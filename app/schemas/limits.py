@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 # (OpenAI allows 4) and keep the matcher's per-token work small.
 MAX_STOP_STRINGS = 8
 MAX_STOP_CHARS = 64
+# The longest constraint source (a schema's JSON, a regex, a grammar) a request may send:
+# compiling costs time in proportion to it. (A constant until app/settings.py, at its
+# line cap, has room for a setting.)
+MAX_CONSTRAINT_CHARS = 16_384
 # The longest TTFT deadline a request may give: ten minutes is already no deadline.
 MAX_DEADLINE_MS = 600_000.0
 
@@ -62,6 +66,7 @@ class RequestLimits:
     default_max_new_tokens: int
     # The policies a request may pick (STREAMSCOPE_REQUEST_POLICIES).
     request_policies: frozenset[PolicyName]
+    max_constraint_chars: int = MAX_CONSTRAINT_CHARS
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RequestLimits:

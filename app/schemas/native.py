@@ -18,6 +18,7 @@ from pydantic_core import PydanticCustomError
 from engine import MAX_TOP_LOGPROBS, MIN_TOP_K, GenerationRequest, SamplingParams
 from streams import PolicyName
 
+from .constraint import ConstraintBody, check_constraint_size
 from .limits import (
     DeadlineMs,
     NewTokens,
@@ -38,9 +39,10 @@ _HOW = "validate a GenerateBody with parse_generate_body(raw, limits)"
 
 class GenerateBody(BaseModel):
     """``{"prompt", "max_new_tokens", "stop", "temperature", "top_p", "top_k", "seed",
-    "ignore_eos", "logprobs", "top_logprobs", "policy", "resumable", "deadline_ms"}``;
-    only ``prompt`` is required. With ``logprobs`` every ``token`` event carries the
-    token's log-probability, and the likeliest ``top_logprobs`` (0 to 20) tokens'.
+    "ignore_eos", "logprobs", "top_logprobs", "policy", "resumable", "deadline_ms",
+    "constraint"}``; only ``prompt`` is required. With ``logprobs`` every ``token`` event
+    carries the token's log-probability, and the likeliest ``top_logprobs`` (0 to 20)
+    tokens'. ``constraint``: the form the output must take (``constraint.py``).
 
     Validate with ``parse_generate_body`` (the limits are its context).
     """
@@ -60,6 +62,7 @@ class GenerateBody(BaseModel):
     policy: PolicyName | None = None  # the slow-reader policy for this stream only
     resumable: bool = False  # /v1/stream: ids <request_id>:<n>, resumable
     deadline_ms: DeadlineMs | None = None  # None: the server's default
+    constraint: ConstraintBody | None = None  # the output's form: see constraint.py
 
     @field_validator("prompt")
     @classmethod
@@ -80,6 +83,15 @@ class GenerateBody(BaseModel):
     @classmethod
     def _top_needs_logprobs(cls, value: int, info: ValidationInfo) -> int:
         check_top_logprobs(value, info.data.get("logprobs"))
+        return value
+
+    @field_validator("constraint")
+    @classmethod
+    def _constraint_within_limit(cls, value: ConstraintBody | None,
+                                 info: ValidationInfo) -> ConstraintBody | None:
+        if value is not None:
+            check_constraint_size(value.to_constraint(),
+                                  limits_of(info, _HOW).max_constraint_chars)
         return value
 
     @field_validator("policy")
@@ -113,6 +125,7 @@ class GenerateBody(BaseModel):
                 top_logprobs=self.top_logprobs,
             ),
             ttft_deadline=ttft_deadline,
+            constraint=None if self.constraint is None else self.constraint.to_constraint(),
         )
 
 

@@ -4,7 +4,8 @@ replica can continue the stream identically if this one dies.
 ``spec_of`` writes the request as a request body, the JSON that ``POST /v1/stream``
 takes (the prompt's text, max_new_tokens, stop, the sampling fields with the seed of a
 sampled request, chosen by ``with_seed`` when the client gave none so that even an
-unseeded stream continues identically, and the policy's name), so that the replica that
+unseeded stream continues identically, the policy's name, and the constraint: the
+rebuilt stream's matcher replays the tokens it made), so that the replica that
 takes the stream over validates it with the very function that validates an HTTP body
 (the app's ``parse_generate_body``: every limit, the policy's allow-list) and encodes its
 prompt itself: no token id of the prompt comes from the store. ``generated_ids`` recovers
@@ -18,8 +19,9 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import replace
+from typing import Any
 
-from engine import GenerationRequest
+from engine import Constraint, ConstraintKind, GenerationRequest
 
 from ..policy import PolicyName
 from ..sse import SSEParser
@@ -45,7 +47,19 @@ def spec_of(request: GenerationRequest, policy: PolicyName | None) -> bytes:
         "seed": s.seed, "ignore_eos": s.ignore_eos,
         "logprobs": s.logprobs, "top_logprobs": s.top_logprobs,
         "policy": None if policy is None else policy.value,  # JSON holds the name
+        "constraint": None if request.constraint is None else _constraint(request.constraint),
     }, separators=(",", ":")).encode()
+
+
+def _constraint(constraint: Constraint) -> dict[str, Any]:
+    """The body's ``constraint`` object (``app.schemas.constraint``) for a constraint."""
+    kind = constraint.kind
+    if kind is ConstraintKind.JSON_SCHEMA:
+        return {"type": kind.value, "schema": json.loads(constraint.source)}
+    if kind is ConstraintKind.JSON_OBJECT:
+        return {"type": kind.value}
+    key = "pattern" if kind is ConstraintKind.REGEX else "grammar"
+    return {"type": kind.value, key: constraint.source}
 
 
 def generated_ids(events: list[tuple[int, bytes, bool]]) -> list[int]:
