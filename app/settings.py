@@ -192,6 +192,13 @@ class Settings(BaseSettings):
         "get error shutdown (with a Redis resume store, resumable ones are handed over to "
         "another replica 0.5 s before); hypercorn's --graceful-timeout must be at least "
         "this + 1")
+    # -- structured output and tool calls (issue 35; app/schemas/tools.py) --
+    max_tools: PositiveInt = _setting(64,
+        "most tools (functions) one request may offer (400 above)")
+    max_schema_bytes: PositiveInt = _setting(32 * 1024,
+        "largest JSON schema a request may constrain its answer with, as compact JSON: "
+        "response_format's, or its tools' parameters together (400 above); a schema is "
+        "compiled before the request is accepted")
     # -- the Responses API (POST /v1/responses): stored responses --------------------------
     responses_ttl_s: Seconds = _setting(3600.0,
         "how long a stored response (`store`, the default, and every background one) is "

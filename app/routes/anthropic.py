@@ -12,6 +12,11 @@ exactly like every other route: the same ``Runtime.open``, closer, timer, slow-r
 policy and disconnect path (``docs/cancellation.md``); only the bytes differ
 (``app.wire``: ``AnthropicEvents``, ``whole_message``).
 
+With ``tools`` the answer is constrained to the generic tool format
+(``app.schemas.tools``; the constraint compiled in ``Runtime.prepare``, a 400
+``invalid_request_error`` before the first byte if it does not compile) and sent as
+``tool_use`` blocks (``AnthropicEvents(tools=True)``, ``whole_message(tools=True)``).
+
 ``count_tokens`` renders and encodes the same way and answers the prompt's length; it
 opens nothing (the prepared request is dropped unsubmitted).
 
@@ -25,11 +30,12 @@ import time
 
 from quart import Blueprint, Response, request
 
-from engine import GenerationRequest
+from engine import GenerationRequest, InvalidConstraint
 
 from ..auth import owned_request
 from ..edge.connection import own
 from ..error_handlers import answer_errors_under, error_response
+from ..errors import ApiError, ErrorType
 from ..metrics import Metrics
 from ..runtime import Runtime
 from ..schemas import CountTokensBody, MessagesBody, RequestLimits, count_request
@@ -68,14 +74,19 @@ class AnthropicViews:
             return owned_request(body.generation_request(text, prompt_ids,
                                                          ttft_deadline=deadline))
 
-        prepared = await self.runtime.prepare_chat(body.template_input(), True, build, None)
+        try:
+            prepared = await self.runtime.prepare_chat(body.template_input(), True, build,
+                                                       None)
+        except InvalidConstraint as exc:
+            raise ApiError(ErrorType.INVALID_REQUEST, f"tools: {exc}") from None
+        tools = body.tool_use() is not None
         stream = self.runtime.open(prepared)
         own(request.scope, stream)
         submitted(timer, stream)
         headers = {"request-id": stream.request_id}
         if body.is_streaming:
             events = AnthropicEvents(stream.request_id, model, stream.prompt_tokens,
-                                     error_envelope=anthropic_error_envelope)
+                                     error_envelope=anthropic_error_envelope, tools=tools)
             return sse_response(
                 EventStreamBody(stream, events, keepalive_s=self.runtime.settings.keepalive_s,
                                 keepalives=self.runtime.keepalives, timer=timer),
@@ -84,7 +95,7 @@ class AnthropicViews:
         with stream:
             text, _, finish = await collect(stream, timer)
         return json_response(
-            whole_message(stream.request_id, model, text, finish),
+            whole_message(stream.request_id, model, text, finish, tools=tools),
             headers={"X-Request-ID": stream.request_id, **headers},
         )
 

@@ -8,25 +8,34 @@ in one call (``Runtime.prepare_chat``), and then it runs exactly like ``/v1/stre
 ``/v1/generate``: the same ``Runtime.open``, closer, timer and disconnect path
 (``docs/cancellation.md`` walks through it); only the bytes differ (``app.wire``:
 ``OpenAIChunks`` in the route's ``ChoiceShape``, ``whole_answer``).
+
+A ``response_format`` or ``tools`` constrain the answer (``app.schemas.tools``): the
+constraint is compiled in ``Runtime.prepare``, and one that does not compile is a 400
+naming the field, before the first byte. A chat answer with tools is read as the
+generic tool format and sent as OpenAI's tool calls (``app.wire``'s ``tool_message``,
+``OpenAIChunks(tools=True)``).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from quart import Blueprint, Quart, Response, request
 
-from engine import GenerationRequest
+from engine import GenerationRequest, InvalidConstraint
 
 from ..auth import owned_request
 from ..edge.connection import own
 from ..error_handlers import answer_errors_under, error_response
+from ..errors import ApiError, ErrorType
 from ..metrics import Metrics, RequestTimer
 from ..runtime import Prepared, Runtime
 from ..schemas import ChatBody, CompletionsBody, OpenAIBody, RequestLimits
-from ..wire import CHAT, COMPLETION, ChoiceShape, OpenAIChunks, whole_answer
+from ..wire import CHAT, COMPLETION, ChoiceShape, OpenAIChunks, tool_message, whole_answer
 from .body import EventStreamBody
-from .openai_errors import ServedModels, openai_error_envelope, openai_error_for
+from .openai_errors import OpenAIError, ServedModels, openai_error_envelope, openai_error_for
 from .serving import collect, json_response, read_body, sse_response, submitted, ttft_deadline
 
 
@@ -59,7 +68,8 @@ class OpenAIViews:
         model = self.models.check(body.model)
         generation = body.generation_request(body.prompt, self.limits,
                                              ttft_deadline=self.deadline_of(timer, body))
-        prepared = await self.runtime.prepare(owned_request(generation), None)
+        with refused_constraint(body):
+            prepared = await self.runtime.prepare(owned_request(generation), None)
         return await self.answer(prepared, timer, body, model, COMPLETION)
 
     async def chat_completions(self) -> Response:
@@ -76,15 +86,17 @@ class OpenAIViews:
             return owned_request(body.generation_request(
                 text, self.limits, prompt_ids, ttft_deadline=self.deadline_of(timer, body)))
 
-        prepared = await self.runtime.prepare_chat(
-            body.template_input(), body.add_generation_prompt, build, None
-        )
-        return await self.answer(prepared, timer, body, model, CHAT)
+        with refused_constraint(body):
+            prepared = await self.runtime.prepare_chat(
+                body.template_input(), body.add_generation_prompt, build, None
+            )
+        return await self.answer(prepared, timer, body, model, CHAT,
+                                 tools=body.tool_use() is not None)
 
     async def answer(self, prepared: Prepared, timer: RequestTimer, body: OpenAIBody,
-                     model: str, shape: ChoiceShape) -> Response:
+                     model: str, shape: ChoiceShape, *, tools: bool = False) -> Response:
         """Open the stream (no checkpoint between the open and its closer taking it) and
-        answer it as chunks or as one document.
+        answer it as chunks or as one document (``tools``: in the generic tool format).
 
         Cancellation: a whole answer's at the stream's receive (``with stream`` closes
         it); a streaming one's in the body, or the connection's backstop, closes it.
@@ -95,7 +107,7 @@ class OpenAIViews:
         if body.is_streaming:
             chunks = OpenAIChunks(shape, stream.request_id, model,
                                   error_envelope=openai_error_envelope,
-                                  include_usage=body.include_usage)
+                                  include_usage=body.include_usage, tools=tools)
             return sse_response(
                 EventStreamBody(stream, chunks, keepalive_s=self.runtime.settings.keepalive_s,
                                 keepalives=self.runtime.keepalives,
@@ -104,16 +116,31 @@ class OpenAIViews:
             )
         with stream:
             text, tokens, finish = await collect(stream, timer)
-        return json_response(
-            whole_answer(shape, stream.request_id, model, text, finish, tokens),
-            headers={"X-Request-ID": stream.request_id},
-        )
+        answer = whole_answer(shape, stream.request_id, model, text, finish, tokens)
+        if tools:
+            choice = answer["choices"][0]
+            choice["message"], called = tool_message(stream.request_id, text)
+            choice["logprobs"] = None
+            if called and choice["finish_reason"] != "length":
+                choice["finish_reason"] = "tool_calls"
+        return json_response(answer, headers={"X-Request-ID": stream.request_id})
 
     async def refuse(self, exc: Exception) -> Response:
         """Every error of these routes, in OpenAI's shape. Cancellation: no checkpoint."""
         error = openai_error_for(exc)
         self.metrics.refused(error)
         return error_response(error)
+
+
+@contextmanager
+def refused_constraint(body: OpenAIBody) -> Iterator[None]:
+    """A constraint that does not compile as a 400 naming its field (``tools`` or
+    ``response_format``)."""
+    try:
+        yield
+    except InvalidConstraint as exc:
+        raise OpenAIError(ApiError(ErrorType.INVALID_REQUEST, str(exc)),
+                          param=body.constraint_param) from None
 
 
 def make_openai_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:

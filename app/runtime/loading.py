@@ -25,7 +25,9 @@ class ServingEngine(streams.StepEngine, Protocol):
     """The engine as the app uses it; ``engine.Engine`` satisfies it.
 
     ``tokenize`` is thread-safe, blocks, and uses no tokenizer the step uses: the app
-    runs it in a worker thread and submits the ids in ``prompt_token_ids``.
+    runs it in a worker thread and submits the ids in ``prompt_token_ids``; so is
+    ``compile_constraint`` (it raises ``engine.InvalidConstraint``), which the app runs
+    before a constrained request is accepted.
     """
 
     def statistics(self) -> engine.EngineStatistics: ...
@@ -35,6 +37,7 @@ class ServingEngine(streams.StepEngine, Protocol):
     def render_chat(
         self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
     ) -> tuple[str, list[int]]: ...
+    def compile_constraint(self, constraint: engine.Constraint) -> None: ...
 
 
 MakeEngine = Callable[[Settings], ServingEngine]

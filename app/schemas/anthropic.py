@@ -7,16 +7,17 @@ refused (400, naming it), since the official SDK sends only the fields it was gi
 Four kinds of field:
 
 * honoured: ``model`` (required, as the API requires), ``messages`` (``user`` and
-  ``assistant`` turns, each a string or text blocks), ``system`` (a string or text
-  blocks), ``max_tokens`` (required), ``stop_sequences``, ``temperature`` (default
-  1.0, the API's), ``top_p``, ``top_k`` (the newest SDK sends these three through
-  ``extra_body``), ``stream``;
+  ``assistant`` turns, each a string or content blocks: text, and the tool blocks of
+  ``anthropic_blocks.py``), ``system`` (a string or text blocks), ``max_tokens``
+  (required), ``stop_sequences``, ``temperature`` (default 1.0, the API's), ``top_p``,
+  ``top_k`` (the newest SDK sends these three through ``extra_body``), ``stream``,
+  ``tools`` and ``tool_choice`` (which constrain the answer: ``tools.py``);
 * accepted, changing nothing in the answer: ``metadata`` (``user_id``),
   ``cache_control`` (a prompt-caching hint, also on text blocks), ``service_tier``;
 * unsupported (``ANTHROPIC_UNSUPPORTED``): accepted at a value that asks for nothing
-  (``tools: []``, ``thinking: {"type": "disabled"}``, null), refused otherwise; a
-  content block that is not text (an image, a document, a tool use or result, a
-  thinking block) is refused naming its message, block and type;
+  (``thinking: {"type": "disabled"}``, null), refused otherwise; a content block this
+  server does not serve (an image, a document, a thinking block) is refused naming its
+  message, block and type;
 * refused: a conversation whose last turn is the assistant's (a "prefill": the
   answer would continue that turn, which the chat template cannot render).
 
@@ -42,6 +43,18 @@ from pydantic_core import PydanticCustomError
 
 from engine import GenerationRequest, SamplingParams
 
+from .anthropic_blocks import (
+    SERVED_BLOCKS,
+    AnthropicTool,
+    ContentBlock,
+    TextBlock,
+    ToolChoice,
+    ToolResultBlock,
+    ToolUseBlock,
+    anthropic_tool_use,
+    check_tools,
+    turn_text,
+)
 from .limits import (
     NewTokens,
     StopStrings,
@@ -49,8 +62,11 @@ from .limits import (
     TopP,
     check_new_tokens,
     check_prompt_chars,
+    check_schema_bytes,
+    check_tool_count,
     limits_of,
 )
+from .tools import ToolUse, output_constraint, system_text, with_system_text
 from .unsupported import neutral_validator
 
 ANTHROPIC_DEFAULT_TEMPERATURE = 1.0  # the API's default
@@ -58,10 +74,8 @@ ANTHROPIC_DEFAULT_TEMPERATURE = 1.0  # the API's default
 _HOW = "validate an Anthropic body with the request limits as its context"
 
 # Fields of the Messages API this server does not implement, with the values that ask
-# for nothing (null is always neutral). ``tool_choice`` without tools asks for nothing.
+# for nothing (null is always neutral).
 PROMPT_UNSUPPORTED: dict[str, tuple[object, ...]] = {
-    "tools": ([],),
-    "tool_choice": ({"type": "none"}, {"type": "auto"}),
     "thinking": ({"type": "disabled"},),
     "mcp_servers": ([],),
     "output_config": ({},),
@@ -76,32 +90,21 @@ ANTHROPIC_UNSUPPORTED: dict[str, tuple[object, ...]] = {
 }
 
 
-class TextBlock(BaseModel):
-    """A text content block; ``cache_control`` is a caching hint (the answer is the same),
-    ``citations`` only empty."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    type: Literal["text"]
-    text: str
-    cache_control: dict[str, Any] | None = None
-    citations: Annotated[list[Any], Field(max_length=0)] | None = None
-
-
-def _text_blocks(value: object) -> object:
-    """A string as one text block; a list refused at its first block that is not text
-    (named: ``block 1 is of type 'image'``). Anything else is left to the field's type."""
+def _text_blocks(value: object, served: frozenset[str] = frozenset({"text"})) -> object:
+    """A string as one text block; a list refused at its first block of a type not
+    ``served`` (named: ``block 1 is of type 'image'``). Anything else is left to the
+    field's type."""
     if isinstance(value, str):
         return [{"type": "text", "text": value}]
     if isinstance(value, list):
         for index, block in enumerate(value):
             kind = block.get("type") if isinstance(block, dict) else None
-            if isinstance(kind, str) and kind != "text":
+            if isinstance(kind, str) and kind not in served:
                 raise PydanticCustomError(
                     "unsupported",
-                    "block {index} is of type '{kind}'; this server serves text blocks "
-                    "only (no images, documents, tools or thinking)",
-                    {"index": index, "kind": kind[:40]},
+                    "block {index} is of type '{kind}'; this server serves {served} "
+                    "blocks only (no images, documents or thinking)",
+                    {"index": index, "kind": kind[:40], "served": ", ".join(sorted(served))},
                 )
     return value
 
@@ -111,20 +114,31 @@ def _joined(blocks: list[TextBlock]) -> str:
 
 
 class InputMessage(BaseModel):
-    """One turn: its role and its content (a string, or text blocks)."""
+    """One turn: its role and its content (a string, or content blocks: text, and an
+    assistant's ``tool_use`` or a user's ``tool_result``)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     role: Literal["user", "assistant"]
-    content: list[TextBlock]
+    content: list[ContentBlock]
 
     @field_validator("content", mode="before")
     @classmethod
     def _blocks(cls, value: object) -> object:
-        return _text_blocks(value)
+        return _text_blocks(value, SERVED_BLOCKS)
 
-    def as_template_input(self) -> dict[str, str]:
-        return {"role": self.role, "content": _joined(self.content)}
+    @model_validator(mode="after")
+    def _tool_blocks_in_their_turn(self) -> Self:
+        wrong = ToolResultBlock if self.role == "assistant" else ToolUseBlock
+        for index, block in enumerate(self.content):
+            if isinstance(block, wrong):
+                raise PydanticCustomError(
+                    "unsupported", "block {index}: a {kind} block belongs in the other "
+                    "role's turn", {"index": index, "kind": block.type})
+        return self
+
+    def as_template_input(self, names: dict[str, str]) -> dict[str, str]:
+        return {"role": self.role, "content": turn_text(self.content, names)}
 
 
 class AnthropicPrompt(BaseModel):
@@ -137,9 +151,9 @@ class AnthropicPrompt(BaseModel):
     messages: list[InputMessage] = Field(min_length=1)
     system: list[TextBlock] | None = None
     cache_control: dict[str, Any] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: ToolChoice | None = None
     # Unsupported: see UNSUPPORTED; checked by _neutral.
-    tools: Any = None
-    tool_choice: Any = None
     thinking: Any = None
     mcp_servers: Any = None
     output_config: Any = None
@@ -163,19 +177,52 @@ class AnthropicPrompt(BaseModel):
             )
         return value
 
+    @field_validator("tools")
+    @classmethod
+    def _tools_within_limit(cls, value: list[AnthropicTool] | None, info: ValidationInfo
+                            ) -> list[AnthropicTool] | None:
+        if value:
+            limits = limits_of(info, _HOW)
+            check_tool_count(len(value), limits)
+            check_schema_bytes([t.input_schema for t in value], limits,
+                               "the tools' input schemas")
+        try:
+            check_tools(value, None)  # names given twice
+        except ValueError as exc:
+            raise PydanticCustomError("invalid_tools", str(exc)) from None
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_among_tools(cls, value: ToolChoice | None, info: ValidationInfo
+                            ) -> ToolChoice | None:
+        if "tools" in info.data:  # else the tools were refused already
+            try:
+                check_tools(info.data["tools"], value)
+            except ValueError as exc:
+                raise PydanticCustomError("invalid_tool_choice", str(exc)) from None
+        return value
+
     @model_validator(mode="after")
     def _within_limit(self, info: ValidationInfo) -> Self:
         check_prompt_chars(sum(len(m["content"]) for m in self.template_input()),
                            limits_of(info, _HOW))
         return self
 
+    def tool_use(self) -> ToolUse | None:
+        """What the request asks of its tools (None: no tools, or ``none``)."""
+        return anthropic_tool_use(self.tools, self.tool_choice)
+
     def template_input(self) -> list[dict[str, str]]:
         """The conversation as a chat template takes it: the system prompt (if any) as
-        the first message, then the turns."""
-        turns = [m.as_template_input() for m in self.messages]
-        if self.system is None:
-            return turns
-        return [{"role": "system", "content": _joined(self.system)}, *turns]
+        the first message, with the tools (if the answer may call them), then the turns
+        (tool blocks as text)."""
+        names: dict[str, str] = {}
+        turns = [m.as_template_input(names) for m in self.messages]
+        if self.system is not None:
+            turns = [{"role": "system", "content": _joined(self.system)}, *turns]
+        use = self.tool_use()
+        return turns if use is None else with_system_text(turns, system_text(use))
 
 
 class CountTokensBody(AnthropicPrompt):
@@ -233,6 +280,7 @@ class MessagesBody(AnthropicPrompt):
             ),
             prompt_token_ids=prompt_ids,
             ttft_deadline=ttft_deadline,
+            constraint=None if (use := self.tool_use()) is None else output_constraint(use),
         )
 
 

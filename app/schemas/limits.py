@@ -7,12 +7,14 @@ Two kinds of limit:
   (``engine.MAX_TEMPERATURE``, ``engine.MAX_SEED``, ...), so a value the engine would
   refuse is a 422 naming the field before anything reaches the engine;
 * the server's, from settings (``RequestLimits``, passed as pydantic's validation
-  context): the prompt's length and the number of new tokens, checked by
-  ``check_prompt_chars`` and ``check_new_tokens``, whose messages are worded here only.
+  context): the prompt's length, the number of new tokens, the tools and the schemas a
+  request may have compiled, checked by ``check_prompt_chars``, ``check_new_tokens``,
+  ``check_tool_count`` and ``check_schema_bytes``, whose messages are worded here only.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
@@ -67,6 +69,9 @@ class RequestLimits:
     # The policies a request may pick (STREAMSCOPE_REQUEST_POLICIES).
     request_policies: frozenset[PolicyName]
     max_constraint_chars: int = MAX_CONSTRAINT_CHARS
+    # Structured output and tools: what a request may ask the engine to compile.
+    max_tools: int = 64
+    max_schema_bytes: int = 32 * 1024
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RequestLimits:
@@ -75,6 +80,8 @@ class RequestLimits:
             max_new_tokens_limit=settings.max_new_tokens_limit,
             default_max_new_tokens=settings.default_max_new_tokens,
             request_policies=settings.request_policies,
+            max_tools=settings.max_tools,
+            max_schema_bytes=settings.max_schema_bytes,
         )
 
 
@@ -103,6 +110,25 @@ def check_top_logprobs(value: int | None, logprobs: object) -> int | None:
         raise PydanticCustomError("logprobs_required",
                                   "top_logprobs needs logprobs set to true", {})
     return value
+
+
+def check_tool_count(count: int, limits: RequestLimits) -> None:
+    """Refuse more tools than the server allows in one request."""
+    if count > limits.max_tools:
+        raise PydanticCustomError(
+            "over_limit", "{count} tools, over this server's limit of {limit} per request",
+            {"count": count, "limit": limits.max_tools})
+
+
+def check_schema_bytes(schemas: object, limits: RequestLimits, what: str) -> None:
+    """Refuse a schema (or the tools' schemas together) longer, as compact JSON, than
+    the server compiles: a constraint's compile time and size grow with it."""
+    size = len(json.dumps(schemas, separators=(",", ":")).encode())
+    if size > limits.max_schema_bytes:
+        raise PydanticCustomError(
+            "over_limit",
+            "{what} take {size} bytes as compact JSON, over this server's limit of {limit}",
+            {"what": what, "size": size, "limit": limits.max_schema_bytes})
 
 
 def check_new_tokens(value: int | None, limits: RequestLimits) -> int | None:

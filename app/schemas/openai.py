@@ -10,7 +10,10 @@ Three kinds of field:
   ``top_k`` (``-1`` or ``0``: no cut), and streamscope's ``deadline_ms`` (a TTFT deadline,
   as on ``/v1/stream``); chat also ``messages``, ``add_generation_prompt``, ``logprobs``
   (a boolean) and ``top_logprobs`` (0 to 20, with ``logprobs``); completions also
-  ``logprobs`` (0 to 5: the chosen token's and that many likeliest tokens');
+  ``logprobs`` (0 to 5: the chosen token's and that many likeliest tokens'); both
+  ``response_format``, and chat ``tools``, ``tool_choice``, ``parallel_tool_calls`` and
+  tool turns (``openai_tools.py``, ``openai_messages.py``), which constrain the answer
+  (``tools.py``);
 * unsupported (``UNSUPPORTED``, in ``unsupported.py``): accepted at their neutral value
   (``n: 1``, ``frequency_penalty: 0``, ``logit_bias: {}``, null, ...), refused otherwise
   with a 400 whose ``param`` names the field. ``min_tokens`` is one: the engine has no
@@ -26,11 +29,12 @@ and the server's limits are the native body's (``limits.py``).
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
-from engine import MAX_TOP_LOGPROBS, GenerationRequest, SamplingParams
+from engine import MAX_TOP_LOGPROBS, Constraint, GenerationRequest, SamplingParams
 
 from .limits import (
     DeadlineMs,
@@ -44,9 +48,20 @@ from .limits import (
     TopP,
     check_new_tokens,
     check_prompt_chars,
+    check_schema_bytes,
+    check_tool_count,
     check_top_logprobs,
     limits_of,
 )
+from .openai_messages import ChatMessage, template_input
+from .openai_tools import (
+    FunctionTool,
+    ResponseFormat,
+    ToolChoice,
+    check_tool_choice,
+    openai_tool_use,
+)
+from .tools import ToolUse, output_constraint, system_text, with_system_text
 from .unsupported import (
     CHAT_UNSUPPORTED,
     COMMON_UNSUPPORTED,
@@ -84,6 +99,8 @@ class OpenAIBody(BaseModel):
     top_k: int | None = Field(default=None, ge=-1)  # vLLM: -1 (and 0) for no cut
     # streamscope: a TTFT deadline, as on /v1/stream (429 deadline_unmeetable if missed)
     deadline_ms: DeadlineMs | None = None
+    # The answer's form (openai_tools.py): JSON, or a document of a schema.
+    response_format: ResponseFormat | None = None
     # Unsupported: see UNSUPPORTED; checked by the subclasses' _neutral.
     n: Any = None
     frequency_penalty: Any = None
@@ -98,9 +115,27 @@ class OpenAIBody(BaseModel):
     def _within_limit(cls, value: int | None, info: ValidationInfo) -> int | None:
         return check_new_tokens(value, limits_of(info, _HOW))
 
+    @field_validator("response_format")
+    @classmethod
+    def _format_within_limit(cls, value: ResponseFormat | None, info: ValidationInfo
+                             ) -> ResponseFormat | None:
+        schema = None if value is None else value.response_schema()
+        if schema is not None:
+            check_schema_bytes(schema, limits_of(info, _HOW), "the response_format's schema")
+        return value
+
     @property
     def is_streaming(self) -> bool:
         return bool(self.stream)
+
+    @property
+    def constraint_param(self) -> str:
+        """The field to name when the constraint does not compile."""
+        return "response_format"
+
+    def constraint(self) -> Constraint | None:
+        """The engine's constraint on the answer, or None for free text."""
+        return None if self.response_format is None else self.response_format.constraint()
 
     @property
     def include_usage(self) -> bool:
@@ -137,6 +172,7 @@ class OpenAIBody(BaseModel):
             ),
             prompt_token_ids=prompt_ids,
             ttft_deadline=ttft_deadline,
+            constraint=self.constraint(),
         )
 
 
@@ -162,37 +198,6 @@ class CompletionsBody(OpenAIBody):
         return self.logprobs is not None, self.logprobs or 0
 
 
-class TextPart(BaseModel):
-    """One part of a message's content in the list form; only text parts are served."""
-
-    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
-
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(BaseModel):
-    """One message. ``developer`` is OpenAI's newer name for ``system``. The fields an
-    assistant message gets back from the SDK (``refusal``, ``tool_calls``, ...) are
-    accepted when empty; ``name`` is ignored (chat templates do not show it)."""
-
-    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
-
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
-    tool_calls: Annotated[list[Any], Field(max_length=0)] | None = None
-    function_call: None = None
-    audio: None = None
-    refusal: None = None
-
-    def as_template_input(self) -> dict[str, str]:
-        """``{"role", "content"}`` as a chat template expects it: text parts joined by
-        newlines (as vLLM does), ``developer`` as ``system``."""
-        content = self.content
-        text = content if isinstance(content, str) else "\n".join(p.text for p in content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
-
-
 class ChatBody(OpenAIBody):
     """``POST /v1/chat/completions``: messages, rendered by the model's chat template."""
 
@@ -203,11 +208,11 @@ class ChatBody(OpenAIBody):
     max_completion_tokens: NewTokens | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    tools: Any = None
-    tool_choice: Any = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     functions: Any = None
     function_call: Any = None
-    response_format: Any = None
     modalities: Any = None
     audio: Any = None
     prediction: Any = None
@@ -227,7 +232,7 @@ class ChatBody(OpenAIBody):
     def _messages_within_limit(
         cls, value: list[ChatMessage], info: ValidationInfo
     ) -> list[ChatMessage]:
-        text = sum(len(m.as_template_input()["content"]) for m in value)
+        text = sum(len(m["content"]) for m in template_input(value))
         check_prompt_chars(text, limits_of(info, _HOW))
         return value
 
@@ -236,11 +241,54 @@ class ChatBody(OpenAIBody):
     def _top_needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
         return check_top_logprobs(value, info.data.get("logprobs"))
 
+    @field_validator("tools")
+    @classmethod
+    def _tools_within_limit(cls, value: list[FunctionTool] | None, info: ValidationInfo
+                            ) -> list[FunctionTool] | None:
+        if value:
+            limits = limits_of(info, _HOW)
+            check_tool_count(len(value), limits)
+            check_schema_bytes([t.function.spec().parameters for t in value], limits,
+                               "the tools' parameters")
+        try:
+            check_tool_choice(None, value)  # names given twice
+        except ValueError as exc:
+            raise PydanticCustomError("invalid_tools", str(exc)) from None
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_among_tools(cls, value: ToolChoice | None, info: ValidationInfo
+                            ) -> ToolChoice | None:
+        if "tools" in info.data:  # else the tools were refused already
+            try:
+                check_tool_choice(value, info.data["tools"])
+            except ValueError as exc:
+                raise PydanticCustomError("invalid_tool_choice", str(exc)) from None
+        return value
+
+    def tool_use(self) -> ToolUse | None:
+        """What the request asks of its tools (None: no tools, or ``tool_choice: none``)."""
+        return openai_tool_use(self.tools, self.tool_choice, self.parallel_tool_calls,
+                               self.response_format)
+
+    @property
+    def constraint_param(self) -> str:
+        return "tools" if self.tool_use() is not None else "response_format"
+
+    def constraint(self) -> Constraint | None:
+        use = self.tool_use()
+        return super().constraint() if use is None else output_constraint(use)
+
     def logprob_request(self) -> tuple[bool, int]:
         return bool(self.logprobs), self.top_logprobs or 0
 
     def template_input(self) -> list[dict[str, str]]:
-        return [m.as_template_input() for m in self.messages]
+        """The messages as the chat template takes them: tool turns as text, and the
+        tools (if the answer may call them) in the system turn."""
+        turns = template_input(self.messages)
+        use = self.tool_use()
+        return turns if use is None else with_system_text(turns, system_text(use))
 
     def new_tokens(self, limits: RequestLimits) -> int:
         return self.max_completion_tokens or self.max_tokens or limits.default_max_new_tokens

@@ -32,11 +32,8 @@ COMPLETIONS_UNSUPPORTED = {
 }
 CHAT_UNSUPPORTED = {
     **COMMON_UNSUPPORTED,
-    "tools": ([],),
-    "tool_choice": ("none",),
     "functions": ([],),
     "function_call": ("none",),
-    "response_format": ({"type": "text"},),
     "modalities": (["text"],),
     "audio": (),
     "prediction": (),

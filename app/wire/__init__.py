@@ -32,6 +32,7 @@ from .openai_shapes import ChoiceShape as ChoiceShape
 from .openai_shapes import CompletionShape as CompletionShape
 from .openai_shapes import usage as usage
 from .openai_shapes import whole_answer as whole_answer
+from .openai_tools import tool_message as tool_message
 from .resumable import RETRY_LINE as RETRY_LINE
 from .resumable import RETRY_MS as RETRY_MS
 from .resumable import TAKEN_OVER_EVENT as TAKEN_OVER_EVENT
@@ -63,6 +64,7 @@ __all__ = [
     "logprobs_data",
     "start_event",
     "token_event",
+    "tool_message",
     "usage",
     "whole_answer",
     "whole_message",

@@ -25,6 +25,20 @@ the refusals' object, which the routes build (``ErrorEnvelope``); nothing follow
 ``stop_reason``: ``end_turn`` (the end-of-sequence token), ``max_tokens``, or
 ``stop_sequence`` with ``stop_sequence`` the string that matched, as the engine's stop
 matcher recorded it (``FinishEvent.stop_sequence``), whichever of several it was.
+
+With tools the answer is in the generic tool format (``app.schemas.tools``) and the
+blocks follow it (``_ToolBlocks``): the opening is ``message_start`` and ``ping`` only;
+a response's text is a text block, each call a block of its own::
+
+    content_block_start  {"index": i, "content_block": {"type": "tool_use", "id":
+                          "toolu_...", "name": ..., "input": {}}}
+    content_block_delta  {"index": i, "delta": {"type": "input_json_delta",
+                          "partial_json": <the next fragment of its input's JSON>}}
+    content_block_stop   {"index": i}
+
+and ``stop_reason`` is ``tool_use`` when a call was made (unless cut at ``max_tokens``).
+A whole message has ``tool_use`` blocks with their ``input`` parsed (``{}`` if the
+answer was cut before it was whole).
 """
 
 from __future__ import annotations
@@ -36,10 +50,14 @@ from typing import TYPE_CHECKING, Any
 from engine import FinishEvent, FinishReason, TokenEvent
 from streams import ErrorType, encode_event
 
+from .openai_tools import call_id
+from .tool_stream import ArgumentsDelta, CallEnd, CallStart, TextDelta, ToolCallScanner
+
 if TYPE_CHECKING:
     from streams import StreamItem
 
 MESSAGE_ID_PREFIX = "msg_"
+TOOL_USE_ID_PREFIX = "toolu_"
 STOP_REASONS = {
     FinishReason.EOS: "end_turn",
     FinishReason.STOP: "stop_sequence",
@@ -87,10 +105,31 @@ def message_object(
     }
 
 
-def whole_message(request_id: str, model: str, text: str, finish: FinishEvent) -> dict[str, Any]:
-    """The answer of a request without ``"stream": true``: one text block."""
-    return message_object(request_id, model, [{"type": "text", "text": text}],
-                          finish.prompt_tokens, finish)
+def whole_message(request_id: str, model: str, text: str, finish: FinishEvent,
+                  *, tools: bool = False) -> dict[str, Any]:
+    """The answer of a request without ``"stream": true``: one text block, or with
+    ``tools`` the blocks of the generic tool format's answer."""
+    if not tools:
+        return message_object(request_id, model, [{"type": "text", "text": text}],
+                              finish.prompt_tokens, finish)
+    scanner = ToolCallScanner()
+    events = scanner.feed(text) + scanner.end()
+    said = "".join(e.text for e in events if isinstance(e, TextDelta))
+    content: list[dict[str, Any]] = [{"type": "text", "text": said}] if said else []
+    for index, call in enumerate(scanner.calls):
+        content.append({"type": "tool_use", "id": call_id(request_id, index, TOOL_USE_ID_PREFIX),
+                        "name": call.name, "input": _input(call.arguments)})
+    message = message_object(request_id, model, content, finish.prompt_tokens, finish)
+    if scanner.made_calls and finish.reason is not FinishReason.LENGTH:
+        message["stop_reason"] = "tool_use"
+    return message
+
+
+def _input(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return {}
 
 
 class AnthropicEvents:
@@ -101,6 +140,7 @@ class AnthropicEvents:
         model: the name the message carries.
         input_tokens: the prompt's length in tokens (``message_start``'s usage).
         error_envelope: Anthropic's error object for a failure (the routes own it).
+        tools: the answer is in the generic tool format (the module docstring).
     """
 
     def __init__(
@@ -110,15 +150,19 @@ class AnthropicEvents:
         input_tokens: int,
         *,
         error_envelope: AnthropicErrorEnvelope,
+        tools: bool = False,
     ) -> None:
         self.request_id = request_id
         self.model = model
         self.input_tokens = input_tokens
         self.error_envelope = error_envelope
+        self._tools = _ToolBlocks(request_id) if tools else None
 
     def opening(self) -> bytes:
         """``message_start``, ``content_block_start`` and a first ``ping``."""
         message = message_object(self.request_id, self.model, [], self.input_tokens)
+        if self._tools is not None:
+            return _event("message_start", {"message": message}) + PING_EVENT
         return (_event("message_start", {"message": message})
                 + _event("content_block_start",
                          {"index": 0, "content_block": {"type": "text", "text": ""}})
@@ -142,6 +186,9 @@ class AnthropicEvents:
         return PING_EVENT
 
     def _encode(self, item: StreamItem) -> bytes:
+        tools = self._tools
+        if tools is not None and isinstance(item, TokenEvent):
+            return tools.feed(item.text)
         if isinstance(item, TokenEvent):
             if not item.text:
                 return b""
@@ -151,7 +198,63 @@ class AnthropicEvents:
             delta = {"stop_reason": STOP_REASONS[item.reason],
                      "stop_sequence": matched_stop(item)}
             usage = message_usage(item.prompt_tokens, item.completion_tokens)
-            return (_event("content_block_stop", {"index": 0})
-                    + _event("message_delta", {"delta": delta, "usage": usage})
+            if tools is None:
+                ended = _event("content_block_stop", {"index": 0})
+            else:
+                ended = tools.end()
+                if tools.scanner.made_calls and item.reason is not FinishReason.LENGTH:
+                    delta["stop_reason"] = "tool_use"
+            return (ended + _event("message_delta", {"delta": delta, "usage": usage})
                     + _event("message_stop", {}))
         return self.error(item.type, item.message)  # a StreamError
+
+
+class _ToolBlocks:
+    """The content blocks of an answer in the generic tool format, as they stream."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.scanner = ToolCallScanner()
+        self._index = -1  # the last block opened
+        self._open: str | None = None  # its type while it is open
+
+    def feed(self, text: str) -> bytes:
+        return self._blocks(self.scanner.feed(text))
+
+    def end(self) -> bytes:
+        """The answer ended: close its last block."""
+        return self._blocks(self.scanner.end()) + self._close()
+
+    def _blocks(self, events: list[Any]) -> bytes:
+        out = b""
+        for event in events:
+            if isinstance(event, TextDelta):
+                if self._open != "text":
+                    out += self._start({"type": "text", "text": ""})
+                out += self._delta({"type": "text_delta", "text": event.text})
+            elif isinstance(event, CallStart):
+                block_id = call_id(self.request_id, event.index, TOOL_USE_ID_PREFIX)
+                out += self._start({"type": "tool_use", "id": block_id,
+                                    "name": event.name, "input": {}})
+            elif isinstance(event, ArgumentsDelta) and self._open == "tool_use":
+                out += self._delta({"type": "input_json_delta",
+                                    "partial_json": event.fragment})
+            elif isinstance(event, CallEnd):
+                out += self._close()
+        return out
+
+    def _start(self, block: dict[str, Any]) -> bytes:
+        out = self._close()
+        self._index += 1
+        self._open = block["type"]
+        return out + _event("content_block_start",
+                            {"index": self._index, "content_block": block})
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return _event("content_block_delta", {"index": self._index, "delta": delta})
+
+    def _close(self) -> bytes:
+        if self._open is None:
+            return b""
+        self._open = None
+        return _event("content_block_stop", {"index": self._index})

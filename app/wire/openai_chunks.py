@@ -7,7 +7,9 @@ ignores. The chunks' choices are the route's shape (``openai_shapes.py``); with
 ``stream_options.include_usage`` every chunk carries ``usage`` (null), and after the
 last choice one more chunk with ``choices: []`` has the totals. Then ``data: [DONE]``.
 A token of a request that asked for log-probabilities carries its own in its chunk, as
-the whole answer has them (``openai_shapes.py``).
+the whole answer has them (``openai_shapes.py``). A chat answer with tools is in the
+generic tool format: its chunks are the tool-call or content deltas of ``ToolDeltas``
+(``openai_tools.py``).
 
 A failure after the first byte is ``data: {"error": {...}}`` then ``data: [DONE]``, as
 vLLM sends it; the SDK raises it as ``APIError``. Its object is OpenAI's error envelope,
@@ -27,6 +29,7 @@ from streams import ErrorType, encode_event
 
 from .encoder import KEEPALIVE_COMMENT
 from .openai_shapes import FINISH_REASONS, ChoiceShape, usage
+from .openai_tools import ToolDeltas
 
 if TYPE_CHECKING:
     from streams import StreamItem
@@ -47,6 +50,7 @@ class OpenAIChunks:
         error_envelope: OpenAI's error object for a failure (see the module docstring).
         include_usage: ``stream_options.include_usage``.
         created: every chunk's ``created``; None for now (the Unix time, whole seconds).
+        tools: the answer is in the generic tool format (chat only).
     """
 
     def __init__(
@@ -58,6 +62,7 @@ class OpenAIChunks:
         error_envelope: ErrorEnvelope,
         include_usage: bool = False,
         created: int | None = None,
+        tools: bool = False,
     ) -> None:
         self.shape = shape
         self.request_id = request_id
@@ -67,6 +72,7 @@ class OpenAIChunks:
         # Invariant: one id and created per stream
         self.created = int(time.time()) if created is None else created
         self._chars = 0  # of the text sent so far: completions' text_offset
+        self._tools = ToolDeltas(request_id) if tools else None
 
     def opening(self) -> bytes:
         """The shape's first chunk (chat's role), or b"" for none."""
@@ -90,6 +96,8 @@ class OpenAIChunks:
         return KEEPALIVE_COMMENT
 
     def _encode(self, item: StreamItem) -> bytes:
+        if self._tools is not None and isinstance(item, TokenEvent | FinishEvent):
+            return self._encode_tools(self._tools, item)
         if isinstance(item, TokenEvent):
             logprobs = None if item.logprobs is None else self.shape.logprobs([item], self._chars)
             self._chars += len(item.text)
@@ -100,6 +108,16 @@ class OpenAIChunks:
                 last += self._chunk([], usage=usage(item))
             return last + DONE
         return self.error(item.type, item.message)  # a StreamError
+
+    def _encode_tools(self, tools: ToolDeltas, item: TokenEvent | FinishEvent) -> bytes:
+        if isinstance(item, TokenEvent):
+            return b"".join(self._chunk([_choice(d, None)]) for d in tools.feed(item.text))
+        ended = b"".join(self._chunk([_choice(d, None)]) for d in tools.end())
+        reason = tools.finish_reason(item, FINISH_REASONS[item.reason])
+        last = ended + self._chunk([_choice({}, reason)])
+        if self.include_usage:
+            last += self._chunk([], usage=usage(item))
+        return last + DONE
 
     def _chunk(
         self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None
@@ -114,6 +132,10 @@ class OpenAIChunks:
         if self.include_usage:
             chunk["usage"] = usage
         return _data(chunk)
+
+
+def _choice(delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
+    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
 
 
 def _data(payload: Mapping[str, Any]) -> bytes:
