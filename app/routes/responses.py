@@ -30,7 +30,7 @@ from typing import Any, cast
 from quart import Blueprint, Quart, Response, current_app, request
 from quart_trio import QuartTrio
 
-from engine import GenerationRequest, SamplingParams
+from engine import GenerationRequest, InvalidConstraint, SamplingParams
 from streams.resume import spec_of, with_seed
 
 from ..auth import key_name, owned_request
@@ -46,7 +46,7 @@ from ..runtime.responses_store import (
     response_store,
 )
 from ..schemas import RequestLimits
-from ..schemas.responses import ResponsesBody, template_messages
+from ..schemas.responses import ResponsesBody
 from .body import EventStreamBody
 from .openai_errors import OpenAIError, ServedModels, openai_error_for
 from .responses_background import StoreWriter, start_background
@@ -111,12 +111,11 @@ class ResponsesViews:
         timer = self.metrics.start_request()
         body = ResponsesBody.model_validate_json(await read_body(), context=self.limits)
         model = self.models.check(body.model)
-        _refuse_unbuilt(body)
         items = body.input_items()
         context = items
         if body.previous_response_id is not None:
             context = [*await self.stored().previous(body.previous_response_id), *items]
-        system = [{"role": "system", "content": body.instructions}] if body.instructions else []
+        constraint = body.constraint()
         new_tokens = body.new_tokens(self.limits.default_max_new_tokens)
         shared = self.runtime.settings.resume_store is not None
         deadline = ttft_deadline(timer, body.deadline_ms, self.runtime.settings.ttft_deadline_ms)
@@ -128,18 +127,24 @@ class ResponsesViews:
                     temperature=1.0 if body.temperature is None else body.temperature,
                     top_p=1.0 if body.top_p is None else body.top_p, seed=body.seed,
                     logprobs=body.wants_logprobs, top_logprobs=body.top_logprobs or 0),
-                prompt_token_ids=prompt_ids, ttft_deadline=deadline))
+                prompt_token_ids=prompt_ids, ttft_deadline=deadline, constraint=constraint))
             return with_seed(generation) if body.background and shared else generation
 
-        prepared = await self.runtime.prepare_chat(
-            [*system, *template_messages(context)], True, build, None)
-        response_id = response_id_of(prepared.request.request_id)
+        try:
+            prepared = await self.runtime.prepare_chat(body.prompt_turns(context), True,
+                                                       build, None)
+        except InvalidConstraint as exc:
+            raise OpenAIError(ApiError(ErrorType.INVALID_REQUEST, str(exc)),
+                              param=body.constraint_param) from None
+        request_id = prepared.request.request_id
+        response_id = response_id_of(request_id)
         created = new_response(response_id, body, model, created_at=int(time.time()),
                                max_output_tokens=new_tokens)
         document = {"created": created, "response": created,
                     "input_items": with_ids(response_id, items), "context": context,
                     "owner": key_name() or SERVER_OWNER,
-                    "parser": {"logprobs": body.wants_logprobs}}
+                    "parser": {"logprobs": body.wants_logprobs,
+                               "tools": body.tool_use() is not None and f"call_{request_id}"}}
         if created["store"]:
             await self._store(document)
         if body.background:
@@ -211,18 +216,6 @@ class ResponsesViews:
         error = openai_error_for(exc)
         self.metrics.refused(error)
         return error_response(error)
-
-
-def _refuse_unbuilt(body: ResponsesBody) -> None:
-    """Tools and JSON formats need constrained decoding, which this build lacks: refused,
-    never ignored (an answer that ignored them would look valid and be wrong)."""
-    if body.uses_tools:
-        raise OpenAIError(ApiError(ErrorType.INVALID_REQUEST, "tools are not supported by "
-                                   "this server yet"), param="tools")
-    if body.format_type != "text":
-        raise OpenAIError(ApiError(ErrorType.INVALID_REQUEST, f"text.format "
-                                   f"{body.format_type} is not supported by this server "
-                                   "yet"), param="text.format")
 
 
 def make_responses_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import ApiError, ErrorType
 from ..schemas.responses import ResponsesBody
-from ..wire.responses_events import OutputParser, PlainText, ResponseEvents
+from ..wire.responses_events import OutputParser, PlainText, ResponseEvents, ToolOutput
 
 RESPONSE_PREFIX = "resp_"
 FINAL = frozenset({"completed", "incomplete", "failed", "cancelled"})
@@ -96,7 +96,10 @@ def id_maker(response_id: str) -> Callable[[str], str]:
 
 
 def parser_of(spec: dict[str, Any]) -> OutputParser:
-    """What the model's text becomes, as the document says (``parser``)."""
+    """What the model's text becomes, as the document says (``parser``): function calls
+    or text (``tools``: the calls' id prefix), or text."""
+    if spec.get("tools"):
+        return ToolOutput(spec["tools"])
     return PlainText(with_logprobs=bool(spec.get("logprobs")))
 
 

@@ -26,7 +26,6 @@ Defaults follow OpenAI: ``temperature`` and ``top_p`` 1, ``store`` true; for
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -41,7 +40,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from engine import MAX_TOP_LOGPROBS
+from engine import MAX_TOP_LOGPROBS, Constraint, ConstraintKind
 
 from .limits import (
     DeadlineMs,
@@ -51,7 +50,20 @@ from .limits import (
     TopP,
     check_new_tokens,
     check_prompt_chars,
+    check_schema_bytes,
+    check_tool_count,
     limits_of,
+)
+from .tools import (
+    ToolSpec,
+    ToolUse,
+    arguments_value,
+    calls_text,
+    json_schema_constraint,
+    output_constraint,
+    result_text,
+    system_text,
+    with_system_text,
 )
 from .unsupported import neutral_validator
 
@@ -162,7 +174,13 @@ class FunctionTool(BaseModel):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     description: str | None = None
     parameters: dict[str, Any] | None = None
-    strict: bool | None = None
+    strict: bool | None = None  # strict or not, the arguments are constrained
+
+    def spec(self) -> ToolSpec:
+        parameters = self.parameters
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}, "additionalProperties": False}
+        return ToolSpec(self.name, self.description, parameters)
 
 
 class NamedFunction(BaseModel):
@@ -277,6 +295,14 @@ class ResponsesBody(BaseModel):
         if self.background and self.store is False:
             raise PydanticCustomError("background_needs_store",
                                       "background responses need store: true", {})
+        limits = limits_of(info, _HOW)
+        if self.tools:
+            check_tool_count(len(self.tools), limits)
+            check_schema_bytes([t.spec().parameters for t in self.tools], limits,
+                               "the tools' parameters")
+        schema = self._format_schema()
+        if schema is not None:
+            check_schema_bytes(schema, limits, "text.format's schema")
         names = {t.name for t in self.tools or ()}
         if len(names) != len(self.tools or ()):
             raise PydanticCustomError("tools", "two tools have the same name", {})
@@ -288,8 +314,52 @@ class ResponsesBody(BaseModel):
             raise PydanticCustomError("tool_choice", "tool_choice required needs tools", {})
         chars = len(self.instructions or "") + sum(
             len(m["content"]) for m in template_messages(self.input_items()))
-        check_prompt_chars(chars, limits_of(info, _HOW))
+        check_prompt_chars(chars, limits)
         return self
+
+    def _format_schema(self) -> dict[str, Any] | None:
+        """The answer's schema (``text.format``): None for text, any object for
+        ``json_object``."""
+        fmt = self.text.format if self.text is not None else None
+        if fmt is None or fmt.type == "text":
+            return None
+        return fmt.schema_ if fmt.type == "json_schema" else {"type": "object"}
+
+    def tool_use(self) -> ToolUse | None:
+        """What the request asks of its tools (None: none, or ``tool_choice: none``)."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        choice = self.tool_choice
+        named = choice.name if isinstance(choice, NamedFunction) else None
+        return ToolUse(tools=tuple(t.spec() for t in self.tools),
+                       required=choice == "required" or named is not None, named=named,
+                       parallel=self.parallel_tool_calls is not False,
+                       response_schema=self._format_schema())
+
+    def constraint(self) -> Constraint | None:
+        """The engine's constraint on the answer: the generic tool format's (with
+        tools), ``text.format``'s, or None for free text."""
+        use = self.tool_use()
+        if use is not None:
+            return output_constraint(use)
+        if self.format_type == "json_object":
+            return Constraint(ConstraintKind.JSON_OBJECT)
+        schema = self._format_schema()
+        return None if schema is None else json_schema_constraint(schema)
+
+    @property
+    def constraint_param(self) -> str:
+        """The field to name when the constraint does not compile."""
+        return "tools" if self.tool_use() is not None else "text.format"
+
+    def prompt_turns(self, context: list[dict[str, Any]]) -> list[dict[str, str]]:
+        """What the chat template renders: ``instructions`` as the system turn, then the
+        conversation's items (``template_messages``), and the tools (if the answer may
+        call them) in the system turn, in the generic format's words."""
+        turns = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        turns += template_messages(context)
+        use = self.tool_use()
+        return turns if use is None else with_system_text(turns, system_text(use))
 
     # -- what the request asks for ---------------------------------------------------
 
@@ -304,10 +374,6 @@ class ResponsesBody(BaseModel):
         return LOGPROBS_INCLUDE in (self.include or ()) or bool(self.top_logprobs)
 
     @property
-    def uses_tools(self) -> bool:
-        return bool(self.tools) and self.tool_choice != "none"
-
-    @property
     def format_type(self) -> str:
         fmt = self.text.format if self.text is not None else None
         return "text" if fmt is None else fmt.type
@@ -319,36 +385,31 @@ class ResponsesBody(BaseModel):
 def template_messages(items: list[dict[str, Any]]) -> list[dict[str, str]]:
     """Input items (``ResponsesBody.input_items``' form, or a stored response's output
     items) as chat-template turns: messages as they are (``developer`` as ``system``),
-    consecutive function calls as one assistant turn in the generic tool format
-    (``{"tool_calls": [...]}``) and a call's output as a user turn
-    ``{"tool_response": {...}}``, the format the tool prompt teaches the model."""
+    consecutive function calls as one assistant turn and a call's output as a user
+    turn, in the generic tool format the tool prompt teaches the model
+    (``tools.calls_text``, ``tools.result_text``)."""
     turns: list[dict[str, str]] = []
     names: dict[str, str] = {}  # call_id -> name, for the outputs
-    calls: list[dict[str, Any]] = []
+    calls: list[tuple[str, Any]] = []
 
     def flush() -> None:
         if calls:
-            turns.append({"role": "assistant",
-                          "content": json.dumps({"tool_calls": list(calls)},
-                                                ensure_ascii=False)})
+            turns.append({"role": "assistant", "content": calls_text(list(calls))})
             calls.clear()
 
     for item in items:
         kind = item.get("type", "message")
         if kind == "function_call":
             names[item["call_id"]] = item["name"]
-            calls.append({"name": item["name"], "arguments": _arguments(item["arguments"])})
+            calls.append((item["name"], arguments_value(item["arguments"])))
             continue
         flush()
         if kind == "function_call_output":
             output = item["output"]
             text = output if isinstance(output, str) else "\n".join(
-                p["text"] for p in output)
-            result = {"tool_call_id": item["call_id"], "name": names.get(item["call_id"]),
-                      "content": text}
-            turns.append({"role": "user", "content": json.dumps(
-                {"tool_response": {k: v for k, v in result.items() if v is not None}},
-                ensure_ascii=False)})
+                p.get("text", "") for p in output)
+            turns.append({"role": "user", "content": result_text(
+                item["call_id"], names.get(item["call_id"]), text)})
         else:
             content = item["content"]
             text = content if isinstance(content, str) else "\n".join(
@@ -357,10 +418,3 @@ def template_messages(items: list[dict[str, Any]]) -> list[dict[str, str]]:
             turns.append({"role": "system" if role == "developer" else role, "content": text})
     flush()
     return turns
-
-
-def _arguments(arguments: str) -> Any:
-    try:
-        return json.loads(arguments)
-    except json.JSONDecodeError:
-        return arguments
