@@ -209,6 +209,10 @@ class Settings(BaseSettings):
     responses_max_bytes: PositiveInt = _setting(16 * 1024 * 1024,
         "most bytes of stored responses (response objects and input items) one API key "
         "(or, without keys, the server) keeps; past it, 429 too_many_stored")
+    responses_background_s: Seconds = _setting(600.0,
+        "how long a background response may generate with no reader before it is "
+        "cancelled (if longer than resume_grace_s); its events are kept resume_grace_s "
+        "after its end, its response object responses_ttl_s")
 
     def __init__(self, **values: Any) -> None:
         """Validate ``values`` (the defaults for the rest); no environment is read.

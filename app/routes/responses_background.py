@@ -6,7 +6,9 @@ its items as native events (memory, or the shared Redis with its failover), and 
 with no reader; it counts against ``max_detached_streams`` and, with API keys, against
 its key's ``max_streams`` until it ends. A client that reads it (``stream: true`` at
 creation, or ``GET /v1/responses/<id>?stream=true``) is a reader of that stream: its
-disconnect hands the stream back to the registry and cancels nothing. Its Responses
+disconnect hands the stream back to the registry and cancels nothing: it generates
+with no reader for ``STREAMSCOPE_RESPONSES_BACKGROUND_S`` at most (the registry's
+``hold_s``; a failover's new writer holds it for the grace period). Its Responses
 events are made again from the log for every reader (``app.wire.responses_replay``),
 skipping those up to ``starting_after``.
 
@@ -126,7 +128,8 @@ async def start_background(
     encode = ResumableEvents(opened.request_id, opened.prompt_tokens)
     try:
         reader = registry.adopt(opened, encode, encode.opening(), observer=recorder,
-                                attach=stream, spec=spec)
+                                attach=stream, spec=spec,
+                                hold_s=runtime.settings.responses_background_s)
     except RuntimeError:  # not running (the stream is closed): nobody else closes it
         recorder.close()
         raise

@@ -37,7 +37,6 @@ class ServingEngine(streams.StepEngine, Protocol):
     def render_chat(
         self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
     ) -> tuple[str, list[int]]: ...
-    def compile_constraint(self, constraint: engine.Constraint) -> None: ...
 
 
 MakeEngine = Callable[[Settings], ServingEngine]

@@ -170,7 +170,7 @@ class ResumeRegistry:
     def adopt(
         self, stream: TokenStream, encode: Encode, opening: bytes, *,
         observer: Observer | None = None, attach: bool, spec: bytes | None = None,
-        attach_within_s: float | None = None,
+        attach_within_s: float | None = None, hold_s: float | None = None,
     ) -> Reader | None:
         """Take a just-opened stream, log its opening (event 1), and either return its
         first reader (``attach``, positioned before event 1) or hold it detached for
@@ -178,7 +178,10 @@ class ResumeRegistry:
         the stream over before any. With a shared log, ``spec`` (what ``rebuild``
         needs) is published with the writer lease before event 1 (failover).
         ``attach_within_s`` (with ``attach=False``): the first grace period is that
-        long, if shorter: a stream nobody ever came to read ends sooner.
+        long, if shorter: a stream nobody ever came to read ends sooner. ``hold_s``:
+        while it runs, it is held without a reader for that long from now at least,
+        if longer than the grace period (a background response, which nobody need
+        read); once it ended, its log is kept for the grace period as any other's.
 
         Raises:
             RuntimeError: the registry is not running (the stream is closed first).
@@ -187,6 +190,8 @@ class ResumeRegistry:
         token = secrets.token_hex(8) if shared is not None and attach else None
         publish = shared is not None and spec is not None
         reader = self._local.add(stream, encode, observer, token=token, published=publish)
+        if hold_s is not None:
+            reader.entry.run_until = trio.current_time() + hold_s
         if shared is not None and spec is not None:
             shared.publish(reader.request_id, spec)
         reader.entry.log_opening(opening)
