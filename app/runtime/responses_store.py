@@ -107,7 +107,7 @@ class MemoryResponses:
             raise ResponsesFull(full_message(self.bounds, f"{len(mine)} responses"))
         if used + len(data) > self.bounds.max_bytes:
             raise ResponsesFull(full_message(self.bounds, f"{used} bytes"))
-        self._docs[response_id] = (owner, time.monotonic() + self.bounds.ttl_s, data)
+        self._docs[response_id] = (owner, trio.current_time() + self.bounds.ttl_s, data)
         mine.add(response_id)
 
     async def get(self, response_id: str) -> dict[str, Any] | None:
@@ -115,7 +115,7 @@ class MemoryResponses:
         entry = self._docs.get(response_id)
         if entry is None:
             return None
-        if entry[1] <= time.monotonic():
+        if entry[1] <= trio.current_time():
             self._forget(response_id)
             return None
         document: dict[str, Any] = json.loads(entry[2])
@@ -135,14 +135,15 @@ class MemoryResponses:
     def _purged(self, owner: str) -> set[str]:
         """The owner's ids, the expired ones forgotten."""
         mine = self._owned.setdefault(owner, set())
-        now = time.monotonic()
+        now = trio.current_time()
         for response_id in [i for i in mine if self._docs[i][1] <= now]:
             self._forget(response_id)
         return mine
 
 
 # KEYS: the document, the owner's ids (a sorted set: id -> expiry ms), the owner's
-# bytes (a hash: id -> bytes). ARGV: id, data, now ms, ttl ms, max count, max bytes.
+# bytes (a hash: id -> bytes). ARGV: id, data (signed), now ms, ttl ms, max count, max
+# bytes, the document's bytes (its signature not counted).
 # Returns 0 (written), 1 (count bound), 2 (bytes bound).
 _PUT_LUA = """
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[3])
@@ -152,10 +153,10 @@ local old = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0')
 local total = 0
 for _, b in ipairs(redis.call('HVALS', KEYS[3])) do total = total + tonumber(b) end
 if old == 0 and redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[5]) then return 1 end
-if total - old + string.len(ARGV[2]) > tonumber(ARGV[6]) then return 2 end
+if total - old + tonumber(ARGV[7]) > tonumber(ARGV[6]) then return 2 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[4])
 redis.call('ZADD', KEYS[2], tonumber(ARGV[3]) + tonumber(ARGV[4]), ARGV[1])
-redis.call('HSET', KEYS[3], ARGV[1], string.len(ARGV[2]))
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[7])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
 redis.call('PEXPIRE', KEYS[3], ARGV[4])
 return 0
@@ -205,7 +206,7 @@ class RedisResponses:
         result = await self._call(
             self._put, keys=self._keys(owner, response_id),
             args=[response_id, signed, now_ms, int(self.bounds.ttl_s * 1000),
-                  self.bounds.max_count, self.bounds.max_bytes])
+                  self.bounds.max_count, self.bounds.max_bytes, len(data)])
         if result == 1:
             raise ResponsesFull(full_message(self.bounds, f"{self.bounds.max_count} "
                                              "responses"))
