@@ -78,6 +78,7 @@ async def test_a_streamed_response_equals_the_whole_one(
 
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert events[0].type == "response.created" and events[-1].type == "response.incomplete"
+    assert events[0].response.status == "in_progress"  # as OpenAI's, in the foreground
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == whole.output_text
     assert events[-1].response.output_text == whole.output_text

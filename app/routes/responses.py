@@ -71,6 +71,14 @@ class Settle:
         if self.writer is not None:
             self.writer.write({**self.document, "response": response})
 
+    def whole(self, items: list[Any]) -> dict[str, Any]:
+        """A whole answer's response object, final; its caller stores it (awaited: the
+        next turn may follow at once), so nothing is written from here."""
+        self.writer = None
+        self.events.opening()
+        self.events.encode(items)
+        return self.events.response
+
     def close(self) -> None:
         """Sync, never a checkpoint (the connection's close)."""
         if not self.events.is_final and self.events.response["status"] not in FINAL:
@@ -178,9 +186,7 @@ class ResponsesViews:
             return sse_response(body, opened.request_id)
         with opened:
             _, tokens, finish = await collect(opened, timer)
-        settle.events.opening()
-        settle.events.encode([*tokens, finish])
-        response = settle.events.response
+        response = settle.whole([*tokens, finish])
         if writer is not None:  # the next turn may follow at once: stored before answering
             await self._store({**document, "response": response})
         return json_response(response, headers={"X-Request-ID": opened.request_id})

@@ -50,7 +50,8 @@ def not_found(response_id: str) -> ApiError:
 
 def new_response(response_id: str, body: ResponsesBody, model: str, *, created_at: int,
                  max_output_tokens: int) -> dict[str, Any]:
-    """The response object as created (``queued``; the encoder moves it on)."""
+    """The response object as created: ``queued`` in the background (nothing runs it
+    yet), else ``in_progress``, as OpenAI's ``response.created`` shows them."""
     fmt = body.text.format if body.text is not None else None
     text_format: dict[str, Any] = ({"type": "text"} if fmt is None else
                                    fmt.model_dump(mode="json", exclude_none=True,
@@ -58,7 +59,8 @@ def new_response(response_id: str, body: ResponsesBody, model: str, *, created_a
     choice = body.tool_choice
     return {
         "id": response_id, "object": "response", "created_at": created_at,
-        "status": "queued", "background": bool(body.background), "error": None,
+        "status": "queued" if body.background else "in_progress",
+        "background": bool(body.background), "error": None,
         "incomplete_details": None, "instructions": body.instructions,
         "max_output_tokens": max_output_tokens, "model": model, "output": [],
         "parallel_tool_calls": body.parallel_tool_calls is not False,

@@ -112,13 +112,13 @@ class StoredResponses:
         Raises: ApiError 404 (param ``previous_response_id``), 400 (not final).
         Cancellation: at the store's reads or the waits; nothing changes.
         """
+        document = await self.document(response_id)
+        response = await self.current(document)
         with trio.move_on_after(SETTLE_WAIT_S):
-            while True:
+            while response["status"] not in FINAL and not response["background"]:
+                await trio.sleep(SETTLE_POLL_S)
                 document = await self.document(response_id)
                 response = await self.current(document)
-                if response["status"] in FINAL or response["background"]:
-                    break
-                await trio.sleep(SETTLE_POLL_S)
         if response["status"] not in FINAL:
             raise ApiError(ErrorType.BAD_REQUEST, f"the previous response {response_id!r} is "
                            f"{response['status']}: continue it once it has ended")
