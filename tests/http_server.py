@@ -122,9 +122,6 @@ class RecordingEngine:
     ) -> tuple[str, list[int]]:
         return self._engine.render_chat(messages, add_generation_prompt)
 
-    def compile_constraint(self, constraint: Constraint) -> None:
-        self._engine.compile_constraint(constraint)
-
     def statistics(self) -> EngineStatistics:
         return self._engine.statistics()
 

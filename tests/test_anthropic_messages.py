@@ -200,8 +200,8 @@ async def test_failure_after_the_first_byte_is_an_error_event_last(
 
 
 @pytest.mark.parametrize(("fields", "status", "kind", "named"), [
-    ({"messages": [{"role": "user", "content": [{"type": "tool_result",
-                                                 "tool_use_id": "t", "content": "x"}]}]},
+    ({"messages": [{"role": "user", "content": [{"type": "thinking",
+                                                 "thinking": "x", "signature": "s"}]}]},
      400, "invalid_request_error", "messages.0.content"),
     ({"system": [{"type": "image", "source": {}}]}, 400, "invalid_request_error", "system"),
     ({"tool_choice": {"type": "any"}}, 400, "invalid_request_error", "tool_choice"),

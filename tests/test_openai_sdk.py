@@ -343,10 +343,11 @@ async def test_failure_mid_stream_raises_api_error_after_the_tokens(
     ({"frequency_penalty": 0.5}, "frequency_penalty"),
     ({"n": 2}, "n"),
     ({"logit_bias": {"42": 5}}, "logit_bias"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
     ({"extra_body": {"min_tokens": 2}}, "min_tokens"),
     ({"max_completion_tokens": 10_000}, "max_completion_tokens"),
-    ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}, "messages[0].role"),
+    ({"messages": [{"role": "function", "content": "x", "name": "f"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:,"}}]}]},
      "messages[0].content"),

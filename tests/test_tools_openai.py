@@ -19,19 +19,17 @@ import openai
 import pydantic
 import pytest
 
-from app.settings import Settings
-from engine import Constraint, ConstraintKind, GenerationRequest
-from engine.engine import Engine
 from engine.model import LoadedModel
-from tests.http_server import RecordingEngine, RunningServer, StartServer
-from tests.test_openai_sdk import with_chat_template
+from tests.http_server import RunningServer, StartServer
+from tests.tool_servers import (
+    CLIENT_TIMEOUT_S,
+    MODEL,
+    Wx,
+    constrain_once,
+    start_tool_server,
+)
 
-MODEL = "tiny"
-# A safety net only: the first constrained step of a process imports and prepares the
-# mask kernels (seconds on a busy machine); ``tool_server`` pays that before the tests.
-CLIENT_TIMEOUT_S = 120.0
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
-BIG_BODIES = 64 * 1024  # tool definitions make bodies larger than the default tests' 4 KiB
 
 
 class Weather(pydantic.BaseModel):
@@ -39,15 +37,6 @@ class Weather(pydantic.BaseModel):
 
     city: Literal["Paris", "Rome", "Oslo"]
     days: int = pydantic.Field(ge=1, le=7)
-
-
-# Weather's arguments in few tokens (no docstring: it would be the tool's description):
-# the tiny model's context is 512 positions.
-class Wx(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
-
-    c: Literal["P", "R"]
-    d: int = pydantic.Field(ge=1, le=7)
 
 
 class Sky(pydantic.BaseModel):
@@ -68,34 +57,15 @@ def small_tool(name: str, values: list[int]) -> dict[str, Any]:
         "additionalProperties": False}}}
 
 
-def tool_engine(loaded: LoadedModel) -> Callable[[Settings], RecordingEngine]:
-    def make(s: Settings) -> RecordingEngine:
-        return RecordingEngine(Engine(loaded, max_batch=s.max_batch,
-                                      num_blocks=s.cache_blocks, block_size=s.block_size))
-
-    return make
-
-
 @pytest.fixture(scope="module", autouse=True)
 def constrained_once(tiny_model: Callable[[str], LoadedModel]) -> None:
-    """One constrained answer before the servers start, so that no test's is the
-    process's first (which imports and prepares the mask kernels: seconds)."""
-    engine = Engine(tiny_model("tiny-gpt2"), max_batch=4, num_blocks=16, block_size=16)
-    for rows in (1, 2):
-        for n in range(rows):
-            engine.submit(GenerationRequest(f"warm-up-{rows}-{n}", "Hi", 3,
-                                            constraint=Constraint(ConstraintKind.JSON_OBJECT)))
-        while engine.has_work():
-            engine.step()
+    constrain_once(tiny_model("tiny-gpt2"))
 
 
 @pytest.fixture
 async def tool_server(start_server: StartServer,
                       tiny_model: Callable[[str], LoadedModel]) -> RunningServer:
-    """A server of the tiny model with a ChatML template, bodies up to 64 KiB."""
-    loaded = with_chat_template(tiny_model("tiny-gpt2"))
-    return await start_server(make_engine=tool_engine(loaded), model_name=MODEL,
-                              max_body_bytes=BIG_BODIES)
+    return await start_tool_server(start_server, tiny_model("tiny-gpt2"))
 
 
 @pytest.fixture
@@ -271,9 +241,8 @@ async def test_bad_tools_and_formats_are_refused_before_the_stream(
     start_server: StartServer, tiny_model: Callable[[str], LoadedModel],
     fields: dict[str, Any], param: str,
 ) -> None:
-    loaded = with_chat_template(tiny_model("tiny-gpt2"))
-    server = await start_server(make_engine=tool_engine(loaded), model_name=MODEL,
-                                max_body_bytes=BIG_BODIES, max_tools=8, max_schema_bytes=512)
+    server = await start_tool_server(start_server, tiny_model("tiny-gpt2"), max_tools=8,
+                                     max_schema_bytes=512)
     body = {"model": MODEL, "messages": QUESTION, "stream": True, **fields}
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as http:
         response = await http.post(f"{server.base_url}/v1/chat/completions", json=body)

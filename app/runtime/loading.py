@@ -25,9 +25,7 @@ class ServingEngine(streams.StepEngine, Protocol):
     """The engine as the app uses it; ``engine.Engine`` satisfies it.
 
     ``tokenize`` is thread-safe, blocks, and uses no tokenizer the step uses: the app
-    runs it in a worker thread and submits the ids in ``prompt_token_ids``; so is
-    ``compile_constraint`` (it raises ``engine.InvalidConstraint``), which the app runs
-    before a constrained request is accepted.
+    runs it in a worker thread and submits the ids in ``prompt_token_ids``.
     """
 
     def statistics(self) -> engine.EngineStatistics: ...

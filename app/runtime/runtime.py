@@ -175,9 +175,8 @@ class Runtime:
         *,
         resume_from: Sequence[int] = (),
     ) -> Prepared:
-        """Everything before a stream opens: the refusals, the deadline check, the
-        constraint's compile (if the request has one) and the prompt's encode (skipped
-        for a request that has its ``prompt_token_ids``).
+        """Everything before a stream opens: the refusals, the deadline check and the
+        prompt's encode (skipped for a request that has its ``prompt_token_ids``).
         ``open`` then opens it with no checkpoint. ``resume_from``: the tokens it made
         already on a replica that died (failover).
 

@@ -69,7 +69,8 @@ class RequestLimits:
     # The policies a request may pick (STREAMSCOPE_REQUEST_POLICIES).
     request_policies: frozenset[PolicyName]
     max_constraint_chars: int = MAX_CONSTRAINT_CHARS
-    # Structured output and tools: what a request may ask the engine to compile.
+    # The OpenAI and Anthropic routes' tools and schemas (STREAMSCOPE_MAX_TOOLS,
+    # STREAMSCOPE_MAX_SCHEMA_BYTES): what a request may ask the engine to compile.
     max_tools: int = 64
     max_schema_bytes: int = 32 * 1024
 

@@ -77,6 +77,14 @@ def _event(name: str, data: Mapping[str, Any]) -> bytes:
 PING_EVENT = _event("ping", {})
 
 
+def stop_reason(finish: FinishEvent) -> str:
+    """The API's ``stop_reason``; a constraint's end (a STOP without a stop string: the
+    answer is whole) is ``end_turn``."""
+    if finish.reason is FinishReason.STOP and finish.stop_sequence is None:
+        return "end_turn"
+    return STOP_REASONS[finish.reason]
+
+
 def matched_stop(finish: FinishEvent) -> str | None:
     """The stop sequence that ended ``finish``, or None if it ended otherwise."""
     return finish.stop_sequence if finish.reason is FinishReason.STOP else None
@@ -98,7 +106,7 @@ def message_object(
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": None if finish is None else STOP_REASONS[finish.reason],
+        "stop_reason": None if finish is None else stop_reason(finish),
         "stop_sequence": None if finish is None else matched_stop(finish),
         "usage": message_usage(input_tokens,
                                0 if finish is None else finish.completion_tokens),
@@ -195,7 +203,7 @@ class AnthropicEvents:
             return _event("content_block_delta",
                           {"index": 0, "delta": {"type": "text_delta", "text": item.text}})
         if isinstance(item, FinishEvent):
-            delta = {"stop_reason": STOP_REASONS[item.reason],
+            delta = {"stop_reason": stop_reason(item),
                      "stop_sequence": matched_stop(item)}
             usage = message_usage(item.prompt_tokens, item.completion_tokens)
             if tools is None:
