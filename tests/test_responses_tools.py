@@ -17,27 +17,28 @@ import pytest
 
 from engine.model import LoadedModel
 from tests.http_server import RunningServer, StartServer
-from tests.test_openai_sdk import with_chat_template
-from tests.test_tools_openai import (
-    BIG_BODIES,
-    CLIENT_TIMEOUT_S,
-    WX_TOOL,
-    Sky,
-    Wx,
-    constrained_once,  # noqa: F401 (fixture: the mask kernels warmed before the servers)
-    tool_engine,
-)
+from tests.tool_servers import CLIENT_TIMEOUT_S, MODEL, Wx, constrain_once, start_tool_server
 
-MODEL = "tiny"
-WX = {"type": "function", **WX_TOOL["function"]}  # the Responses API's flat shape
+WX = {"type": "function", **openai.pydantic_function_tool(Wx, name="wx")["function"]}
+
+
+class Sky(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    sky: Literal["clear", "cloudy", "rain"]
+    celsius: int = pydantic.Field(ge=-40, le=50)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def constrained_once(tiny_model: Callable[[str], LoadedModel]) -> None:
+    """The mask kernels prepared before the servers start (``tool_servers.py``)."""
+    constrain_once(tiny_model("tiny-gpt2"))
 
 
 @pytest.fixture
 async def tool_server(start_server: StartServer,
                       tiny_model: Callable[[str], LoadedModel]) -> RunningServer:
-    loaded = with_chat_template(tiny_model("tiny-gpt2"))
-    return await start_server(make_engine=tool_engine(loaded), model_name=MODEL,
-                              max_body_bytes=BIG_BODIES)
+    return await start_tool_server(start_server, tiny_model("tiny-gpt2"))
 
 
 @pytest.fixture
