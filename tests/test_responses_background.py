@@ -144,3 +144,19 @@ async def test_only_background_responses_stream_again_or_cancel(
         await client.responses.cancel(made.id)
     with pytest.raises(openai.BadRequestError):
         await client.responses.retrieve(made.id, stream=True)
+
+
+async def test_deleting_a_running_background_response_cancels_it(
+    chat_server: RunningServer, sdk: Any
+) -> None:
+    client, _ = sdk(chat_server)
+    chat_server.recorder.pace(PACE_S)
+    made = await client.responses.create(model=MODEL, input="Hi", max_output_tokens=400,
+                                         background=True)
+
+    await client.responses.delete(made.id)
+    finish = await chat_server.wait_finished(request_id(made.id))
+
+    assert finish.reason is FinishReason.CANCELLED
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(made.id)
