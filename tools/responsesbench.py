@@ -56,7 +56,7 @@ def first_token_ms(client: openai.OpenAI, **fields: Any) -> tuple[float, int]:
     return first, tokens
 
 
-def conversation(client: openai.OpenAI, question: str, turns: int, answer: int
+def conversation(client: openai.OpenAI, model: str, question: str, turns: int, answer: int
                  ) -> tuple[list[dict[str, Any]], str]:
     """Turns 1 .. ``turns - 1`` chained by ``previous_response_id``: (the whole
     conversation as input items, the last response's id)."""
@@ -65,7 +65,7 @@ def conversation(client: openai.OpenAI, question: str, turns: int, answer: int
     for turn in range(1, turns):
         text = question if turn == 1 else FOLLOW_UP
         response = client.responses.create(
-            model="smollm2", input=text, previous_response_id=previous,
+            model=model, input=text, previous_response_id=previous,
             max_output_tokens=answer, temperature=0)
         items += [{"role": "user", "content": text},
                   {"role": "assistant", "content": response.output_text}]
@@ -81,13 +81,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     whole_cached: list[float] = []
     whole_uncached: list[float] = []
     lengths: set[int] = set()
-    last = {"model": "smollm2", "max_output_tokens": 4, "temperature": 0}
+    last = {"model": args.model, "max_output_tokens": 4, "temperature": 0}
     wholes: list[list[dict[str, Any]]] = []
     with serve({**common, "prefix_cache": True}) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         first_token_ms(client, input="Warm up.", **last)
         for rep in range(args.reps):
-            items, previous = conversation(client, QUESTIONS[rep % len(QUESTIONS)],
+            items, previous = conversation(client, args.model,
+                                           QUESTIONS[rep % len(QUESTIONS)],
                                            args.turns, args.answer)
             ms, tokens = first_token_ms(client, input=FOLLOW_UP,
                                         previous_response_id=previous, **last)
