@@ -1,8 +1,9 @@
 """The Responses API's documents: the response object as created, the stored document,
 and the events' encoder made of it, the same on every replica.
 
-A stored document is ``{"response", "input_items", "context", "owner", "parser"}``: the
-response object (as created, then final); this request's own input items, with ids
+A stored document is ``{"created", "response", "input_items", "context", "owner",
+"parser"}``: the response object as created (what its events are made from), and as it
+stands (final once it ended); this request's own input items, with ids
 (``GET .../input_items``); ``context``, the items of the whole conversation before this
 response's output (a previous response's context, its output, then this input: what
 ``previous_response_id`` continues); the name of the key it is counted under; and how
