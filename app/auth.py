@@ -179,6 +179,13 @@ def owned_request(generation: GenerationRequest) -> GenerationRequest:
                                cache_namespace=namespace)
 
 
+def key_name() -> str | None:
+    """The name of the key that let this request in; None on a server without keys
+    (what its stored responses are counted under, and whose rows the scope shows)."""
+    access = _access()
+    return None if access is None or access.credential is None else access.credential.name
+
+
 def may_see(request_id: str) -> bool:
     """Whether this request may see ``request_id``: no key, or the key that made it."""
     access = _access()
@@ -247,12 +254,6 @@ def scope_query() -> str:
     expiry = token_expiry(time.time(), access.token_ttl_s)
     token = access.credential.stream_token(SCOPE_TOKEN_ID, expiry)
     return f"?{STREAM_TOKEN_PARAM}={token}"
-
-
-def key_name() -> str | None:
-    """The name of the key that let this request in; None on a server without keys."""
-    access = _access()
-    return None if access is None or access.credential is None else access.credential.name
 
 
 def bearer_token(header: str) -> str | None:

@@ -23,6 +23,7 @@ from .routes import (
     make_blueprint,
     make_openai_blueprint,
     make_page_blueprint,
+    make_responses_blueprint,
     make_resumable_blueprint,
     make_scope_blueprint,
 )
@@ -77,6 +78,7 @@ def create_app(
     app.register_blueprint(make_anthropic_blueprint(runtime, metrics))
     app.register_blueprint(make_resumable_blueprint(runtime, metrics))
     runtime.rebuild = Rebuilder(runtime, metrics)  # a dead replica's streams go on here
+    app.register_blueprint(make_responses_blueprint(runtime, metrics))
     app.register_blueprint(make_page_blueprint())  # GET /: the browser page
     app.register_blueprint(make_scope_blueprint(runtime))  # GET /scope: the live view
     app.register_blueprint(make_metrics_blueprint(metrics))

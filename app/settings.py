@@ -166,6 +166,20 @@ class Settings(EngineSettings):
         "largest JSON schema a request may constrain its answer with, as compact JSON: "
         "response_format's, or its tools' parameters together (400 above); a schema is "
         "compiled before the request is accepted")
+    # -- the Responses API (POST /v1/responses): stored responses --------------------------
+    responses_ttl_s: Seconds = _setting(3600.0,
+        "how long a stored response (`store`, the default, and every background one) is "
+        "kept after its last change, in the resume store (memory, or the shared Redis)")
+    responses_max_stored: PositiveInt = _setting(1000,
+        "most responses one API key (or, without keys, the server) keeps stored; past it "
+        "a request with `store` is refused with 429 too_many_stored")
+    responses_max_bytes: PositiveInt = _setting(16 * 1024 * 1024,
+        "most bytes of stored responses (response objects and input items) one API key "
+        "(or, without keys, the server) keeps; past it, 429 too_many_stored")
+    responses_background_s: Seconds = _setting(600.0,
+        "how long a background response may generate with no reader before it is "
+        "cancelled (if longer than resume_grace_s); its events are kept resume_grace_s "
+        "after its end, its response object responses_ttl_s")
 
     def __init__(self, **values: Any) -> None:
         """Validate ``values`` (the defaults for the rest); no environment is read.

@@ -190,7 +190,8 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
     "app.edge": [],
     "app.routes": [
         "make_anthropic_blueprint", "make_blueprint", "make_openai_blueprint",
-        "make_page_blueprint", "make_resumable_blueprint", "make_scope_blueprint",
+        "make_page_blueprint", "make_responses_blueprint", "make_resumable_blueprint",
+        "make_scope_blueprint",
     ],
     "app.runtime": [
         "HANDOVER_LEAD_S", "LOADING_RETRY_AFTER_S", "SHUTDOWN_RETRY_AFTER_S",

@@ -9,6 +9,9 @@
 * ``resumable``: ``POST /v1/requests``, ``GET /v1/stream/<id>``, ``DELETE
   /v1/requests/<id>`` (a reader as a source: ``resume_source``; a dead replica's stream
   rebuilt here: ``failover``);
+* ``responses``: the OpenAI Responses API, ``/v1/responses`` (stored responses in
+  ``responses_stored``, background ones in ``responses_background``, the documents in
+  ``responses_objects``);
 * ``page``: ``GET /`` and ``/page.js``, the browser page;
 * ``scope``: ``GET /scope``, its script, token and ``/scope/events``, the live view.
 
@@ -23,6 +26,7 @@ from .anthropic import make_anthropic_blueprint
 from .native import make_blueprint
 from .openai import make_openai_blueprint
 from .page import make_page_blueprint
+from .responses import make_responses_blueprint
 from .resumable import make_resumable_blueprint
 from .scope import make_scope_blueprint
 
@@ -31,6 +35,7 @@ __all__ = [
     "make_blueprint",
     "make_openai_blueprint",
     "make_page_blueprint",
+    "make_responses_blueprint",
     "make_resumable_blueprint",
     "make_scope_blueprint",
 ]

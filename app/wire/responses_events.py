@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from engine import FinishEvent, FinishReason, TokenEvent
 from streams import encode_event
 
+from . import tool_stream
 from .encoder import KEEPALIVE_COMMENT
 
 if TYPE_CHECKING:
@@ -90,6 +91,35 @@ class PlainText:
         return []
 
 
+class ToolOutput:
+    """The answer of a request with tools, in the generic tool format (``{"tool_calls":
+    [...]}`` or ``{"response": ...}``, ``app.schemas.tools``), read as it streams
+    (``tool_stream.ToolCallScanner``): each call's name, then its arguments' fragments,
+    or the response's text. A call's id is ``<call_prefix>_<index>``: the same each time
+    the answer is encoded. No log-probabilities (as on the chat route)."""
+
+    def __init__(self, call_prefix: str) -> None:
+        self.call_prefix = call_prefix
+        self.scanner = tool_stream.ToolCallScanner()
+
+    def feed(self, token: TokenEvent) -> list[OutputDelta]:
+        return self._deltas(self.scanner.feed(token.text))
+
+    def finish(self) -> list[OutputDelta]:
+        return self._deltas(self.scanner.end())
+
+    def _deltas(self, events: list[tool_stream.ToolEvent]) -> list[OutputDelta]:
+        deltas: list[OutputDelta] = []
+        for event in events:
+            if isinstance(event, tool_stream.TextDelta):
+                deltas.append(TextDelta(event.text))
+            elif isinstance(event, tool_stream.CallStart):
+                deltas.append(CallStart(f"{self.call_prefix}_{event.index}", event.name))
+            elif isinstance(event, tool_stream.ArgumentsDelta):
+                deltas.append(CallArguments(event.fragment))
+        return deltas
+
+
 def output_logprobs(token: TokenEvent) -> dict[str, Any]:
     """One token's entry in ``output_text``'s ``logprobs``, as OpenAI writes it."""
     lp = token.logprobs
@@ -113,14 +143,19 @@ class ResponseEvents:
         new_id: makes an output item's id from a prefix (``msg``, ``fc``).
         skip_through: a resumed reader's ``starting_after``: events numbered up to it
             are not sent again.
+        on_final: told of the response object once it is final (its last event, or
+            the ``error`` event after the first byte), once.
     """
 
     def __init__(self, response: dict[str, Any], parser: OutputParser,
-                 new_id: Callable[[str], str], *, skip_through: int = -1) -> None:
+                 new_id: Callable[[str], str], *, skip_through: int = -1,
+                 on_final: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.response = response
         self.parser = parser
         self.new_id = new_id
         self.skip_through = skip_through
+        self.on_final = on_final
+        self.is_final = False
         self.sequence_number = 0  # of the next event
         self._item: dict[str, Any] | None = None  # the output item being written
         self._text: list[str] = []  # of the open message, or the open call's arguments
@@ -140,7 +175,9 @@ class ResponseEvents:
         """The ``error`` event for a stream cut off after its first byte."""
         self.response["status"] = "failed"
         self.response["error"] = {"code": error_type, "message": message}
-        return self._event("error", code=error_type, message=message, param=None)
+        event = self._event("error", code=error_type, message=message, param=None)
+        self._final()
+        return event
 
     def keepalive(self) -> bytes:
         return KEEPALIVE_COMMENT
@@ -216,6 +253,17 @@ class ResponseEvents:
                                   output_index=where["output_index"], item=item)
 
     def _finish(self, finish: FinishEvent) -> bytes:
+        last = self._last_event(finish)
+        self._final()
+        return last
+
+    def _final(self) -> None:
+        if not self.is_final:
+            self.is_final = True
+            if self.on_final is not None:
+                self.on_final(self.snapshot())
+
+    def _last_event(self, finish: FinishEvent) -> bytes:
         tail = b"".join(self._delta(d) for d in self.parser.finish())
         incomplete = finish.reason is FinishReason.LENGTH
         tail += self._close("incomplete" if incomplete else "completed")

@@ -10,6 +10,7 @@ nothing of who takes the items: a reader (``reader.py``) or the holder task
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -58,6 +59,9 @@ class ResumableStream:
         self.is_ended = False  # the last event is logged
         self.published = published
         self.holder: Holder | None = None  # while a holder task holds it
+        # While it runs, held without a reader until then at least (trio time; a
+        # background response's, ``ResumeRegistry.adopt(hold_s=...)``).
+        self.run_until = -math.inf
         self._encode = encode
         self._observer = observer
         self._log = log

@@ -205,7 +205,10 @@ class LocalStreams:
                 self.forget(entry)
                 return
             entry.overflow()
-        holder = Holder(trio.CancelScope(deadline=trio.current_time() + self.grace_s))
+        deadline = trio.current_time() + self.grace_s
+        if not entry.is_ended:
+            deadline = max(deadline, entry.run_until)
+        holder = Holder(trio.CancelScope(deadline=deadline))
         entry.holder = holder
         self._nursery.start_soon(self._hold, entry, holder)
 
@@ -243,6 +246,9 @@ class LocalStreams:
                         except (trio.EndOfChannel, trio.ClosedResourceError):
                             break
                         entry.log_item(item)  # Invariant: no checkpoint since the take
+                    # Ended: its log is kept a grace period at most (a deadline past that
+                    # held a running stream, ``run_until``).
+                    scope.deadline = min(scope.deadline, trio.current_time() + self.grace_s)
                     await trio.sleep_forever()  # keep the log for a reader until the deadline
                 if (self._shared is None or holder.taken_over or entry.holding is Holding.GONE
                         or trio.current_time() < scope.deadline):

@@ -177,7 +177,7 @@ class ResumeRegistry:
     def adopt(
         self, stream: TokenStream, encode: Encode, opening: bytes, *,
         observer: Observer | None = None, attach: bool, spec: bytes | None = None,
-        attach_within_s: float | None = None,
+        attach_within_s: float | None = None, hold_s: float | None = None,
     ) -> Reader | None:
         """Take a just-opened stream, log its opening (event 1), and either return its
         first reader (``attach``, positioned before event 1) or hold it detached for
@@ -185,7 +185,10 @@ class ResumeRegistry:
         the stream over before any. With a shared log, ``spec`` (what ``rebuild``
         needs) is published with the writer lease before event 1 (failover).
         ``attach_within_s`` (with ``attach=False``): the first grace period is that
-        long, if shorter: a stream nobody ever came to read ends sooner.
+        long, if shorter: a stream nobody ever came to read ends sooner. ``hold_s``:
+        while it runs, it is held without a reader for that long from now at least,
+        if longer than the grace period (a background response, which nobody need
+        read); once it ended, its log is kept for the grace period as any other's.
 
         Raises:
             RuntimeError: the registry is not running (the stream is closed first).
@@ -194,6 +197,8 @@ class ResumeRegistry:
         token = secrets.token_hex(8) if shared is not None and attach else None
         publish = shared is not None and spec is not None
         reader = self._local.add(stream, encode, observer, token=token, published=publish)
+        if hold_s is not None:
+            reader.entry.run_until = trio.current_time() + hold_s
         if shared is not None and spec is not None:
             shared.publish(reader.request_id, spec)
         reader.entry.log_opening(opening)
@@ -239,6 +244,24 @@ class ResumeRegistry:
             return False
         self._cancels += 1
         return True
+
+    async def logged(self, request_id: str) -> list[bytes] | None:
+        """Every event of the stream logged so far (event 1 first), without attaching a
+        reader: this replica's log, else (with a shared log) the store's; None if
+        neither holds it (the Responses API's ``GET /v1/responses/<id>`` re-reads a
+        background response's events so).
+
+        Raises:
+            StoreUnavailable, StoreRejected: (a shared log) the store's read failed.
+
+        Cancellation: a read: nothing changes.
+        """
+        entry = self._local.get(request_id)
+        if entry is not None or self._shared is None:
+            await trio.lowlevel.checkpoint()
+            return None if entry is None else entry.read_after(0)
+        found = await self._shared.read_for_rebuild(request_id)
+        return None if found is None else [data for _, data, _ in found[1]]
 
     def generating_detached(self) -> int:
         """Streams held with no reader that have not ended (they generate for nobody)."""

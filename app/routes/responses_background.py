@@ -1,0 +1,167 @@
+"""Background responses (``background: true``): a resumable stream under the Responses API.
+
+A background response runs as the resumable streams of ``POST /v1/requests`` do
+(``resumable.py``): the resume registry owns its stream from the moment it opens, logs
+its items as native events (memory, or the shared Redis with its failover), and holds it
+with no reader; it counts against ``max_detached_streams`` and, with API keys, against
+its key's ``max_streams`` until it ends. A client that reads it (``stream: true`` at
+creation, or ``GET /v1/responses/<id>?stream=true``) is a reader of that stream: its
+disconnect hands the stream back to the registry and cancels nothing: it generates
+with no reader for ``STREAMSCOPE_RESPONSES_BACKGROUND_S`` at most (the registry's
+``hold_s``; a failover's new writer holds it for the grace period). Its Responses
+events are made again from the log for every reader (``app.wire.responses_replay``),
+skipping those up to ``starting_after``.
+
+``Recorder`` is the stream's observer in the registry: it encodes the items as they are
+logged and, at the last one, writes the final response object to the response store, so
+``GET /v1/responses/<id>`` answers after the stream's log has expired. (A stream taken
+over by another replica, after its writer died, is observed there by the failover's own
+observer: its final object is written by the first ``GET`` that reads the finished log,
+``responses_stored.py``.)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+from quart import Response, request
+
+from streams.resume import ResumeRegistry, StoreUnavailable
+
+from ..auth import observer
+from ..edge.connection import own
+from ..errors import ApiError, ErrorType
+from ..metrics import RequestTimer
+from ..runtime import Prepared, Runtime
+from ..runtime.responses_store import ResponsesFull, ResponseStore, ResponseStoreUnavailable
+from ..wire import RETRY_MS, ResumableEvents
+from ..wire.responses_replay import ReplayedEvents
+from .body import EventStreamBody
+from .responses_objects import events_of
+from .resumable import check_detached
+from .resume_source import ResumeSource
+from .serving import json_response, sse_response
+
+log = logging.getLogger("streamscope.responses")
+
+STORED_WAIT_S = 2.0  # as resumable.py: how long a new stream may take to reach the store
+
+
+class StoreWriter:
+    """Writes a response's documents in the app's nursery, each write on its own (a
+    write that fails is logged: the response was already answered)."""
+
+    def __init__(self, store: ResponseStore, nursery: trio.Nursery) -> None:
+        self.store = store
+        self.nursery = nursery
+
+    def forget(self, document: dict[str, Any]) -> None:
+        """Queue the delete of ``document`` (a response refused after it was stored).
+        Sync, never a checkpoint."""
+        self.nursery.start_soon(self._forget, document)
+
+    async def _forget(self, document: dict[str, Any]) -> None:
+        """Cancellation: the app's nursery stops; a delete in flight lands or not."""
+        try:
+            await self.store.delete(document["owner"], document["response"]["id"])
+        except ResponseStoreUnavailable as exc:
+            log.warning("response %s not deleted: %s", document["response"]["id"], exc)
+
+    def write(self, document: dict[str, Any]) -> None:
+        """Queue the write of ``document``. Sync, never a checkpoint."""
+        self.nursery.start_soon(self._write, document)
+
+    async def _write(self, document: dict[str, Any]) -> None:
+        """Cancellation: the app's nursery stops; a write in flight lands or not."""
+        try:
+            await self.store.put(document["owner"], document["response"]["id"], document)
+        except (ResponsesFull, ResponseStoreUnavailable) as exc:
+            log.warning("response %s not stored: %s", document["response"]["id"], exc)
+
+
+class Recorder:
+    """A background stream's observer: the metrics timer and key slot it wraps
+    (``inner``), and the final response object written at the stream's last item."""
+
+    def __init__(self, document: dict[str, Any], writer: StoreWriter, inner: Any) -> None:
+        self._document = document
+        self._writer = writer
+        self._inner = inner
+        self._events = events_of(document, on_final=self._final)
+        self._events.opening()
+
+    def observe(self, item: Any) -> None:
+        self._inner.observe(item)
+        if not self._events.is_final:
+            self._events.encode([item])
+
+    def _final(self, response: dict[str, Any]) -> None:
+        self._writer.write({**self._document, "response": response})
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+async def start_background(
+    runtime: Runtime, writer: StoreWriter, prepared: Prepared, spec: bytes | None,
+    document: dict[str, Any], timer: RequestTimer, *, stream: bool,
+) -> Response:
+    """Open the response's stream in the resume registry (its document is stored,
+    ``queued``) and answer: the response object, or (``stream``) its events as its
+    first reader.
+
+    Cancellation: before the open, nothing to undo; after it the registry owns the
+    stream (and the connection its reader): while the answer waits for a shared store,
+    the stream goes on, as a background response does.
+    """
+    try:
+        registry = runtime.resume_registry()
+        check_detached(runtime, registry)
+        opened = runtime.open(prepared)
+    except Exception:  # refused: no response was made
+        writer.forget(document)
+        raise
+    timer.submitted(opened.prompt_tokens)
+    recorder = Recorder(document, writer, observer(timer))
+    encode = ResumableEvents(opened.request_id, opened.prompt_tokens)
+    try:
+        reader = registry.adopt(opened, encode, encode.opening(), observer=recorder,
+                                attach=stream, spec=spec,
+                                hold_s=runtime.settings.responses_background_s)
+    except RuntimeError:  # not running (the stream is closed): nobody else closes it
+        recorder.close()
+        raise
+    if reader is not None:
+        own(request.scope, reader)
+    try:
+        await _wait_stored(registry, opened.request_id)
+    except ApiError:
+        writer.forget(document)
+        raise
+    if reader is None:
+        return json_response(document["response"],
+                             headers={"X-Request-ID": opened.request_id})
+    body = EventStreamBody(ResumeSource(reader, registry),
+                           ReplayedEvents(events_of(document)),
+                           keepalive_s=runtime.settings.keepalive_s)
+    return sse_response(body, opened.request_id)
+
+
+async def _wait_stored(registry: ResumeRegistry, request_id: str) -> None:
+    """With a shared store, return once the new stream is in it (any replica then finds
+    it); one that does not take it within ``STORED_WAIT_S``: the stream is cancelled and
+    the request refused (503). Without one, at once.
+
+    Cancellation: the registry holds the stream, which goes on.
+    """
+    with trio.move_on_after(STORED_WAIT_S):
+        try:
+            await registry.stored()
+            return
+        except StoreUnavailable:
+            pass
+    registry.cancel(request_id)
+    raise ApiError(ErrorType.UNAVAILABLE, "the shared stream log does not answer; try again",
+                   retry_after_s=RETRY_MS / 1000)

@@ -1,0 +1,302 @@
+"""The request body of ``POST /v1/responses`` (OpenAI's Responses API), validated by pydantic.
+
+Owns what a client may send and every check that needs no engine; the events and the
+response object are ``app.wire.responses_events``'s. Three kinds of field:
+
+* honoured: ``model``, ``input`` (a string, or items: messages whose content is a string
+  or ``input_text``/``output_text`` parts, ``function_call`` and ``function_call_output``
+  items), ``instructions``, ``max_output_tokens``, ``temperature``, ``top_p``, ``tools``
+  (function tools) with ``tool_choice`` and ``parallel_tool_calls``, ``text.format``
+  (``text``, ``json_schema``, ``json_object``), ``top_logprobs`` with ``include:
+  ["message.output_text.logprobs"]``, ``metadata``, ``store``, ``background``,
+  ``previous_response_id``, ``stream``; and streamscope's ``seed`` and ``deadline_ms``
+  as on the chat route;
+* not implemented (``UNSUPPORTED``): accepted at the value that asks for nothing
+  (``truncation: "disabled"``, ``reasoning: null``, ...), refused otherwise with a 400
+  whose ``param`` names the field, since ignoring it would change the answer; a built-in
+  tool (``web_search``, ``file_search``, ...), a part that is not text (an image, a
+  file) and an item of another kind (``reasoning``, ``item_reference``) likewise;
+* hints that change no answer (``user``, ``safety_identifier``, ``prompt_cache_key``,
+  ``service_tier``, ``stream_options``): ignored. Any other field is refused (OpenAI's
+  own answer to an unknown parameter), so a new field is never silently dropped.
+
+Defaults follow OpenAI: ``temperature`` and ``top_p`` 1, ``store`` true; for
+``max_output_tokens`` the server's ``STREAMSCOPE_DEFAULT_MAX_NEW_TOKENS``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from engine import MAX_TOP_LOGPROBS, Constraint, ConstraintKind
+
+from .limits import (
+    DeadlineMs,
+    NewTokens,
+    Seed,
+    Temperature,
+    TopP,
+    check_new_tokens,
+    check_prompt_chars,
+    check_schema_bytes,
+    check_tool_count,
+    limits_of,
+)
+from .responses_items import InputItem, template_messages
+from .tools import (
+    ToolSpec,
+    ToolUse,
+    json_schema_constraint,
+    output_constraint,
+    system_text,
+    with_system_text,
+)
+from .unsupported import neutral_validator
+
+_HOW = "validate a Responses body with the request limits as its context"
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+MAX_METADATA_PAIRS = 16  # OpenAI's limits on metadata
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
+MAX_ITEMS = 1024  # input items in one request
+
+RESPONSES_UNSUPPORTED: dict[str, tuple[object, ...]] = {
+    "truncation": ("disabled",),
+    "reasoning": ({},),
+    "conversation": (),
+    "prompt": (),
+    "max_tool_calls": (),
+    "context_management": (),
+    "moderation": (),
+    "prompt_cache_options": (),
+    "prompt_cache_retention": (),
+}
+
+_FROZEN = ConfigDict(extra="ignore", strict=True, frozen=True)
+
+
+class FunctionTool(BaseModel):
+    """A function the model may call (``type: "function"``; built-in tools are refused)."""
+
+    model_config = _FROZEN
+
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # strict or not, the arguments are constrained
+
+    def spec(self) -> ToolSpec:
+        parameters = self.parameters
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}, "additionalProperties": False}
+        return ToolSpec(self.name, self.description, parameters)
+
+
+class NamedFunction(BaseModel):
+    model_config = _FROZEN
+
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(BaseModel):
+    """``text.format``: plain text, a JSON document of a schema, or any JSON object."""
+
+    model_config = _FROZEN
+
+    type: Literal["text", "json_schema", "json_object"]
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> TextFormat:
+        if self.type == "json_schema" and (self.schema_ is None or not self.name):
+            raise PydanticCustomError("schema_required",
+                                      "a json_schema format needs its name and schema", {})
+        return self
+
+
+class TextConfig(BaseModel):
+    model_config = _FROZEN
+
+    format: TextFormat | None = None
+    verbosity: Literal["medium"] | None = None  # the only answer length we have
+
+
+class ResponsesBody(BaseModel):
+    """``POST /v1/responses`` (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    UNSUPPORTED: ClassVar[dict[str, tuple[object, ...]]] = RESPONSES_UNSUPPORTED
+
+    model: str | None = None
+    input: Annotated[list[InputItem], Field(max_length=MAX_ITEMS)] | None = None
+    instructions: str | None = None
+    max_output_tokens: NewTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    include: list[Literal["message.output_text.logprobs"]] | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    background: bool | None = None
+    previous_response_id: str | None = None
+    stream: bool | None = None
+    seed: Seed | None = None  # streamscope, as on the chat route
+    deadline_ms: DeadlineMs | None = None  # streamscope: a TTFT deadline
+    # Hints that change no answer: ignored.
+    user: Any = None
+    safety_identifier: Any = None
+    prompt_cache_key: Any = None
+    service_tier: Any = None
+    stream_options: Any = None
+    # Not implemented: see RESPONSES_UNSUPPORTED.
+    truncation: Any = None
+    reasoning: Any = None
+    conversation: Any = None
+    prompt: Any = None
+    max_tool_calls: Any = None
+    context_management: Any = None
+    moderation: Any = None
+    prompt_cache_options: Any = None
+    prompt_cache_retention: Any = None
+
+    _neutral = neutral_validator(list(RESPONSES_UNSUPPORTED))
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _string_is_one_message(cls, value: object) -> object:
+        """A string is one user message."""
+        if isinstance(value, str):
+            return [{"type": "message", "role": "user", "content": value}]
+        return value
+
+    @field_validator("max_output_tokens")
+    @classmethod
+    def _within_limit(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return check_new_tokens(value, limits_of(info, _HOW))
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None and (
+            len(value) > MAX_METADATA_PAIRS
+            or any(len(k) > MAX_METADATA_KEY or len(v) > MAX_METADATA_VALUE
+                   for k, v in value.items())
+        ):
+            raise PydanticCustomError(
+                "metadata", "at most {pairs} pairs, keys of at most {key} characters and "
+                "values of at most {value}", {"pairs": MAX_METADATA_PAIRS,
+                                              "key": MAX_METADATA_KEY,
+                                              "value": MAX_METADATA_VALUE})
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self, info: ValidationInfo) -> ResponsesBody:
+        if self.input is None and self.previous_response_id is None:
+            raise PydanticCustomError("input_required", "input is required", {})
+        if self.background and self.store is False:
+            raise PydanticCustomError("background_needs_store",
+                                      "background responses need store: true", {})
+        limits = limits_of(info, _HOW)
+        if self.tools:
+            check_tool_count(len(self.tools), limits)
+            check_schema_bytes([t.spec().parameters for t in self.tools], limits,
+                               "the tools' parameters")
+        schema = self._format_schema()
+        if schema is not None:
+            check_schema_bytes(schema, limits, "text.format's schema")
+        names = {t.name for t in self.tools or ()}
+        if len(names) != len(self.tools or ()):
+            raise PydanticCustomError("tools", "two tools have the same name", {})
+        choice = self.tool_choice
+        if isinstance(choice, NamedFunction) and choice.name not in names:
+            raise PydanticCustomError("tool_choice", "tool_choice names the function "
+                                      "{name!r}, which is not in tools", {"name": choice.name})
+        if choice == "required" and not names:
+            raise PydanticCustomError("tool_choice", "tool_choice required needs tools", {})
+        chars = len(self.instructions or "") + sum(
+            len(m["content"]) for m in template_messages(self.input_items()))
+        check_prompt_chars(chars, limits)
+        return self
+
+    def _format_schema(self) -> dict[str, Any] | None:
+        """The answer's schema (``text.format``): None for text, any object for
+        ``json_object``."""
+        fmt = self.text.format if self.text is not None else None
+        if fmt is None or fmt.type == "text":
+            return None
+        return fmt.schema_ if fmt.type == "json_schema" else {"type": "object"}
+
+    def tool_use(self) -> ToolUse | None:
+        """What the request asks of its tools (None: none, or ``tool_choice: none``)."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        choice = self.tool_choice
+        named = choice.name if isinstance(choice, NamedFunction) else None
+        return ToolUse(tools=tuple(t.spec() for t in self.tools),
+                       required=choice == "required" or named is not None, named=named,
+                       parallel=self.parallel_tool_calls is not False,
+                       response_schema=self._format_schema())
+
+    def constraint(self) -> Constraint | None:
+        """The engine's constraint on the answer: the generic tool format's (with
+        tools), ``text.format``'s, or None for free text."""
+        use = self.tool_use()
+        if use is not None:
+            return output_constraint(use)
+        if self.format_type == "json_object":
+            return Constraint(ConstraintKind.JSON_OBJECT)
+        schema = self._format_schema()
+        return None if schema is None else json_schema_constraint(schema)
+
+    @property
+    def constraint_param(self) -> str:
+        """The field to name when the constraint does not compile."""
+        return "tools" if self.tool_use() is not None else "text.format"
+
+    def prompt_turns(self, context: list[dict[str, Any]]) -> list[dict[str, str]]:
+        """What the chat template renders: ``instructions`` as the system turn, then the
+        conversation's items (``template_messages``), and the tools (if the answer may
+        call them) in the system turn, in the generic format's words."""
+        turns = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        turns += template_messages(context)
+        use = self.tool_use()
+        return turns if use is None else with_system_text(turns, system_text(use))
+
+    # -- what the request asks for ---------------------------------------------------
+
+    def input_items(self) -> list[dict[str, Any]]:
+        """The input as items (a string is one user message), as JSON objects: what
+        ``input_items`` lists and a later turn continues from."""
+        return [item.model_dump(mode="json", exclude_none=True, by_alias=True)
+                for item in self.input or ()]
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return LOGPROBS_INCLUDE in (self.include or ()) or bool(self.top_logprobs)
+
+    @property
+    def format_type(self) -> str:
+        fmt = self.text.format if self.text is not None else None
+        return "text" if fmt is None else fmt.type
+
+    def new_tokens(self, default: int) -> int:
+        return self.max_output_tokens or default
