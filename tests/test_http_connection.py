@@ -323,17 +323,23 @@ async def test_httpx_async_client_answered_after_413_and_404(server: RunningServ
 
 
 def _openai_404_then_answer(base_url: str) -> int:
-    """The official SDK on one client: a streamed call to a route not served (404), then a
-    completion, CYCLES times; no retries, so a hang is a timeout, not a second try."""
+    """The official SDK on one connection: a streamed call to a route not served (404),
+    then a completion, CYCLES times; no retries, so a hang is a timeout, not a second try.
+    The two clients share one httpx client (so one keep-alive connection): one under a
+    prefix this server does not serve, one under ``/v1``."""
+    import httpx
     import openai
 
-    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0,
-                           timeout=WAIT_S)
-    with client:
+    with httpx.Client(timeout=WAIT_S) as http:
+        served = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0,
+                               http_client=http)
+        absent = openai.OpenAI(base_url=f"{base_url}/v0", api_key="unused", max_retries=0,
+                               http_client=http)
         for _ in range(CYCLES):
             with pytest.raises(openai.NotFoundError):
-                client.responses.create(model="tiny-gpt2", input="Hi", stream=True)
-            answer = client.completions.create(model="tiny-gpt2", prompt="The capital",
+                absent.completions.create(model="tiny-gpt2", prompt="Hi", max_tokens=2,
+                                          stream=True)
+            answer = served.completions.create(model="tiny-gpt2", prompt="The capital",
                                                max_tokens=2)
             assert answer.usage is not None
             assert answer.usage.completion_tokens == 2
