@@ -4,10 +4,12 @@
 admits and prefills that many 32-token prompts in one engine, then times its decode
 steps (issue 37 item 5):
 
-* the breakdown of an eager step: building the batch metadata (``decode_batch``: block
-  tables, slots, length groups), the forward pass (the model body and the output layer),
-  sampling (``ModelRunner._sample``), recording each token (the detokenizer, the
-  scheduler's bookkeeping), and the rest of ``step()``; each part's median ms;
+* where an eager step's time goes: the costliest aten ops' shares under the torch
+  profiler (``top_ops``), and the step's parts: building the batch metadata
+  (``decode_batch``: block tables, slots, length groups), the forward pass (the model
+  body and the output layer), sampling (``ModelRunner._sample``), recording each token
+  (the detokenizer, the scheduler's bookkeeping), and the rest of ``step()``; each
+  part's median ms;
 * ``torch.compile`` (inductor) of the model for the decode pass beside the eager model,
   alternating step by step on the same engine (same cache, same sequences): the first
   compiled step's seconds (the compile), then each side's median step. ``--compile
@@ -57,10 +59,10 @@ def _timed(target: Any, name: str, into: dict[str, float], key: str | None = Non
     setattr(target, name, wrapper)
 
 
-def breakdown(loaded: LoadedModel, batch: int, args: argparse.Namespace) -> dict[str, float]:
+def breakdown(loaded: LoadedModel, batch: int, args: argparse.Namespace) -> dict[str, Any]:
     """Median ms per part of an eager decode step at ``batch`` rows."""
     engine = engine_stepper(loaded, prompt_ids(loaded, batch, args.prompt_tokens),
-                            args.warmup + args.steps)
+                            args.warmup + args.steps + args.profile_steps + 2)
     runner = engine.runner
     spent: dict[str, float] = defaultdict(float)
     saved = model_runner.decode_batch
@@ -90,13 +92,30 @@ def breakdown(loaded: LoadedModel, batch: int, args: argparse.Namespace) -> dict
                 parts[key].append(value * 1000)
     finally:
         model_runner.decode_batch = saved
-    result = {key: round(statistics.median(values), 2) for key, values in parts.items()}
+    result: dict[str, Any] = {key: round(statistics.median(values), 2)
+                              for key, values in parts.items()}
+    result["top_ops"] = top_ops(engine.step, args.profile_steps)
     with torch.inference_mode():
         logits = runner.decode_logits(engine.scheduler.schedule().decode)
     result.update(greedy_ms(logits))
     result["ours_share"] = round(
         (result["step"] - result["forward"]) / result["step"], 3)
     return result
+
+
+def top_ops(step: Callable[[], object], steps: int, count: int = 8) -> dict[str, float]:
+    """The share of the ops' own CPU time (torch profiler) of each of the ``count``
+    costliest aten ops over ``steps`` steps, and the ops' time per step in ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in events)
+    shares = {e.key: round(e.self_cpu_time_total / total, 3) for e in events[:count]}
+    shares["ops_ms_per_step"] = round(total / 1000 / steps, 2)
+    return shares
 
 
 def greedy_ms(logits: torch.Tensor, repeats: int = 30) -> dict[str, float]:
@@ -180,6 +199,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=12, help="timed decode steps per side")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--profile-steps", type=int, default=3, help="steps under the profiler")
     parser.add_argument("--compile", choices=("none", "whole", "split"), default="split")
 
 
