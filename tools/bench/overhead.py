@@ -105,16 +105,21 @@ def breakdown(loaded: LoadedModel, batch: int, args: argparse.Namespace) -> dict
 
 def top_ops(step: Callable[[], object], steps: int, count: int = 8) -> dict[str, float]:
     """The share of the ops' own CPU time (torch profiler) of each of the ``count``
-    costliest aten ops over ``steps`` steps, and the ops' time per step in ms."""
+    costliest aten ops over ``steps`` steps, the ops' time per step in ms, and the
+    profiled steps' wall time (what is not in an op: Python between them, and the
+    profiler's own cost)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
+        started = time.perf_counter()
         for _ in range(steps):
             step()
+        wall = time.perf_counter() - started
     events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
     total = sum(e.self_cpu_time_total for e in events)
     shares = {e.key: round(e.self_cpu_time_total / total, 3) for e in events[:count]}
     shares["ops_ms_per_step"] = round(total / 1000 / steps, 2)
+    shares["profiled_wall_ms_per_step"] = round(wall * 1000 / steps, 2)
     return shares
 
 
