@@ -63,7 +63,7 @@ def breakdown(loaded: LoadedModel, batch: int, args: argparse.Namespace) -> dict
     """Median ms per part of an eager decode step at ``batch`` rows."""
     engine = engine_stepper(loaded, prompt_ids(loaded, batch, args.prompt_tokens),
                             args.warmup + args.steps + args.profile_steps + 2)
-    runner = engine.runner
+    runner: Any = engine.runner  # the ModelRunner: its methods are wrapped and swapped
     spent: dict[str, float] = defaultdict(float)
     saved = model_runner.decode_batch
     _timed(model_runner, "decode_batch", spent)
@@ -154,7 +154,7 @@ def side_by_side(loaded: LoadedModel, compiled: torch.nn.Module, batch: int,
     """The first compiled step's seconds, then compiled and eager steps alternated."""
     steps = args.warmup + args.steps
     engine = engine_stepper(loaded, prompt_ids(loaded, batch, args.prompt_tokens), 2 * steps + 2)
-    runner = engine.runner
+    runner: Any = engine.runner  # the ModelRunner: its methods are wrapped and swapped
     eager = runner.model
     logits: dict[str, torch.Tensor] = {}
     forward = runner.forward
@@ -175,13 +175,13 @@ def side_by_side(loaded: LoadedModel, compiled: torch.nn.Module, batch: int,
         for index in range(steps):
             for side, model in (("compiled", compiled), ("eager", eager)):
                 runner.model = model
-                runner.forward = keeping(side)  # type: ignore[method-assign]
+                runner.forward = keeping(side)
                 started = time.perf_counter()
                 engine.step()
                 if index >= args.warmup:
                     times[side].append((time.perf_counter() - started) * 1000)
     finally:
-        runner.model, runner.forward = eager, forward  # type: ignore[method-assign]
+        runner.model, runner.forward = eager, forward
     # The last two steps decoded different positions; compare one step's logits instead.
     with torch.inference_mode():
         seqs = engine.scheduler.schedule().decode  # gives every row its next block
