@@ -38,7 +38,7 @@ def create_app(
     *,
     make_engine: MakeEngine | None = None,
     drain_on_sigterm: bool = False,
-    step_gate: streams.StepGate | None = None,
+    run_step: streams.RunStep | None = None,
 ) -> StreamscopeApp:
     """Build the app, and install the HTTP fixes in hypercorn (idempotent). Nothing is
     loaded until the server starts it (``before_serving``).
@@ -50,8 +50,8 @@ def create_app(
         drain_on_sigterm: drain on SIGTERM, and when hypercorn's CLI stops, then stop
             hypercorn (``edge/signals.py``); for ``hypercorn -k trio app:app``, whose
             ``app`` sets it. It installs a process-wide SIGTERM handler while served.
-        step_gate: what the hub's step loop waits for after each step (none in the
-            service; the lab's ``naive`` device, ``tools/lab/naive.py``).
+        run_step: how the hub runs its stepping (``streams.Hub``): none in the service
+            (a worker thread); the lab's ``naive`` device (``tools/lab/naive.py``).
 
     Raises:
         SettingsError: a ``STREAMSCOPE_`` variable is invalid (when ``settings`` is None).
@@ -66,7 +66,7 @@ def create_app(
         MAX_CONTENT_LENGTH=settings.max_body_bytes,  # checked on Content-Length and as read
         BACKGROUND_TASK_SHUTDOWN_TIMEOUT=stop_deadline_s(settings),
     )
-    runtime = Runtime(settings, make_engine or load_engine_from_settings, step_gate=step_gate)
+    runtime = Runtime(settings, make_engine or load_engine_from_settings, run_step=run_step)
     app.runtime = runtime
     app.metrics = metrics = Metrics(runtime.statistics,
                                     tenant_series=settings.metrics_token is not None)

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from .hub_types import HubSettings as HubSettings
     from .hub_types import HubState as HubState
     from .hub_types import HubStatistics as HubStatistics
+    from .hub_types import RunStep as RunStep
     from .hub_types import StepEngine as StepEngine
-    from .hub_types import StepGate as StepGate
     from .keepalive import Keepalives as Keepalives
     from .policy import PolicyName as PolicyName
     from .scope_feed import ScopeFeed as ScopeFeed
@@ -69,8 +69,8 @@ _HOMES = {  # the module that defines each exported name
     "ScopeStep": "scope_types",
     "SSEParser": "sse",
     "ServerSentEvent": "sse",
+    "RunStep": "hub_types",
     "StepEngine": "hub_types",
-    "StepGate": "hub_types",
     "StreamEnd": "stream",
     "StreamError": "stream",
     "StreamItem": "stream",
@@ -107,6 +107,7 @@ __all__ = [
     "Keepalives",
     "NotAccepting",
     "PolicyName",
+    "RunStep",
     "SSEParser",
     "ScopeFeed",
     "ScopeFrame",
@@ -118,7 +119,6 @@ __all__ = [
     "ScopeWatcher",
     "ServerSentEvent",
     "StepEngine",
-    "StepGate",
     "StreamEnd",
     "StreamError",
     "StreamItem",

@@ -11,7 +11,7 @@ One Trio task (``run``, started with ``nursery.start``) steps the engine through
 uncancellable critical section that mutates the cache), where a ``Stepper``
 (``stepper.py``) runs steps back to back and posts their events without waiting for the
 loop. Each event goes to its stream through the stream's policy, synchronously: the
-loop never waits for a reader (but for the lab's ``StepGate``: ``hub_types.py``). The
+loop never waits for a reader (the lab's ``naive``, which does, is a ``run_step``). The
 open streams, and the hub as they see it, are ``open_streams.py``'s.
 
     NEW ──run()──> RUNNING ──drain()──> DRAINING ──engine holds nothing──> STOPPED
@@ -67,7 +67,7 @@ from engine import (
 
 from .deadlines import TtftDeadlines
 from .errors import NotAccepting, WaitingLimitReached
-from .hub_types import HubSettings, HubState, HubStatistics, RunStep, StepEngine, StepGate
+from .hub_types import HubSettings, HubState, HubStatistics, RunStep, StepEngine
 from .open_streams import OpenStreams
 from .policy import Policy, PolicyName
 from .router import EventRouter
@@ -87,9 +87,9 @@ class Hub:
     Args:
         engine: the engine; the hub is its only caller.
         settings: policy and limits.
-        run_step: how to run one blocking step; tests pass one costing virtual time.
-        step_gate: selects streams whose readers the step loop waits for (the lab's
-            ``naive``); the service passes none.
+        run_step: how to run the stepping (``Stepper.run_steps``): by default in a worker
+            thread; tests pass one costing virtual time, the lab its ``naive`` device
+            (``tools/lab/naive.py``: one step at a time, then a wait for the readers).
     """
 
     def __init__(
@@ -98,21 +98,19 @@ class Hub:
         settings: HubSettings = HubSettings(),  # noqa: B008 - frozen, safe to share
         *,
         run_step: RunStep = trio.to_thread.run_sync,
-        step_gate: StepGate | None = None,
     ) -> None:
         self.settings = settings
         self._engine = engine
         self._run_step = run_step
-        self._step_gate = step_gate
-        self._default_policy = self._policy(settings.policy)  # validates the policy's limits
-        self.scope = ScopeFeed(self._default_policy, streams=lambda: self._streams,
+        # A stream opened with no policy of its own has this very object (``open_stream``).
+        self.default_policy = self._policy(settings.policy)  # validates the policy's limits
+        self.scope = ScopeFeed(self.default_policy, streams=lambda: self._streams,
                                steps=lambda: self._stepper.steps)  # the live view
         self._streams = OpenStreams(engine, wake=self._wake_up, closed=self.scope.closed,
                                     caught_up=lambda: self._stepper.caught_up())
         self._deadlines = TtftDeadlines(engine)
         self._router = EventRouter(self._streams, self._deadlines)
         self._stepper = Stepper(engine, self._router.route, watch=self.scope,
-                                keep_stepping=lambda: not self._streams.any_gated,
                                 hold=lambda: self._streams.any_writing)
         self._state = HubState.NEW
         self._wake = trio.Event()
@@ -230,10 +228,9 @@ class Hub:
         if request_id in self._streams or request_id in self._router.in_engine:
             raise DuplicateRequestId(f"request id {request_id!r} is in use")
         prompt_tokens = self._engine.submit(request, resume_from)
-        chosen = self._default_policy if policy is None else self._policy(policy)
+        chosen = self.default_policy if policy is None else self._policy(policy)
         stream = TokenStream(request_id, prompt_tokens, chosen, self._streams)
-        gate = self._step_gate
-        self._streams.add(stream, gated=gate is not None and gate.waits_for(request, policy))
+        self._streams.add(stream)
         self._router.submitted(request_id)
         self._deadlines.submitted(request)
         self._opened += 1
@@ -247,6 +244,10 @@ class Hub:
         how many tokens were made, and when the blocks were released.
         """
         return self._router.finished(request_id)
+
+    def streams(self) -> list[TokenStream]:
+        """The open streams, now (a copy). Sync, no checkpoint."""
+        return self._streams.all()
 
     def statistics(self) -> HubStatistics:
         streams = [s.statistics() for s in self._streams.all()]
@@ -299,8 +300,6 @@ class Hub:
             except Exception as exc:  # Cancelled is a BaseException: it passes
                 self._record_failure(exc)
                 return exc
-            for stream in self._streams.gated():
-                await stream.wait_settled()
         return None
 
     async def _stop_stepping_when_cancelled(self) -> None:

@@ -52,16 +52,6 @@ class StepEngine(Protocol):
         ...
 
 
-class StepGate(Protocol):
-    """Which streams the step loop waits for: after each step, until each one's reader
-    took every item (and the stepping thread returns after every step while one is
-    open). A laboratory device (``tools/lab``'s ``naive``: one slow reader then delays
-    everyone, the measured counter-example); the service installs none. Sync, no
-    checkpoint: asked once, as ``open_stream`` opens the stream."""
-
-    def waits_for(self, request: GenerationRequest, policy: PolicyName | None) -> bool: ...
-
-
 class HubState(enum.Enum):
     """Where the hub is in its life; ``open_stream`` accepts only while RUNNING."""
 

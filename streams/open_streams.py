@@ -39,17 +39,14 @@ class OpenStreams:
         self._closed = closed
         self._streams: dict[str, TokenStream] = {}
         self._writing: set[str] = set()  # streams whose reader has items to write
-        self._gated: set[str] = set()  # streams the step gate waits for (``Hub``)
         self.closes = 0  # close() calls that did work (one per stream)
         # The stall watchdog's scope (``Hub._watch_stalls``), while it sleeps.
         self.watch_scope: trio.CancelScope | None = None
 
     # -- the hub's side ------------------------------------------------------------
 
-    def add(self, stream: TokenStream, *, gated: bool) -> None:
+    def add(self, stream: TokenStream) -> None:
         self._streams[stream.request_id] = stream
-        if gated:
-            self._gated.add(stream.request_id)
 
     def get(self, request_id: str) -> TokenStream | None:
         return self._streams.get(request_id)
@@ -59,14 +56,6 @@ class OpenStreams:
 
     def all(self) -> list[TokenStream]:
         return list(self._streams.values())
-
-    def gated(self) -> list[TokenStream]:
-        """The open streams whose readers the step loop waits for after each step."""
-        return [self._streams[i] for i in list(self._gated) if i in self._streams]
-
-    @property
-    def any_gated(self) -> bool:
-        return bool(self._gated)
 
     @property
     def any_writing(self) -> bool:
@@ -107,6 +96,5 @@ class OpenStreams:
 
     def unregister(self, stream: TokenStream) -> None:
         del self._streams[stream.request_id]
-        self._gated.discard(stream.request_id)
         self.closes += 1
         self._closed(stream)

@@ -19,7 +19,7 @@ Each policy chooses who bears the cost of a slow reader (see the reference chapt
     pause-drop  pause at ``queue_limit``, drop if still behind after the timeout
 
 (The lab's ``naive``, where everyone pays because the step loop waits for the reader,
-is no policy of the service: ``tools/lab`` installs it through the hub's ``StepGate``.)
+is no policy of the service: ``tools/lab`` installs it as the hub's ``run_step``.)
 
 "Behind" starts when the queue reaches ``queue_limit`` items and ends when the
 reader has caught up to ``low_water`` (``queue_limit // 2``) items. The gap between

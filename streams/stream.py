@@ -138,7 +138,7 @@ class TokenStream:
         self._items: deque[StreamItem] = deque()
         self._readable = trio.lowlevel.ParkingLot()  # the reader, waiting for an item
         self._nudged = False  # nudge() woke the reader: a receive_batch returns no items
-        self._settled = trio.lowlevel.ParkingLot()  # a gated step loop, waiting for the reader
+        self._settled = trio.lowlevel.ParkingLot()  # wait_settled's waiter (the lab's naive)
         self._delivered = 0
         self._discarded = 0
         self._marks = WriteMarks(self, control)  # see "Writing" in the module docstring
@@ -344,7 +344,7 @@ class TokenStream:
         return self.fail(StreamError(ErrorType.SLOW_CLIENT, message), StreamEnd.ERROR)
 
     async def wait_settled(self) -> None:
-        """For a step gate (the hub waits for this stream's reader after each step): wait
+        """For the lab's naive stepping (it waits for this reader after each step): wait
         until the reader took every item, or the hub ended the stream with an error, or
         it closed. May return without a checkpoint.
 

@@ -41,7 +41,7 @@ from engine import (
     StepReentered,
     TokenEvent,
 )
-from streams import Hub, HubSettings, StepGate
+from streams import Hub, HubSettings
 
 STEP_S = 1 / 64  # a binary fraction, so sums of step costs are exact in virtual time
 HANG_GUARD_S = 100.0  # (virtual) seconds; the longest test here needs about 4
@@ -310,14 +310,12 @@ async def open_hub(
     settings: HubSettings | None = None,
     *,
     run_step: RunStep | None = None,
-    step_gate: StepGate | None = None,
 ) -> AsyncIterator[Hub]:
     """A running hub over ``engine``; on a clean exit, shut down and assert_settled.
 
     A test that would hang fails with trio.TooSlowError after HANG_GUARD_S instead.
     """
-    hub = Hub(engine, settings or HubSettings(), run_step=run_step or fixed_cost_step(),
-              step_gate=step_gate)
+    hub = Hub(engine, settings or HubSettings(), run_step=run_step or fixed_cost_step())
     with trio.fail_after(HANG_GUARD_S):
         async with trio.open_nursery() as nursery:
             await nursery.start(hub.run)

@@ -227,10 +227,9 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
     ],
     "streams": [
         "DeadlineUnmeetable", "ErrorType", "Hub", "HubError", "HubSettings", "HubState",
-        "HubStatistics", "Keepalives", "NotAccepting", "PolicyName", "SSEParser",
+        "HubStatistics", "Keepalives", "NotAccepting", "PolicyName", "RunStep", "SSEParser",
         "ScopeFeed", "ScopeFrame", "ScopeItem", "ScopeMoment", "ScopePool", "ScopeRow",
-        "ScopeStep", "ScopeWatcher", "ServerSentEvent",
-        "StepEngine", "StepGate", "StreamEnd", "StreamError", "StreamItem", "StreamState",
+        "ScopeStep", "ScopeWatcher", "ServerSentEvent", "StepEngine", "StreamEnd", "StreamError", "StreamItem", "StreamState",
         "StreamStatistics", "TokenStream", "WaitingLimitReached", "encode_comment",
         "encode_event",
     ],

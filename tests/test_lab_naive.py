@@ -1,5 +1,5 @@
 """The lab's ``naive`` (``tools/lab/naive.py``): no policy of the service, installed in
-the lab's server through the hub's ``StepGate``; one slow reader then delays everyone."""
+the lab's server as the hub's ``run_step``; one slow reader then delays everyone."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import pytest
 import trio
 import trio.testing
 
-from streams import HubSettings, PolicyName
-from tests.fakes import STEP_S, ScriptedEngine, open_hub, request
+from streams import Hub, HubSettings, PolicyName
+from tests.fakes import STEP_S, ScriptedEngine, fixed_cost_step, open_hub, request
 from tests.test_policies import SLOW_READ_S, TOKENS, healthy_durations, read_all
 from tools.lab._settings import LabSettings, LabSettingsError
 from tools.lab.common import lab_server_settings
-from tools.lab.naive import LAB_POLICIES, NAIVE_QUEUE_POLICY, NaiveGate
+from tools.lab.naive import LAB_POLICIES, NAIVE_QUEUE_POLICY, NaiveStepping
 
 
 def test_naive_is_no_policy_of_the_service_but_the_lab_measures_it() -> None:
@@ -25,8 +25,9 @@ async def test_one_slow_reader_delays_everyone_under_the_labs_naive(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async def naive(slow_readers: int) -> list[float]:
-        return await healthy_durations(NAIVE_QUEUE_POLICY, slow_readers=slow_readers,
-                                       step_gate=NaiveGate())
+        return await healthy_durations(
+            NAIVE_QUEUE_POLICY, slow_readers=slow_readers,
+            run_step=lambda hub: NaiveStepping(hub, step=fixed_cost_step()))
 
     assert await naive(0) == [TOKENS * STEP_S] * 8
     # After each step the loop waits for the slow reader to take its token. It takes
@@ -43,8 +44,11 @@ async def test_a_stream_that_picks_its_own_policy_is_not_waited_for(
     start = trio.current_time()
     settings = HubSettings(policy=NAIVE_QUEUE_POLICY)
     engine = ScriptedEngine(batch_limit=8)
-    async with (open_hub(engine, settings, step_gate=NaiveGate()) as hub,
+    opened: list[Hub] = []
+    naive = NaiveStepping(lambda: opened[0] if opened else None, step=fixed_cost_step())
+    async with (open_hub(engine, settings, run_step=naive) as hub,
                 trio.open_nursery() as readers):
+        opened.append(hub)
         slow = hub.open_stream(request("slow", TOKENS), policy=PolicyName.UNBOUNDED)
         readers.start_soon(read_all, slow, SLOW_READ_S, done)
         fast = hub.open_stream(request("fast", TOKENS))

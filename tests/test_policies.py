@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import trio
 import trio.testing
 
 from engine import FinishEvent, FinishReason, TokenEvent
-from streams import HubSettings, PolicyName, StepGate, StreamEnd, StreamError, TokenStream
+from streams import Hub, HubSettings, PolicyName, RunStep, StreamEnd, StreamError, TokenStream
 from streams.policy import CAUGHT_UP, Lag, Policy
 from tests.fakes import STEP_S, ScriptedEngine, open_hub, request
 
@@ -72,15 +74,19 @@ async def read_all(stream: TokenStream, pause_s: float, done: dict[str, float]) 
 
 
 async def healthy_durations(
-    policy: PolicyName, *, slow_readers: int, step_gate: StepGate | None = None
+    policy: PolicyName, *, slow_readers: int,
+    run_step: Callable[[Callable[[], Hub | None]], RunStep] | None = None,
 ) -> list[float]:
     """How long each of the 8 - slow_readers healthy streams took, from opening."""
     settings = HubSettings(policy=policy, queue_limit=LIMIT, stall_timeout_s=STALL_S)
     done: dict[str, float] = {}
     start = trio.current_time()
     engine = ScriptedEngine(batch_limit=8)
-    async with (open_hub(engine, settings, step_gate=step_gate) as hub,
+    opened: list[Hub] = []
+    stepping = None if run_step is None else run_step(lambda: opened[0] if opened else None)
+    async with (open_hub(engine, settings, run_step=stepping) as hub,
                 trio.open_nursery() as readers):
+        opened.append(hub)
         for i in range(8):
             stream = hub.open_stream(request(f"r{i}", TOKENS))
             readers.start_soon(read_all, stream, SLOW_READ_S if i < slow_readers else 0, done)

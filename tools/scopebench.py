@@ -187,7 +187,7 @@ def frame_cost(streams: int, frames: int = 2000) -> dict[str, Any]:
         policy = Policy(PolicyName.PAUSE_DROP)
         for i in range(streams):
             stream = TokenStream(f"{i:032x}", 20, policy, open_streams)
-            open_streams.add(stream, gated=False)
+            open_streams.add(stream)
             stream.deliver(TokenEvent(stream.request_id, 0, 1, "x"))
         feed = ScopeFeed(policy, streams=lambda: open_streams, steps=lambda: 0)
         watcher, encoder = feed.subscribe(), ScopeEvents()

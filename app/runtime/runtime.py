@@ -79,11 +79,11 @@ class Runtime:
         settings: Settings,
         make_engine: MakeEngine,
         *,
-        step_gate: streams.StepGate | None = None,
+        run_step: streams.RunStep | None = None,
     ) -> None:
         self.settings = settings
         self._make_engine = make_engine
-        self._step_gate = step_gate  # the hub's seam for the lab's devices (tools/lab)
+        self._run_step = run_step  # how the hub runs its stepping (None: a worker thread)
         self.phase = Phase.NEW
         self.engine: ServingEngine | None = None
         self.hub: streams.Hub | None = None
@@ -306,9 +306,10 @@ class Runtime:
             if self._load_scope.cancelled_caught or self.phase is not Phase.LOADING:
                 return
             self.engine = built
-            self.hub = streams.Hub(
-                built, self.settings.hub_settings(), step_gate=self._step_gate
-            )
+            self.hub = (streams.Hub(built, self.settings.hub_settings())
+                        if self._run_step is None else
+                        streams.Hub(built, self.settings.hub_settings(),
+                                    run_step=self._run_step))
             self.resumption = ResumeRegistry(
                 resume_log(self.settings), grace_s=self.settings.resume_grace_s,
                 max_detached_bytes=self.settings.resume_max_bytes, rebuild=self.rebuild,

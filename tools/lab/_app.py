@@ -27,7 +27,7 @@ by ``create_lab_app``: ``app.factory.create_app()`` as a user runs it, then
   the capacity experiment's comparison;
 * ``STREAMSCOPE_LAB_NAIVE=true``: the step loop waits for the reader of every stream on
   the default policy after each step (``naive.py``, injected through the hub's
-  ``StepGate``: ``create_app(step_gate=...)``): the slowclient experiment's ``naive``.
+  ``run_step``: ``create_app(run_step=...)``): the slowclient experiment's ``naive``.
 
 The lab's settings are its own ``STREAMSCOPE_LAB_*`` variables. The service refuses them
 (they are not its settings), so ``_asgi.py`` and ``_serve.py`` give the service the
@@ -60,7 +60,7 @@ from engine import EngineEvent, FinishEvent, TokenEvent
 from streams import StreamItem, StreamState, TokenStream
 from tools.lab._flood import make_flood_blueprint
 from tools.lab._settings import LabSettings, lab_padding
-from tools.lab.naive import NaiveGate
+from tools.lab.naive import NaiveStepping
 from tools.lab.reservation import load_reserving_engine
 
 RECENT_FINISH_TIMES = 4096  # finish times kept for GET /v1/lab/requests/<id>
@@ -214,9 +214,12 @@ def create_lab_app(
     clock = FinishClock()
     loader = load_reserving_engine if lab.kv_admission == "reserve" else load_engine_from_settings
     build = make_engine or loader
+    built: list[StreamscopeApp] = []  # the app, once made: its runtime holds the hub
+    naive = (NaiveStepping(lambda: built[0].runtime.hub if built else None)
+             if lab.naive else None)  # the hub's run_step seam (naive.py)
     app = create_app(settings, make_engine=lambda s: clock.attach(build(s)),
-                     drain_on_sigterm=drain_on_sigterm,
-                     step_gate=NaiveGate() if lab.naive else None)  # the hub's seam (naive.py)
+                     drain_on_sigterm=drain_on_sigterm, run_step=naive)
+    built.append(app)
     app.register_blueprint(make_flood_blueprint())
     watch = QueueWatch()
     app.register_blueprint(make_lab_blueprint(app.runtime, clock, watch))
