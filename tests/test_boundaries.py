@@ -229,8 +229,8 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
         "DeadlineUnmeetable", "ErrorType", "Hub", "HubError", "HubSettings", "HubState",
         "HubStatistics", "Keepalives", "NotAccepting", "PolicyName", "RunStep", "SSEParser",
         "ScopeFeed", "ScopeFrame", "ScopeItem", "ScopeMoment", "ScopePool", "ScopeRow",
-        "ScopeStep", "ScopeWatcher", "ServerSentEvent", "StepEngine", "StreamEnd", "StreamError", "StreamItem", "StreamState",
-        "StreamStatistics", "TokenStream", "WaitingLimitReached", "encode_comment",
+        "ScopeStep", "ScopeWatcher", "ServerSentEvent", "StepEngine", "StreamEnd",
+        "StreamError", "StreamItem", "StreamState", "StreamStatistics", "TokenStream", "WaitingLimitReached", "encode_comment",
         "encode_event",
     ],
     "streams.resume": [
