@@ -230,8 +230,8 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
         "HubStatistics", "Keepalives", "NotAccepting", "PolicyName", "RunStep", "SSEParser",
         "ScopeFeed", "ScopeFrame", "ScopeItem", "ScopeMoment", "ScopePool", "ScopeRow",
         "ScopeStep", "ScopeWatcher", "ServerSentEvent", "StepEngine", "StreamEnd",
-        "StreamError", "StreamItem", "StreamState", "StreamStatistics", "TokenStream", "WaitingLimitReached", "encode_comment",
-        "encode_event",
+        "StreamError", "StreamItem", "StreamState", "StreamStatistics", "TokenStream",
+        "WaitingLimitReached", "encode_comment", "encode_event",
     ],
     "streams.resume": [
         "Adopt", "BadPosition", "Draining", "EventLog", "Holding", "LoggedEvent",
