@@ -78,7 +78,7 @@ def llguidance_run(tokenizer: Any, ids: list[int]) -> dict[str, float]:
 
 
 def xgrammar_run(tokenizer: Any, ids: list[int]) -> dict[str, float]:
-    import xgrammar  # type: ignore[import-not-found]
+    import xgrammar
 
     setup_ms, compiler = _timed(lambda: xgrammar.GrammarCompiler(
         xgrammar.TokenizerInfo.from_huggingface(tokenizer), cache_enabled=False))
@@ -103,8 +103,8 @@ def xgrammar_run(tokenizer: Any, ids: list[int]) -> dict[str, float]:
 
 
 def outlines_core_run(tokenizer: Any, ids: list[int]) -> dict[str, float]:
-    from outlines_core import Guide, Index, Vocabulary  # type: ignore[import-untyped]
-    from outlines_core.json_schema import (  # type: ignore[import-untyped]
+    from outlines_core import Guide, Index, Vocabulary
+    from outlines_core.json_schema import (
         build_regex_from_schema,
     )
 
