@@ -184,6 +184,11 @@ def serve(
         process.kill()
 
 
+def status_ok(response: httpx.Response) -> bool:
+    """Ready by a 200 (a peer's ``/health``; ours answers ``/ready``: ``_is_ready``)."""
+    return response.status_code == 200
+
+
 @asynccontextmanager
 async def until_ready(process: LoggedProcess, path: str,
                       ready: Callable[[httpx.Response], bool],

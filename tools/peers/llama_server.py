@@ -33,11 +33,10 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import httpx
 import trio
 
 from tools.peers.llama_build import built_variant
-from tools.server import READY_TIMEOUT_S, LoggedProcess, ServerError, until_ready
+from tools.server import READY_TIMEOUT_S, LoggedProcess, ServerError, status_ok, until_ready
 
 STOP_GRACE_S = 5.0
 SLOT_POSITIONS = 256
@@ -86,12 +85,8 @@ async def open_llama(
                             parallel=parallel)
     process = LoggedProcess(command, {**os.environ, **(env or {})}, running_on=_RUNNING_ON,
                             name=LLAMA_NAME)
-    async with until_ready(process, "/health", _healthy, ready_timeout_s) as url:
+    async with until_ready(process, "/health", status_ok, ready_timeout_s) as url:
         yield url
-
-
-def _healthy(response: httpx.Response) -> bool:
-    return response.status_code == 200
 
 
 def main() -> int:

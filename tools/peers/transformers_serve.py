@@ -37,10 +37,9 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import httpx
 import trio
 
-from tools.server import READY_TIMEOUT_S, LoggedProcess, until_ready
+from tools.server import READY_TIMEOUT_S, LoggedProcess, status_ok, until_ready
 
 # uvicorn's graceful shutdown of the peer waits on its generation thread, which does not
 # stop on SIGINT: past a few seconds, SIGKILL (nothing of the peer's is kept).
@@ -100,12 +99,8 @@ async def open_peer(
     folder: Path = (model_dir if model_dir is not None
                     else await trio.to_thread.run_sync(peer_model_dir))
     process = _peer_process(peer_command(folder), env)
-    async with until_ready(process, "/health", _healthy, ready_timeout_s) as url:
+    async with until_ready(process, "/health", status_ok, ready_timeout_s) as url:
         yield url
-
-
-def _healthy(response: httpx.Response) -> bool:
-    return response.status_code == 200
 
 
 def main() -> int:
