@@ -71,11 +71,12 @@ class EngineSettings(BaseSettings):
         "waits for it and shares it (a burst with one system prompt computes it once); "
         "false: every prompt is prefilled whole")
     # -- precision (issue 37): read by the engine's load, checked against the device there
-    dtype: Literal["float32", "bfloat16"] = _setting("float32",
-        "the weights' precision, float32 or bfloat16 (the KV cache follows it; half the "
-        "memory per position; at a near-tie a concurrent answer may differ from its solo "
-        "run); one the device cannot run is refused at start. Figures, and why no int8: "
-        "docs/results.md")
+    dtype: Literal["auto", "float32", "bfloat16", "int8"] = _setting("float32",
+        "the weights' precision: float32, bfloat16 (the KV cache follows it: half the "
+        "memory per position), int8 (int8 weights, bfloat16 compute; CPU only; the fastest "
+        "at one stream) or auto (bfloat16 on a CPU that computes it natively, else "
+        "float32); concurrent answers equal solo ones in each; one the device cannot run "
+        "is refused at start. Speed and agreement with float32: docs/results.md")
 
     @field_validator("device", mode="before")
     @classmethod

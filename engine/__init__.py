@@ -76,8 +76,8 @@ def load_engine(
         calibrates = start_cache and engine_options.get("max_step_ms") is not None
         identity = identity_of(model, str(loaded.device),
                                engine_options.get("block_size", 16)) if calibrates else {}
-        if calibrates and precision != "float32":  # a step's cost depends on it
-            identity["precision"] = precision
+        if calibrates and loaded.precision != "float32":  # a step's cost depends on it
+            identity["precision"] = loaded.precision
         with reusing(converted_cache_dir() if calibrates else None, identity), phase("engine"):
             built = Engine(loaded, **engine_options)
     built.start_phases_s = phases.rounded()

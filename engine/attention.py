@@ -21,12 +21,13 @@ A call is one of two shapes:
   its block table, and causally within itself.
 * decode: a batch of sequences, one new position each. The new keys and values
   are written first, then every sequence's positions are gathered through its
-  block table into a padded tensor, and padding is masked out with -inf. Rows are
-  grouped by length (``length_groups``), one gather and one kernel call a group, so
-  that one long sequence does not make every short row of the batch gather and
-  attend over its length. A row's attention differs in the last bits with the
-  length it is padded to (as between a row alone and a row beside a longer one);
-  its tokens are the ones the identity tests compare.
+  block table into a padded tensor, and padding is masked out with -inf. A row is
+  padded to the next multiple of ``PAD_TO`` of its OWN length, never to a batch
+  mate's: the kernel's result differs in the last bits with the length a row is
+  padded to, so padding that depends only on the row keeps its attention bit for
+  bit what it is alone (in bfloat16 a last bit can flip a near-tie token). Rows
+  of one padded length go in one gather and one kernel call (``length_groups``),
+  so one long sequence does not make the short rows attend over its length.
 * mixed (``mixed_batch``): a prefill's packed chunks, then decode rows, in ONE
   row, so that a step pays the model's per-pass cost once. Every position's keys
   and values are written first; the chunks attend as in a prefill, and the decode
@@ -51,23 +52,23 @@ from .offline import hub_offline
 ATTENTION_NAME = "streamscope_paged"
 
 
-# A decode row joins a group of longer rows only if that pads it by at most this many
-# positions. The gather of padded positions is what costs (memory-bound: a step's weights
+# A decode row is padded to the next multiple of this many positions (its own length's
+# bucket). The gather of padded positions is what costs (memory-bound: a step's weights
 # have pushed the cache out of the CPU's caches), a call of its own next to nothing:
 # tools/paddingbench.py at a0b2ba5 --threads 1 (embedded model, 32 rows, 2-core CPU): lengths
-# 40-300 took 569 ms a pass in one call, 248 ms with this limit (11 groups); 40-1000
-# 1,440 against 375 ms; 60-64 (one group either way) 191 and 193 ms; a limit of 0 (a
-# call per length) 249 and 376 ms.
-MAX_PADDING = 16
+# 40-300 took 569 ms a pass in one call, 248 ms in groups padded by at most 16; 40-1000
+# 1,440 against 375 ms; 60-64 (one group either way) 191 and 193 ms; a call per length
+# 249 and 376 ms.
+PAD_TO = 16
 
 
 @dataclass(frozen=True, slots=True)
 class ReadGroup:
-    """Decode rows read back and attended in one call, padded to the group's longest."""
+    """Decode rows of one padded length, read back and attended in one call."""
 
     rows: torch.Tensor | None  # the group's rows of the decode batch; None: every row, in order
-    slots: torch.Tensor  # (rows * max_len,) the slots to gather
-    bias: torch.Tensor  # (rows, 1, 1, max_len): 0 for a real position, -inf for padding
+    slots: torch.Tensor  # (rows * padded,) the slots to gather
+    bias: torch.Tensor  # (rows, 1, 1, padded): 0 for a real position, -inf for padding
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,16 +85,18 @@ class PagedBatch:
     prefix_slots: tuple[torch.Tensor | None, ...] = ()
 
 
+def padded_length(length: int) -> int:
+    """The length a decode row of ``length`` positions is padded to: its own bucket."""
+    return -(-length // PAD_TO) * PAD_TO
+
+
 def length_groups(lengths: list[int]) -> list[list[int]]:
-    """Row indices, longest first, grouped so that no row is padded by more than
-    ``MAX_PADDING`` positions (one group when the lengths are close)."""
-    groups: list[list[int]] = []
+    """Row indices, longest first, grouped by ``padded_length`` (one group when the
+    lengths share a bucket)."""
+    groups: dict[int, list[int]] = {}
     for row in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        if groups and lengths[groups[-1][0]] - lengths[row] <= MAX_PADDING:
-            groups[-1].append(row)
-        else:
-            groups.append([row])
-    return groups
+        groups.setdefault(padded_length(lengths[row]), []).append(row)
+    return list(groups.values())
 
 
 def prefill_batch(
@@ -149,7 +152,8 @@ def _read_group(cache: PagedKVCache, tables: torch.Tensor, lengths: torch.Tensor
     """What the decode rows ``rows`` (None: all) of lengths ``lengths`` (batch, 1) read."""
     if rows is not None:
         tables, lengths = tables[rows], lengths[rows]
-    span = torch.arange(int(lengths.max()), device=lengths.device).expand(len(lengths), -1)
+    width = padded_length(int(lengths.max()))  # every row of a group has this bucket
+    span = torch.arange(width, device=lengths.device).expand(len(lengths), -1)
     bias = torch.zeros(span.shape, dtype=dtype, device=lengths.device)
     # A padded position reads the row's newest one again (masked out all the same): the
     # slot past a row's end was never written, and may hold NaN (kv_cache: 0 x NaN = NaN).

@@ -90,11 +90,14 @@ def load_model(
     precision: str = "float32",
 ) -> LoadedModel:
     """Load ``name`` (see the module docstring) onto ``device`` in ``precision``
-    (``engine.precision``; a precision the device cannot run raises ``PrecisionError``
+    (``engine.precision``; ``auto``: its ``default_precision`` for the device; a precision
+    the device cannot run raises ``PrecisionError``
     before anything is loaded). With ``model_cache`` False the embedded model is
     converted again, and nothing is kept."""
     hub_offline()  # before the first import of transformers below
     target = torch.device(device or default_device())
+    if precision == "auto":
+        precision = precisions.default_precision(target)
     precisions.check(precision, target)
     with phase("import_transformers"):  # the library's modelling code, whichever model
         import transformers.modeling_utils  # noqa: F401

@@ -1,28 +1,22 @@
-"""The weights' precision: float32 or bfloat16 (the product's), or int8 (the lab's).
+"""The weights' precision: float32, bfloat16 or int8.
 
 One setting chooses it (``STREAMSCOPE_DTYPE`` in the app, ``precision`` here), among
-``PRECISIONS``; the lab measures ``LAB_PRECISIONS`` (``python -m tools.lab precision``,
-figures in docs/results.md):
+``PRECISIONS``; ``python -m tools.lab precision`` measures each one's speed, its
+concurrent-against-solo identity and its agreement with float32 (docs/results.md):
 
-* ``float32`` (the default): the weights as loaded (the embedded model's GGUF
-  dequantized to float32). The only precision in which every concurrent answer of the
-  embedded model equalled its solo run (32 of 32 greedy, 8 of 8 seeded).
-* ``bfloat16``: every weight cast to bfloat16; the model computes in bfloat16 and the KV
+* ``float32``: the weights as loaded (the embedded model's GGUF dequantized to
+  float32); the default where the CPU has no native bfloat16, and on a GPU.
+* ``bfloat16``: every weight in bfloat16; the model computes in bfloat16 and the KV
   cache, which follows the model's dtype (``kv_cache``), holds bfloat16: half the
-  memory per cached position. On a CPU without native bf16 (AVX-512 BF16 or AMX) torch
-  emulates it, slower. Its logits are coarse (steps of 1/16-1/8 at the embedded model's
-  magnitudes) and its matrix kernels round differently with the batch's size, so at a
-  near-tie a concurrent answer can differ from the solo one: the identity tests pass on
-  the tiny models (wide logits), the embedded model kept it in 20 of 32 greedy answers.
-* ``int8``, in ``LAB_PRECISIONS`` only: torch's own dynamic quantization
-  (``torch.ao.quantization.quantize_dynamic``) of every ``nn.Linear`` (GPT-2's ``Conv1D``
-  layers are not ``nn.Linear``: there only the output layer): int8 weights, activations
-  quantized on the fly, the result in float32; embeddings, norms and the KV cache stay
-  float32. CPU only (fbgemm/x86/qnnpack kernels). Not offered, though the fastest: the
-  activations' scale is ONE per input tensor, i.e. per batch, so every row's numbers
-  depend on its batch mates (tests/test_engine_precision.py shows it; no concurrent
-  answer of the embedded model equalled its solo run), and no greedy answer equalled
-  float32's (the first token differed in 15 of 32).
+  memory per cached position. On a CPU the linear layers are ``cpu_linear.PackedLinear``
+  (oneDNN's packed weights, at most 32 rows a call: a row's result is its solo result).
+  On a CPU without native bf16 (AVX-512 BF16 or AMX) torch emulates it, slower.
+* ``int8`` (CPU only): the linear layers' weights in int8 with a scale per output
+  channel (``cpu_linear.Int8Linear``, torch's own quantizer and kernel), everything
+  else as in bfloat16: a quarter of float32's weight bytes, the fastest at one stream,
+  and the one whose greedy text departs most from float32's.
+
+``default_precision`` is what ``auto`` (the app's default) means on a device.
 
 A precision the device cannot run raises ``PrecisionError`` before anything is built;
 the app names its setting in the message.
@@ -30,20 +24,18 @@ the app names its setting in the message.
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from . import cpu_linear
 from .errors import PrecisionError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-PRECISIONS = ("float32", "bfloat16")  # what the product offers: batch-invariant
-LAB_PRECISIONS = (*PRECISIONS, "int8")  # what the lab measures
-_QUANTIZED_ENGINES = ("x86", "fbgemm", "qnnpack")
+PRECISIONS = ("float32", "bfloat16", "int8")  # each batch-invariant (tests/test_engine_identity)
 
 
 def native_bf16_cpu() -> bool:
@@ -58,17 +50,23 @@ def native_bf16_cpu() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def default_precision(device: torch.device) -> str:
+    """What ``auto`` chooses: bfloat16 on a CPU that computes it natively (the fastest
+    there at every batch size from 2 up, and within a few percent at one; docs/results.md
+    "Precision"), float32 elsewhere."""
+    if device.type == "cpu" and native_bf16_cpu() and cpu_linear.packing_available():
+        return "bfloat16"
+    return "float32"
+
+
 def check(precision: str, device: torch.device) -> None:
     """Raise ``PrecisionError`` if ``device`` cannot run ``precision``."""
-    if precision not in LAB_PRECISIONS:
+    if precision not in PRECISIONS:
         raise PrecisionError(
-            f"unknown precision {precision!r}: one of {', '.join(LAB_PRECISIONS)}")
-    if precision == "int8":
-        if device.type != "cpu":
-            raise PrecisionError(
-                f"int8 runs on the CPU only (torch's dynamic quantization), not {device}")
-        if not any(e in torch.backends.quantized.supported_engines for e in _QUANTIZED_ENGINES):
-            raise PrecisionError("int8: this torch build has no quantized CPU engine")
+            f"unknown precision {precision!r}: one of {', '.join(PRECISIONS)}")
+    if precision == "int8" and device.type != "cpu":
+        raise PrecisionError(
+            f"int8 runs on the CPU only (torch's int8 weight kernel), not {device}")
     if precision == "bfloat16" and device.type == "cuda" and not (
             torch.cuda.is_available() and torch.cuda.is_bf16_supported()):
         raise PrecisionError(f"bfloat16 needs a GPU that computes it; {device} does not")
@@ -76,16 +74,11 @@ def check(precision: str, device: torch.device) -> None:
 
 def apply(model: PreTrainedModel, precision: str) -> PreTrainedModel:
     """``model`` (float32, on its device, in eval mode) in ``precision``; ``check`` first."""
-    if precision == "bfloat16":
-        return model.to(dtype=torch.bfloat16)  # type: ignore[call-arg]
-    if precision == "int8":
-        engines = torch.backends.quantized.supported_engines
-        if torch.backends.quantized.engine not in _QUANTIZED_ENGINES:
-            torch.backends.quantized.engine = next(e for e in _QUANTIZED_ENGINES if e in engines)
-        with warnings.catch_warnings():  # torch.ao is deprecated in favour of torchao (not here)
-            warnings.simplefilter("ignore", UserWarning)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            quantized: PreTrainedModel = torch.ao.quantization.quantize_dynamic(
-                model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
-        return quantized
+    on_cpu = model.device.type == "cpu"
+    if precision == "int8":  # quantized from the float32 weights, then the rest in bfloat16
+        cpu_linear.swap_linears(model, cpu_linear.Int8Linear)
+    if precision in ("bfloat16", "int8"):
+        model = model.to(dtype=torch.bfloat16)  # type: ignore[call-arg]
+    if precision == "bfloat16" and on_cpu and cpu_linear.packing_available():
+        cpu_linear.swap_linears(model, cpu_linear.PackedLinear)
     return model

@@ -99,12 +99,12 @@ def run(engine: Engine) -> tuple[dict[str, list[int]], dict[str, str]]:
 
 
 @MODELS
-@pytest.mark.parametrize(("mixed_step", "max_padding"), [(True, 16), (True, 2), (False, 16)])
+@pytest.mark.parametrize(("mixed_step", "pad_to"), [(True, 16), (True, 2), (False, 16)])
 def test_a_cache_of_nan_gives_the_tokens_of_a_cache_of_zeros(
-    model: str, mixed_step: bool, max_padding: int, make_tiny_engine: Callable[..., Engine],
+    model: str, mixed_step: bool, pad_to: int, make_tiny_engine: Callable[..., Engine],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(attention, "MAX_PADDING", max_padding)  # 2: a group a length or so
+    monkeypatch.setattr(attention, "PAD_TO", pad_to)  # 2: a group per two lengths
     outcomes = []
     for value in (0.0, float("nan")):
         engine = make_tiny_engine(model, mixed_step=mixed_step, **OPTIONS)
@@ -142,7 +142,7 @@ def test_decode_rows_read_only_positions_written_before(monkeypatch: pytest.Monk
     lengths = [9, 6, 2, 12]  # after this step's position is written
     positions = torch.tensor([[n - 1] for n in lengths])
     for padding in (16, 2):  # one group (rows padded), and a group a length
-        monkeypatch.setattr(attention, "MAX_PADDING", padding)
+        monkeypatch.setattr(attention, "PAD_TO", padding)
         batch = decode_batch(cache, torch.tensor(tables), positions, torch.float32)
         for group in batch.reads:
             rows = range(len(tables)) if group.rows is None else group.rows.tolist()

@@ -129,15 +129,15 @@ def test_concurrent_sequences_equal_solo(
 
 @PRECISION
 @MODELS
-@pytest.mark.parametrize("max_padding", [attention.MAX_PADDING, 2])
+@pytest.mark.parametrize("pad_to", [attention.PAD_TO, 2])
 def test_late_joiners_equal_solo(
-    model: str, precision: str, max_padding: int, make_tiny_engine: Callable[..., Engine],
+    model: str, precision: str, pad_to: int, make_tiny_engine: Callable[..., Engine],
     solo_ids: SoloIds, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Joiners arrive while others decode and after some finished: their tables reuse
     # freed blocks, and they decode in one batch with sequences far ahead of them
-    # (with a padding limit of 2, in several length groups: a call each).
-    monkeypatch.setattr(attention, "MAX_PADDING", max_padding)
+    # (padded to multiples of 2, in several length groups: a call each).
+    monkeypatch.setattr(attention, "PAD_TO", pad_to)
     engine = make_tiny_engine(model, precision, **ENGINE_OPTIONS)
     requests = [_request(f"r{i}", *case) for i, case in enumerate(CASES)]
     events: list[EngineEvent] = []
@@ -256,12 +256,12 @@ def test_paged_prefill_writes_the_cache_and_matches_causal_sdpa(num_kv_heads: in
     assert torch.isnan(cache.keys[0]).all()  # another layer's cache is untouched
 
 
-@pytest.mark.parametrize("max_padding", [attention.MAX_PADDING, 4], ids=["one-call", "groups"])
+@pytest.mark.parametrize("pad_to", [attention.PAD_TO, 4], ids=["one-call", "groups"])
 @pytest.mark.parametrize("num_kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
 def test_paged_decode_batch_of_different_lengths_matches_sdpa(
-    num_kv_heads: int, max_padding: int, monkeypatch: pytest.MonkeyPatch
+    num_kv_heads: int, pad_to: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(attention, "MAX_PADDING", max_padding)  # 4: three length groups
+    monkeypatch.setattr(attention, "PAD_TO", pad_to)  # 4: four length groups
     generator = torch.Generator().manual_seed(1)
     cache, layer = _cache(num_kv_heads), types.SimpleNamespace(layer_idx=0)
     full_k = [torch.randn(1, num_kv_heads, n, HEAD_DIM, generator=generator) for n in LENGTHS]
@@ -284,13 +284,14 @@ def test_paged_decode_batch_of_different_lengths_matches_sdpa(
         torch.testing.assert_close(out[row : row + 1], expected)
 
 
-def test_decode_rows_are_grouped_by_length_within_the_padding_limit(
+def test_decode_rows_are_grouped_by_their_own_padded_length(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert attention.length_groups(LENGTHS) == [[3, 2, 1, 0]]  # close lengths: one call
+    assert attention.length_groups(LENGTHS) == [[3, 2, 1, 0]]  # one bucket (16): one call
     assert attention.length_groups([5, 700, 6, 690]) == [[1, 3], [2, 0]]  # longest first
-    monkeypatch.setattr(attention, "MAX_PADDING", 4)
-    assert attention.length_groups(LENGTHS) == [[3], [2, 1], [0]]  # 16 | 9, 6 | 1
+    monkeypatch.setattr(attention, "PAD_TO", 4)
+    assert attention.length_groups(LENGTHS) == [[3], [2], [1], [0]]  # 16 | 12 | 8 | 4
+    assert attention.length_groups([7, 5, 8, 6]) == [[2, 0, 3, 1]]  # one bucket of 8
 
 
 @pytest.mark.parametrize("num_kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])

@@ -1,6 +1,6 @@
 """The weights' precision (``engine.precision``, ``STREAMSCOPE_DTYPE``): what each one
-loads, what the KV cache holds, the refusal of a precision the device cannot run, and
-why the lab's int8 is not offered.
+loads, what the KV cache holds, and the refusal of a precision the device cannot run.
+The CPU layers' own row-for-row promise is tests/test_cpu_linear.py.
 
 The identity of concurrent and solo runs in each precision is tests/test_engine_identity.py.
 """
@@ -15,15 +15,15 @@ import torch
 import engine
 from app.runtime import load_engine_from_settings
 from app.settings import Settings, SettingsError
-from engine import precision as engine_precision
+from engine.cpu_linear import Int8Linear, packing_available
 from engine.engine import Engine
 from engine.model import LoadedModel, load_model
-from engine.precision import LAB_PRECISIONS, PRECISIONS, check
+from engine.precision import PRECISIONS, check, default_precision, native_bf16_cpu
 
 
 def _linear_types(model: torch.nn.Module) -> set[str]:
-    return {type(m).__module__ + "." + type(m).__name__ for m in model.modules()
-            if type(m).__name__ in ("Linear", "Conv1D")}
+    return {type(m).__name__ for m in model.modules()
+            if type(m).__name__ in ("Linear", "Conv1D", "PackedLinear", "Int8Linear")}
 
 
 @pytest.mark.parametrize("model", ["tiny-gpt2", "tiny-llama"])
@@ -36,21 +36,25 @@ def test_bfloat16_weights_and_cache_are_bfloat16(
     assert {p.dtype for p in loaded.model.parameters()} == {torch.bfloat16}
     assert {t.dtype for t in (*runner.cache.keys, *runner.cache.values)} == {torch.bfloat16}
     assert loaded.precision == "bfloat16"
+    packed = {"PackedLinear"} if packing_available() else {"Linear", "Conv1D"} & _linear_types(
+        tiny_model(model).model)
+    assert _linear_types(loaded.model) == packed  # every linear layer, the output layer too
 
 
-def test_int8_quantizes_every_linear_layer_and_keeps_a_float32_cache(
-    tiny_model: Callable[..., LoadedModel],
+@pytest.mark.parametrize("model", ["tiny-gpt2", "tiny-llama"])
+def test_int8_quantizes_every_linear_layer_and_keeps_a_bfloat16_cache(
+    model: str, tiny_model: Callable[..., LoadedModel],
 ) -> None:
-    loaded = tiny_model("tiny-llama", "int8")
+    loaded = tiny_model(model, "int8")
     runner = Engine(loaded, max_batch=2, num_blocks=8, block_size=4).runner
-    plain = _linear_types(tiny_model("tiny-llama").model)
+    layers = [m for m in loaded.model.modules() if isinstance(m, Int8Linear)]
 
-    assert plain == {"torch.nn.modules.linear.Linear"}
-    assert _linear_types(loaded.model) == {"torch.ao.nn.quantized.dynamic.modules.linear.Linear"}
-    assert {t.dtype for t in (*runner.cache.keys, *runner.cache.values)} == {torch.float32}
+    assert _linear_types(loaded.model) == {"Int8Linear"}  # GPT-2's Conv1D layers included
+    assert {m.weight_int8.dtype for m in layers} == {torch.int8}
+    assert {t.dtype for t in (*runner.cache.keys, *runner.cache.values)} == {torch.bfloat16}
 
 
-@pytest.mark.parametrize("precision", LAB_PRECISIONS)
+@pytest.mark.parametrize("precision", PRECISIONS)
 def test_every_precision_decodes_with_logprobs_and_seeded_sampling(
     precision: str, make_tiny_engine: Callable[..., Engine]
 ) -> None:
@@ -67,17 +71,12 @@ def test_every_precision_decodes_with_logprobs_and_seeded_sampling(
     assert all(e.logprobs is not None and len(e.logprobs.top) == 2 for e in tokens)
 
 
-def test_int8_rows_depend_on_their_batch_mates_so_the_product_does_not_offer_it() -> None:
-    # One activation scale per input tensor: a row batched with a row of larger values
-    # is quantized more coarsely than alone (float32 and bfloat16 rows are not).
-    torch.manual_seed(0)
-    layer = torch.nn.Sequential(torch.nn.Linear(64, 64)).eval()
-    row, loud = torch.randn(1, 64), 50 * torch.randn(1, 64)
-    int8 = engine_precision.apply(layer, "int8")  # type: ignore[arg-type]
-    alone, batched = int8(row), int8(torch.cat([row, loud]))[:1]
-
-    assert "int8" not in PRECISIONS and "int8" in LAB_PRECISIONS
-    assert not torch.equal(alone, batched)
+def test_auto_is_bfloat16_on_a_cpu_that_computes_it_and_float32_elsewhere() -> None:
+    native = native_bf16_cpu() and packing_available()
+    assert default_precision(torch.device("cpu")) == ("bfloat16" if native else "float32")
+    assert default_precision(torch.device("cuda")) == "float32"
+    assert load_model("tiny-llama", "cpu", precision="auto").precision == default_precision(
+        torch.device("cpu"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU here may run both")
@@ -102,8 +101,9 @@ def test_the_server_refuses_a_precision_its_device_cannot_run_naming_the_setting
 
 
 def test_an_unknown_precision_is_a_settings_error_naming_the_variable() -> None:
-    for value in ("float16", "int8"):  # int8: the lab's only
+    for value in ("float16", "qint8", "INT8"):
         with pytest.raises(SettingsError, match="STREAMSCOPE_DTYPE"):
             Settings.from_env({"STREAMSCOPE_DTYPE": value})
-    assert Settings.from_env({"STREAMSCOPE_DTYPE": "bfloat16"}).dtype == "bfloat16"
+    for value in ("auto", "float32", "bfloat16", "int8"):
+        assert Settings.from_env({"STREAMSCOPE_DTYPE": value}).dtype == value
     assert Settings().dtype == "float32"

@@ -1,7 +1,7 @@
 """``precision``: concurrent against solo in each precision, and each one against float32.
 
 The reference chapter's exercise 7, in-process on the engine (``engine.Engine``), for each
-precision the product offers and the lab's int8 (``engine.precision``)::
+precision the product offers (``engine.precision``)::
 
     nice -n 15 python -m tools.lab precision --prompts 32 --max-new-tokens 32
     python -m tools.lab precision --quick             # tiny-gpt2, seconds
@@ -40,7 +40,7 @@ import trio
 from engine import FinishEvent, GenerationRequest, SamplingParams
 from engine.engine import Engine
 from engine.model import load_model
-from engine.precision import LAB_PRECISIONS
+from engine.precision import PRECISIONS
 from tools.lab.common import Lab, Report, experiment
 
 SEEDED: dict[str, Any] = {"temperature": 0.8, "top_p": 0.9}
@@ -48,7 +48,7 @@ TOP = 2  # the top two logits at each position
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--precisions", nargs="+", choices=LAB_PRECISIONS, default=None,
+    parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=None,
                         help="default: float32, bfloat16 and int8")
     parser.add_argument("--prompts", type=int, default=None, help="greedy prompts (32)")
     parser.add_argument("--seeded", type=int, default=None, help="seeded prompts (8)")
@@ -61,7 +61,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 async def precision(lab: Lab) -> Report:
     args = lab.args
     model = args.model or lab.pick("smollm2", "tiny-gpt2")
-    chosen = list(args.precisions or LAB_PRECISIONS)
+    chosen = list(args.precisions or PRECISIONS)
     if "float32" not in chosen:
         chosen.insert(0, "float32")  # the reference every other one is compared with
     greedy_n = args.prompts or lab.pick(32, 4)

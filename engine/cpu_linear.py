@@ -1,0 +1,127 @@
+"""Linear layers on the CPU's own kernels, each row's result the same in any batch.
+
+``engine.precision`` swaps a model's linear layers for one of these (GPT-2's ``Conv1D``
+too: its weight is stored transposed). Both keep one promise the identity tests rely on:
+a row's output is bit for bit the same whether it is computed alone or among other rows,
+so a concurrent answer equals its solo run.
+
+* ``PackedLinear`` (bfloat16): torch's ``nn.Linear`` hands oneDNN the weight in torch's
+  layout on every call, and oneDNN reorders it into its blocked (AMX / AVX-512) layout
+  each time; at one row the reorder is most of the call. Here the weight is reordered
+  once, at load (``torch.ops.mkldnn._reorder_linear_weight``, the op inductor's CPU
+  weight freezing uses), and each call is ``torch.ops.mkldnn._linear_pointwise``: half
+  the time of ``nn.Linear`` at one row (``python -m tools.bench step``). oneDNN picks its
+  blocking by the number of rows, and measured on a Xeon with AMX a row's result is its
+  solo result in any call of up to 32 rows but may differ in a last bit in a larger one
+  (a 192x576 layer at 33 rows; this is also why plain bfloat16 broke the identity). So a
+  call with more rows runs in slices of ``ROWS_PER_CALL``.
+* ``Int8Linear`` (int8): weight-only int8, one scale per output channel, computed by
+  torch's own quantizer (``PerChannelMinMaxObserver``, ``quantize_per_channel``), and
+  torch's CPU kernel ``_weight_int8pack_mm`` (bfloat16 activations in and out): a
+  quarter of float32's weight bytes, the fastest at one row; its rows are independent
+  at any batch size. Activations are never quantized (torch's dynamic quantization does
+  that per batch, which ties a row to its batch mates).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch.ao.quantization.observer import PerChannelMinMaxObserver
+
+# Rows per oneDNN call: up to this many, a row's result is its solo result (see above;
+# tests/test_cpu_linear.py checks it on the embedded model's layer shapes).
+ROWS_PER_CALL = 32
+
+
+def packing_available() -> bool:
+    """Whether this torch build has the oneDNN ops ``PackedLinear`` calls."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def linear_weight(layer: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight (out, in), bias) of an ``nn.Linear`` or a GPT-2 ``Conv1D`` (in, out)."""
+    weight, bias = layer.weight, getattr(layer, "bias", None)
+    assert isinstance(weight, torch.Tensor) and (bias is None or isinstance(bias, torch.Tensor))
+    if not isinstance(layer, torch.nn.Linear):  # Conv1D: x @ weight + bias
+        weight = weight.t()
+    return weight.detach().contiguous(), None if bias is None else bias.detach()
+
+
+class _RowWise(torch.nn.Module):
+    """Flattens the leading dimensions to rows, runs ``_rows``, adds the bias."""
+
+    def __init__(self, out_features: int, in_features: int, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = out_features, in_features
+        self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        out = self._rows(rows)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def _rows(self, rows: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class PackedLinear(_RowWise):
+    """A bfloat16 linear layer with its weight packed for oneDNN once."""
+
+    packed: torch.Tensor
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        weight, bias = linear_weight(layer)
+        super().__init__(weight.shape[0], weight.shape[1],
+                         None if bias is None else bias.to(torch.bfloat16))
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), None)
+        self.register_buffer("packed", packed, persistent=False)
+
+    def _rows(self, rows: torch.Tensor) -> torch.Tensor:
+        if len(rows) <= ROWS_PER_CALL:
+            return self._call(rows)
+        return torch.cat([self._call(part) for part in rows.split(ROWS_PER_CALL)])
+
+    def _call(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(rows, self.packed, None, "none", [], "")
+
+
+class Int8Linear(_RowWise):
+    """A linear layer with int8 weights (a scale per output channel), bfloat16 rows."""
+
+    weight_int8: torch.Tensor
+    scales: torch.Tensor
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        weight, bias = linear_weight(layer)
+        super().__init__(weight.shape[0], weight.shape[1],
+                         None if bias is None else bias.to(torch.bfloat16))
+        observer = PerChannelMinMaxObserver(
+            ch_axis=0, dtype=torch.qint8, qscheme=torch.per_channel_symmetric)
+        observer(weight.float())
+        scales, zero_points = observer.calculate_qparams()
+        with warnings.catch_warnings():  # deprecated for torchao (pytorch/pytorch#184982);
+            warnings.simplefilter("ignore", UserWarning)  # still torch's own in 2.13 (pinned)
+            quantized = torch.quantize_per_channel(
+                weight.float(), scales, zero_points, 0, torch.qint8)
+        self.register_buffer("weight_int8", quantized.int_repr())
+        self.register_buffer("scales", scales.to(torch.bfloat16))
+
+    def _rows(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int8pack_mm(rows, self.weight_int8, self.scales)
+
+
+def swap_linears(model: torch.nn.Module, make: Callable[[torch.nn.Module], _RowWise]) -> int:
+    """Replace every ``nn.Linear`` and ``Conv1D`` of ``model`` by ``make(layer)``;
+    returns how many."""
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear) or type(child).__name__ == "Conv1D":
+                setattr(parent, name, make(child))
+                swapped += 1
+    return swapped
