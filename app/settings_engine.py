@@ -71,7 +71,7 @@ class EngineSettings(BaseSettings):
         "waits for it and shares it (a burst with one system prompt computes it once); "
         "false: every prompt is prefilled whole")
     # -- precision (issue 37): read by the engine's load, checked against the device there
-    dtype: Literal["auto", "float32", "bfloat16", "int8"] = _setting("float32",
+    dtype: Literal["auto", "float32", "bfloat16", "int8"] = _setting("auto",
         "the weights' precision: float32, bfloat16 (the KV cache follows it: half the "
         "memory per position), int8 (int8 weights, bfloat16 compute; CPU only; the fastest "
         "at one stream) or auto (bfloat16 on a CPU that computes it natively, else "

@@ -106,4 +106,4 @@ def test_an_unknown_precision_is_a_settings_error_naming_the_variable() -> None:
             Settings.from_env({"STREAMSCOPE_DTYPE": value})
     for value in ("auto", "float32", "bfloat16", "int8"):
         assert Settings.from_env({"STREAMSCOPE_DTYPE": value}).dtype == value
-    assert Settings().dtype == "float32"
+    assert Settings().dtype == "auto"

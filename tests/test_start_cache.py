@@ -108,7 +108,8 @@ def test_load_engine_records_its_phases_and_keeps_its_calibration(
     assert all(isinstance(s, float) and s >= 0 for s in phases.values())
     assert saved_files(tmp_path / "streamscope")
 
-    second = engine.load_engine("tiny-gpt2", "cpu", num_blocks=64, max_step_ms=50.0)
+    second = engine.load_engine("tiny-gpt2", "cpu", num_blocks=64, max_step_ms=50.0,
+                                precision=settings.dtype)
     assert "calibration_check" in second.start_phases_s
     assert "calibration" not in second.start_phases_s
     off = engine.load_engine("tiny-gpt2", "cpu", num_blocks=64, max_step_ms=50.0,

@@ -43,6 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--model", help="default: smollm2 (tiny-llama with --quick)")
     common.add_argument("--threads", type=int, default=None, help="torch threads")
+    common.add_argument("--precision", default="float32",
+                        help="the weights' (engine.precision; auto: the app's default)")
     common.add_argument("--quick", action="store_true", help="the tiny model: seconds")
     common.add_argument("--out", type=Path, default=Path("results"))
     parser = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__,

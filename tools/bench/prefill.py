@@ -165,10 +165,12 @@ VARIANTS: dict[str, Prefill] = {
 }
 
 
-def admitted(model: str, count: int) -> tuple[ModelRunner, list[Sequence]]:
+def admitted(model: str, count: int, precision: str = "float32",
+             ) -> tuple[ModelRunner, list[Sequence]]:
     """An engine's runner and ``count`` admitted prompts (block tables, no prefill yet)."""
     engine = Engine(
-        load_model(model, "cpu"), max_batch=count, num_blocks=count * 32, block_size=16,
+        load_model(model, "cpu", precision=precision), max_batch=count,
+        num_blocks=count * 32, block_size=16,
         max_prefill_tokens=1_000_000,  # every prompt in the one plan
     )
     prompts = load_prompts()
@@ -190,7 +192,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 @bench("prefill", "a burst's prefill: one pass per prompt against packed, masked, padded",
        arguments=arguments)
 def run(args: argparse.Namespace) -> Report:
-    runner, seqs = admitted(args.model, args.prompts)
+    runner, seqs = admitted(args.model, args.prompts, args.precision)
     times: dict[str, list[float]] = {name: [] for name in args.variants}
     logits: dict[str, torch.Tensor] = {}
     for round_ in range(args.rounds + 1):  # round 0 warms up, untimed

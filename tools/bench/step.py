@@ -18,7 +18,6 @@ side needs padding.
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import time
 from collections.abc import Callable
@@ -99,8 +98,10 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 @bench("step", "one decode step: the engine against plain transformers, per batch",
        arguments=arguments)
 def run(args: argparse.Namespace) -> Report:
-    loaded = load_model(args.model, args.device)
-    plain = copy.deepcopy(loaded.model)  # before the engine switches its attention
+    loaded = load_model(args.model, args.device, precision=args.precision)
+    # A second load, not a copy (a packed bfloat16 weight cannot be deep-copied), made
+    # before the engine switches the first one's attention.
+    plain = load_model(args.model, args.device, precision=args.precision).model
     plain.set_attn_implementation("sdpa")
     # One untimed round first: the first forward passes pay one-off costs
     # (allocator growth, kernel selection) that belong to neither side.
@@ -118,6 +119,7 @@ def run(args: argparse.Namespace) -> Report:
     summary = {
         "model": args.model,
         "device": str(loaded.device),
+        "precision": loaded.precision,
         "prompt_tokens": args.prompt_tokens,
         "timed_steps": args.steps,
         "engine_ms_by_batch": {str(r["batch"]): r["engine_ms"] for r in rows},

@@ -92,11 +92,13 @@ def _run_bench(name: str, args: list[str], env: Mapping[str, str]) -> dict[str, 
 
 
 def measure_ceiling(model: str, batch: int, env: Mapping[str, str]) -> dict[str, Any]:
-    """The engine's decode step at ``batch`` and one packed prefill of ``batch`` prompts."""
+    """The engine's decode step at ``batch`` and one packed prefill of ``batch`` prompts,
+    in the precision the server runs (``STREAMSCOPE_DTYPE``, the app's default auto)."""
+    precision = ["--precision", os.environ.get("STREAMSCOPE_DTYPE", "auto")]
     step = _run_bench("step", ["--model", model, "--batches", str(batch), "--steps", "8",
-                               "--warmup", "2"], env)
+                               "--warmup", "2", *precision], env)
     prefill = _run_bench("prefill", ["--model", model, "--prompts", str(batch), "--rounds", "2",
-                                     "--variants", "packed"], env)
+                                     "--variants", "packed", *precision], env)
     step_ms = float(step["rows"][0]["engine_ms"])
     prefill_ms = float(prefill["rows"][0]["median_ms"])
     return {
