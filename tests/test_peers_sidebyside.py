@@ -98,6 +98,7 @@ def test_peer_launcher_serves_a_local_folder_offline(tmp_path: Path) -> None:
     tiny_tokenizer().save_pretrained(folder)
     command = peer_command(folder)
     assert command[1:3] == ["serve", str(folder)] and "--continuous-batching" in command
+    assert "--cb-num-blocks" in command  # else its first request sizes a cache from RAM
     assert command[-2:] == ["--port", "0"]
 
     async def go() -> tuple[str, list[int | None], list[str]]:

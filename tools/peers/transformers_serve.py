@@ -13,8 +13,12 @@ tokenizer to ``~/.cache/streamscope/peer-smollm2-<size>-<mtime>`` once; the peer
 given that folder by path (``force_model``), with ``HF_HUB_OFFLINE=1``, so both systems
 run the same float32 weights and nothing is downloaded.
 
-The command is ``transformers serve <folder> --continuous-batching --device cpu --dtype
-float32 --host 127.0.0.1 --port 0``: uvicorn binds a port the kernel chose and logs
+The command is ``transformers serve <folder> --continuous-batching --cb-block-size 16
+--cb-num-blocks 1024 --device cpu --dtype float32 --host 127.0.0.1 --port 0``. The cache
+flags matter: without them its continuous batching sizes its paged KV cache from the
+machine's memory when the first request arrives, and on this 24 GB CPU machine that
+first request waited 132 s (transformers 5.24.0; 0.9 s with 1,024 blocks of 16 positions:
+16,384 positions, more than any side-by-side run holds at once). Then uvicorn binds a port the kernel chose and logs
 "Uvicorn running on http://127.0.0.1:PORT", which we read, as ``tools.server`` reads
 hypercorn's. The model is loaded before uvicorn starts, so ``GET /health`` answering 200
 means ready. On exit: SIGINT (uvicorn's graceful shutdown), then SIGKILL to the process
@@ -46,6 +50,9 @@ from tools.server import READY_TIMEOUT_S, LoggedProcess, status_ok, until_ready
 STOP_GRACE_S = 5.0
 _RUNNING_ON = re.compile(rb"Uvicorn running on (http://127\.0\.0\.1:\d+)")
 PEER_NAME = "transformers serve --continuous-batching"
+# The peer's paged KV cache, given (see the module docstring): 16,384 positions.
+CB_BLOCK_SIZE = 16
+CB_NUM_BLOCKS = 1024
 
 
 def peer_model_dir() -> Path:
@@ -72,7 +79,8 @@ def peer_model_dir() -> Path:
 def peer_command(model_dir: Path) -> list[str]:
     return [
         str(Path(sys.executable).with_name("transformers")), "serve", str(model_dir),
-        "--continuous-batching", "--device", "cpu", "--dtype", "float32",
+        "--continuous-batching", "--cb-block-size", str(CB_BLOCK_SIZE),
+        "--cb-num-blocks", str(CB_NUM_BLOCKS), "--device", "cpu", "--dtype", "float32",
         "--host", "127.0.0.1", "--port", "0",
     ]
 
