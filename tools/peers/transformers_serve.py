@@ -21,8 +21,8 @@ first request waited 132 s (transformers 5.24.0; 0.9 s with 1,024 blocks of 16 p
 16,384 positions, more than any side-by-side run holds at once). Then uvicorn binds a
 port the kernel chose and logs "Uvicorn running on http://127.0.0.1:PORT", which we read,
 as ``tools.server`` reads hypercorn's. The model is loaded before uvicorn starts, so
-``GET /health`` answering 200 means ready. On exit: SIGINT (uvicorn's graceful shutdown), then SIGKILL to the process
-group after ``STOP_GRACE_S`` (5 s).
+``GET /health`` answering 200 means ready. On exit: SIGINT (uvicorn's graceful
+shutdown), then SIGKILL to the process group after ``STOP_GRACE_S`` (5 s).
 
 Protocol: the peer speaks OpenAI ``/v1/completions`` and ``/v1/chat/completions``; it
 refuses fields it does not know (422), ``ignore_eos`` among them, and has no
