@@ -144,14 +144,20 @@ def test_a_tied_weight_is_kept_once_under_the_model_s_first_name() -> None:
     assert set(weights) == set(model.state_dict()) - {"lm_head.weight"}
 
 
-def test_a_phase_inside_another_counts_for_itself_alone() -> None:
-    import time
+def test_a_phase_inside_another_counts_for_itself_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [0.0]  # the phases' clock, moved by hand (binary-exact steps): no real time passes
+    monkeypatch.setattr(startup.time, "perf_counter", lambda: clock[0])
+
+    def spend(seconds: float) -> None:
+        clock[0] += seconds
 
     with startup.recording() as phases:
         with startup.phase("outer"):
-            time.sleep(0.02)
+            spend(0.03125)
             with startup.phase("inner"):
-                time.sleep(0.05)
+                spend(0.0625)
         with startup.phase("outer"):
             pass
     seconds = phases.seconds
