@@ -68,7 +68,7 @@ class ModelRunner:
     def advance_generator(self, generator: object | None, generated_ids: list[int]) -> None:
         """Past the draws of ``generated_ids``: one sample each (``sampling.advance``)."""
         if isinstance(generator, torch.Generator):
-            # out_features: an int8 layer's weight is a method (``engine.precision``)
+            # out_features: the CPU layers keep no float weight (``engine.cpu_linear``)
             vocab_size = self.model.get_output_embeddings().out_features
             sampling.advance(generator, vocab_size, len(generated_ids))
 
