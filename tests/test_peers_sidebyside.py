@@ -29,18 +29,26 @@ COMMAND_TIMEOUT_S = 180  # a safety net: the command takes 20-40 s on a busy mac
 
 
 def test_sidebyside_quick_writes_figures_and_targets(tmp_path: Path) -> None:
+    """Ours alone, beside "another" checkout (this one, started from its path as another
+    tree would be)."""
     out, png = tmp_path / "sbs.json", tmp_path / "sbs.png"
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMSCOPE_")}
     done = subprocess.run(
         [sys.executable, "-m", "tools.peers.sidebyside", "--model", "tiny-gpt2", "--no-peer",
          "--levels", "1", "4", "--requests", "4", "--baseline-requests", "2",
-         "--max-new-tokens", "4", "--json", str(out), "--plot", str(png), "--no-progress"],
+         "--max-new-tokens", "4", "--json", str(out), "--plot", str(png), "--no-progress",
+         "--before", str(REPO_ROOT)],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     data = json.loads(out.read_text())
     assert data["meta"]["threads"] == 1 and data["meta"]["levels"] == [1, 4]
-    assert data["meta"]["order"] == ["streamscope"]
+    assert data["meta"]["order"] == ["streamscope-before", "streamscope"]
+    assert data["meta"]["before_tree"] == str(REPO_ROOT)
+    assert set(data["ratios_ours_over_before"]) == {"1", "4"}
+    before = data["systems"]["streamscope-before"]["levels"]
+    assert all(f["errors"] == 0 and f["tokens_per_stream"] == [4] for f in before.values())
+    assert data["before_targets"]["level"] == 4 and data["before_targets"]["of_reference"] > 0
     assert len(data["systems"]["streamscope"]["loadavg_start_end"]) == 2
     ceiling = data["ceiling"]
     assert ceiling["batch"] == 4 and ceiling["step_ms"] > 0 and ceiling["packed_prefill_ms"] > 0

@@ -122,15 +122,18 @@ def _process(
     settings: Mapping[str, object] | None,
     extra_env: Mapping[str, str] | None,
     app: str = SERVICE_APP,
+    tree: Path = REPO_ROOT,
 ) -> LoggedProcess:
     """Our server under ``hypercorn -k trio`` on a free loopback port, with ``settings`` as
-    ``STREAMSCOPE_*`` variables."""
+    ``STREAMSCOPE_*`` variables; from another checkout, ``tree``, if given."""
     env = {**os.environ, **(extra_env or {})}
+    if tree != REPO_ROOT:
+        env["PYTHONPATH"] = str(tree)
     for name, value in (settings or {}).items():
         if value is not None:
             env["STREAMSCOPE_" + name.upper()] = str(value)
     command = [sys.executable, "-m", "hypercorn", "-k", "trio", app, "--bind", "127.0.0.1:0"]
-    return LoggedProcess(command, env, running_on=_RUNNING_ON, name="server", cwd=REPO_ROOT)
+    return LoggedProcess(command, env, running_on=_RUNNING_ON, name="server", cwd=tree)
 
 
 def _term_when_parent_dies() -> None:
@@ -231,14 +234,16 @@ async def open_server(
     env: Mapping[str, str] | None = None,
     ready_timeout_s: float = READY_TIMEOUT_S,
     app: str = SERVICE_APP,
+    tree: Path = REPO_ROOT,
 ) -> AsyncIterator[str]:
-    """``serve`` for Trio code: the same server, polled without blocking the event loop.
+    """``serve`` for Trio code: the same server, polled without blocking the event loop
+    (from another checkout, ``tree``, if given).
 
     Raises:
         ServerError: the process died or was not ready within ``ready_timeout_s``.
 
     Cancellation: see the module docstring.
     """
-    async with until_ready(_process(settings, env, app), "/ready", _is_ready,
+    async with until_ready(_process(settings, env, app, tree), "/ready", _is_ready,
                            ready_timeout_s) as url:
         yield url

@@ -46,6 +46,11 @@ with ``ignore_eos`` and ``cache_prompt: false`` (``--protocol llama``); which bu
 ``llama_targets`` (issue 37: one stream at least 0.5x its tokens/s, the largest level at
 least 2x, TTFT p99 there no worse) are beside the peer's. ``--no-transformers`` leaves the
 ``transformers serve`` peer out.
+
+``--before TREE`` runs another checkout's server (its ``app:app``, its code on the path)
+right before ours, on the same client and settings: ``systems["streamscope-before"]``,
+``ratios_ours_over_before``, and ``before_targets`` (its shares of this tree's ceiling and
+reference schedule, its ratio to the peer), so "no slower than before" is one run's ratio.
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ LEVELS = (1, 8, 32)
 TTFT_SLACK = 1.3  # issue 10: TTFT p99 within 1.3 x (one batched prefill + one step)
 CEILING_SHARE = 0.8  # issue 10: at least 80% of the decode ceiling
 PEER_FACTOR = 2.0  # issue 10: at least 2x the peer's tokens/s
+OURS, BEFORE = "streamscope", "streamscope-before"
 LLAMA_ONE_STREAM = 0.5  # issue 37: one stream at least 0.5x llama-server's tokens/s
 LLAMA_FACTOR = 2.0  # issue 37: the largest level at least 2x llama-server's
 COMPARED = ("tokens_per_s_counted", "ttft_p50_ms", "ttft_p99_ms", "gap_p50_ms", "gap_p99_ms",
@@ -245,7 +251,10 @@ async def run_side_by_side(args: argparse.Namespace) -> dict[str, Any]:
                                                round(os.getloadavg()[0], 2)]}
 
     async def run_ours() -> None:
-        await one("streamscope", lambda: open_server({"model": args.model}, env=env), "openai")
+        if args.before is not None:
+            await one(BEFORE, lambda: open_server({"model": args.model}, env=env,
+                                                  tree=args.before), "openai")
+        await one(OURS, lambda: open_server({"model": args.model}, env=env), "openai")
 
     async def run_peer() -> None:
         from tools.peers.transformers_serve import PEER_NAME, open_peer
@@ -263,10 +272,11 @@ async def run_side_by_side(args: argparse.Namespace) -> dict[str, Any]:
     order = [*peers, run_ours] if args.peer_first else [run_ours, *peers]
     for run in order:
         await run()
-    ours = systems["streamscope"]["levels"]
+    ours = systems[OURS]["levels"]
     peer = next((s["levels"] for name, s in systems.items()
-                 if name not in ("streamscope", "llama-server")), None)
+                 if name not in (OURS, BEFORE, "llama-server")), None)
     llama = systems.get("llama-server", {}).get("levels")
+    before = systems.get(BEFORE, {}).get("levels")
     return {
         "meta": {
             "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(began)),
@@ -282,6 +292,7 @@ async def run_side_by_side(args: argparse.Namespace) -> dict[str, Any]:
                                 if k.startswith("STREAMSCOPE_")},
             "command": "python -m tools.peers.sidebyside " + " ".join(args.argv),
             "llama_build": _llama_build() if args.llama and not args.no_peer else None,
+            "before_tree": None if args.before is None else str(args.before),
         },
         "ceiling": ceiling,
         "systems": systems,
@@ -289,6 +300,9 @@ async def run_side_by_side(args: argparse.Namespace) -> dict[str, Any]:
         "targets": targets(ours, peer, ceiling, max(levels), args.max_new_tokens),
         "ratios_ours_over_llama": None if llama is None else compare(ours, llama),
         "llama_targets": None if llama is None else llama_targets(ours, llama, max(levels)),
+        "ratios_ours_over_before": None if before is None else compare(ours, before),
+        "before_targets": None if before is None else targets(
+            before, peer, ceiling, max(levels), args.max_new_tokens),
     }
 
 
@@ -298,45 +312,6 @@ def _llama_build() -> dict[str, Any] | None:
 
     found = built_variant()
     return None if found is None else {"binary": str(found[0]), **found[1]}
-
-
-def draw(data: Mapping[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(11, 4.2))
-    ttft_ax, gap_ax = fig.subplots(1, 2)
-    styles = {"streamscope": "C0", "llama-server": "C2"}
-    for name, system in data["systems"].items():
-        color = styles.get(name, "C1")
-        levels = sorted(system["levels"], key=int)
-        xs = [int(n) for n in levels]
-        figs = [system["levels"][n] for n in levels]
-        for key, dash in (("ttft_p50_ms", "-"), ("ttft_p99_ms", "--")):
-            ttft_ax.plot(xs, [f[key] for f in figs], dash, color=color, marker="o",
-                         label=f"{name} {key[5:8]}")
-        for key, dash in (("gap_p50_ms", "-"), ("gap_p99_ms", "--"), ("gap_max_ms", ":")):
-            gap_ax.plot(xs, [f[key] for f in figs], dash, color=color, marker="o",
-                        label=f"{name} {key[4:7]}")
-    ceiling = data.get("ceiling")
-    if ceiling:
-        ttft_ax.axhline(ceiling["ttft_bound_ms"], color="grey", lw=0.8,
-                        label="1.3 x (packed prefill + step)")
-    for ax, title in ((ttft_ax, "TTFT (ms)"), (gap_ax, "gap between tokens (ms)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(data["meta"]["levels"], [str(n) for n in data["meta"]["levels"]])
-        ax.set_yscale("log")
-        ax.set_xlabel("concurrent streams N")
-        ax.set_title(title)
-        ax.legend(fontsize=7)
-    meta = data["meta"]
-    fig.suptitle(f"{meta['model']}, {meta['max_new_tokens']} tokens, {meta['threads']} torch "
-                 f"thread(s), {meta['started']}", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -360,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the peer before ours (to see the order's effect)")
     parser.add_argument("--no-ceiling", action="store_true",
                         help="skip the step and prefill benches")
+    parser.add_argument("--before", type=Path, default=None,
+                        help="another checkout whose server runs right before ours")
     parser.add_argument("--json", type=Path, default=Path("results/sidebyside.json"))
     parser.add_argument("--plot", type=Path, default=None, help="a PNG of TTFT and gaps vs N")
     parser.add_argument("--no-progress", action="store_true")
@@ -369,9 +346,13 @@ def main(argv: list[str] | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(data, indent=1))
     if args.plot:
+        from tools.peers.sidebyside_chart import draw
+
         draw(data, args.plot)
     print(json.dumps({"ceiling": data["ceiling"], "ratios": data["ratios_ours_over_peer"],
-                      "targets": data["targets"], "llama": data["llama_targets"]}, indent=1))
+                      "targets": data["targets"], "llama": data["llama_targets"],
+                      "over_before": data["ratios_ours_over_before"],
+                      "before_targets": data["before_targets"]}, indent=1))
     errors = sum(lv["errors"] for s in data["systems"].values() for lv in s["levels"].values())
     return 0 if errors == 0 else 1
 

@@ -1,4 +1,5 @@
-"""Several ``tools.peers.sidebyside`` runs in one chart: tokens/s against N, per precision.
+"""Charts of ``tools.peers.sidebyside`` runs: one run's TTFT and gaps against N (``draw``,
+its ``--plot``), and several runs' tokens/s against N, per precision (this command).
 
 ::
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,45 @@ def chart(runs: list[dict[str, Any]], out: Path, names: list[str] | None = None)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
+
+
+def draw(data: Mapping[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4.2))
+    ttft_ax, gap_ax = fig.subplots(1, 2)
+    styles = {"streamscope": "C0", "llama-server": "C2"}
+    for name, system in data["systems"].items():
+        color = styles.get(name, "C1")
+        levels = sorted(system["levels"], key=int)
+        xs = [int(n) for n in levels]
+        figs = [system["levels"][n] for n in levels]
+        for key, dash in (("ttft_p50_ms", "-"), ("ttft_p99_ms", "--")):
+            ttft_ax.plot(xs, [f[key] for f in figs], dash, color=color, marker="o",
+                         label=f"{name} {key[5:8]}")
+        for key, dash in (("gap_p50_ms", "-"), ("gap_p99_ms", "--"), ("gap_max_ms", ":")):
+            gap_ax.plot(xs, [f[key] for f in figs], dash, color=color, marker="o",
+                        label=f"{name} {key[4:7]}")
+    ceiling = data.get("ceiling")
+    if ceiling:
+        ttft_ax.axhline(ceiling["ttft_bound_ms"], color="grey", lw=0.8,
+                        label="1.3 x (packed prefill + step)")
+    for ax, title in ((ttft_ax, "TTFT (ms)"), (gap_ax, "gap between tokens (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(data["meta"]["levels"], [str(n) for n in data["meta"]["levels"]])
+        ax.set_yscale("log")
+        ax.set_xlabel("concurrent streams N")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    meta = data["meta"]
+    fig.suptitle(f"{meta['model']}, {meta['max_new_tokens']} tokens, {meta['threads']} torch "
+                 f"thread(s), {meta['started']}", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
