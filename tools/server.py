@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 from typing import IO
@@ -123,10 +123,12 @@ def _process(
     extra_env: Mapping[str, str] | None,
     app: str = SERVICE_APP,
     tree: Path = REPO_ROOT,
+    unset: Collection[str] = (),
 ) -> LoggedProcess:
     """Our server under ``hypercorn -k trio`` on a free loopback port, with ``settings`` as
-    ``STREAMSCOPE_*`` variables; from another checkout, ``tree``, if given."""
-    env = {**os.environ, **(extra_env or {})}
+    ``STREAMSCOPE_*`` variables; from another checkout, ``tree``, if given, without the
+    variables in ``unset`` (settings that an older checkout refuses as unknown)."""
+    env = {k: v for k, v in {**os.environ, **(extra_env or {})}.items() if k not in unset}
     if tree != REPO_ROOT:
         env["PYTHONPATH"] = str(tree)
     for name, value in (settings or {}).items():
@@ -235,15 +237,16 @@ async def open_server(
     ready_timeout_s: float = READY_TIMEOUT_S,
     app: str = SERVICE_APP,
     tree: Path = REPO_ROOT,
+    unset: Collection[str] = (),
 ) -> AsyncIterator[str]:
     """``serve`` for Trio code: the same server, polled without blocking the event loop
-    (from another checkout, ``tree``, if given).
+    (from another checkout, ``tree``, without ``unset``: see ``_process``).
 
     Raises:
         ServerError: the process died or was not ready within ``ready_timeout_s``.
 
     Cancellation: see the module docstring.
     """
-    async with until_ready(_process(settings, env, app, tree), "/ready", _is_ready,
+    async with until_ready(_process(settings, env, app, tree, unset), "/ready", _is_ready,
                            ready_timeout_s) as url:
         yield url

@@ -50,7 +50,8 @@ least 2x, TTFT p99 there no worse) are beside the peer's. ``--no-transformers`` 
 ``--before TREE`` runs another checkout's server (its ``app:app``, its code on the path)
 right before ours, on the same client and settings: ``systems["streamscope-before"]``,
 ``ratios_ours_over_before``, and ``before_targets`` (its shares of this tree's ceiling and
-reference schedule, its ratio to the peer), so "no slower than before" is one run's ratio.
+reference schedule, its ratio to the peer), so "no slower than before" is one run's ratio;
+``--before-unset`` keeps variables from it (e.g. a ``STREAMSCOPE_`` setting it predates).
 """
 
 from __future__ import annotations
@@ -253,7 +254,8 @@ async def run_side_by_side(args: argparse.Namespace) -> dict[str, Any]:
     async def run_ours() -> None:
         if args.before is not None:
             await one(BEFORE, lambda: open_server({"model": args.model}, env=env,
-                                                  tree=args.before), "openai")
+                                                  tree=args.before, unset=args.before_unset),
+                      "openai")
         await one(OURS, lambda: open_server({"model": args.model}, env=env), "openai")
 
     async def run_peer() -> None:
@@ -337,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the step and prefill benches")
     parser.add_argument("--before", type=Path, default=None,
                         help="another checkout whose server runs right before ours")
+    parser.add_argument("--before-unset", nargs="+", default=[], metavar="VARIABLE",
+                        help="variables kept from the --before server (settings it lacks)")
     parser.add_argument("--json", type=Path, default=Path("results/sidebyside.json"))
     parser.add_argument("--plot", type=Path, default=None, help="a PNG of TTFT and gaps vs N")
     parser.add_argument("--no-progress", action="store_true")
