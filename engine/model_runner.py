@@ -13,6 +13,8 @@ prefill of that prompt alone would give. A decode runs one new position for
 every decode row in one forward pass. A mixed pass (``mixed``) does both in ONE
 forward pass, the chunks' tokens then one token per decode row, so that a step
 pays the model's per-pass cost (weights streamed once, per-layer overheads) once.
+A recompute (a preempted or rebuilt sequence) prefills its prompt and replays its
+generated tokens as decode rows in the same pass (``mixed_logits``).
 The batch builders are ``attention.prefill_batch``, ``attention.decode_batch``
 and ``attention.mixed_batch``, the ones the tests check.
 """
@@ -113,22 +115,52 @@ class ModelRunner:
 
     def mixed_logits(self, chunks: list[Chunk], seqs: list[Sequence]) -> torch.Tensor:
         """The mixed pass's logits: a row per chunk (its last position), then a row per
-        decode row (call in inference mode)."""
-        lengths = [c.end - c.start for c in chunks]
-        starts = [c.start for c in chunks]
+        decode row (call in inference mode).
+
+        A recompute's generated positions (a chunk's part past its prompt) run as decode
+        rows, one a position, as the decode steps that first made them did: their keys
+        and values, and so every later token's logits, are those steps' bit for bit (a
+        row's linear layers and its attention depend on the row alone), where a causal
+        prefill over them would differ in last bits (a near-tie or a seeded draw on a
+        boundary could then change the rest of the answer)."""
+        # Each chunk's (start, end) of prompt positions, prefilled packed; its positions
+        # from end to its own end are generated tokens, replayed as decode rows.
+        parts = [(c, c.start, max(c.start, min(c.end, c.seq.num_prompt_tokens))) for c in chunks]
+        packed = [(c, start, end) for c, start, end in parts if end > start]
+        replays = [(c.seq, q) for c, _, end in parts for q in range(end, c.end)]
+        rows_seqs = [seq for seq, _ in replays] + seqs
+        rows = torch.tensor([[q] for _, q in replays] + [[s.num_cached] for s in seqs],
+                            device=self.device, dtype=torch.long).reshape(-1, 1)
+        row_ids = [seq.prefill_ids[q] for seq, q in replays] + [s.last_token_id for s in seqs]
+        lengths = [end - start for _, start, end in packed]
+        kept = self._kept([(end - start, c.end - end) for c, start, end in parts],
+                          sum(lengths), len(seqs))
+        decode = None if not rows_seqs else decode_batch(
+            self.cache, self._tables(rows_seqs), rows, self.model.dtype)
+        if not packed:  # decode rows only: the decode pass's own shape
+            assert decode is not None
+            row_input = torch.tensor(row_ids, device=self.device).reshape(-1, 1)
+            return self.forward(row_input, rows, decode, 1)[kept]
         batch, positions = prefill_batch(
-            self.cache, self._tables([c.seq for c in chunks]), lengths, starts
-        )
-        ids = [t for c in chunks for t in c.ids]
-        keep = torch.cumsum(torch.tensor(lengths, device=self.device), 0) - 1
-        if seqs:
-            rows = self._decode_positions(seqs)
-            decode = decode_batch(self.cache, self._tables(seqs), rows, self.model.dtype)
+            self.cache, self._tables([c.seq for c, _, _ in packed]), lengths,
+            [start for _, start, _ in packed])
+        ids = [t for c, start, end in packed for t in c.seq.prefill_ids[start:end]] + row_ids
+        if decode is not None:
             batch = mixed_batch(batch, decode)
             positions = torch.cat([positions, rows.T], dim=1)
-            ids += [s.last_token_id for s in seqs]
-            keep = torch.cat([keep, sum(lengths) + torch.arange(len(seqs), device=self.device)])
-        return self.forward(torch.tensor([ids], device=self.device), positions, batch, keep)
+        return self.forward(torch.tensor([ids], device=self.device), positions, batch, kept)
+
+    def _kept(self, parts: list[tuple[int, int]], packed: int, decoded: int) -> torch.Tensor:
+        """The positions whose logits a mixed pass keeps: each chunk's last (of ``parts``,
+        its packed and its replayed positions' counts), then every decode row's. The pass
+        holds the ``packed`` positions, then the replayed rows, then the decode rows."""
+        keep, packed_end, replay_end = [], 0, packed
+        for packed_count, replay_count in parts:
+            packed_end += packed_count
+            replay_end += replay_count
+            keep.append(replay_end - 1 if replay_count else packed_end - 1)
+        keep += range(replay_end, replay_end + decoded)
+        return torch.tensor(keep, device=self.device, dtype=torch.long)
 
     def _decode_positions(self, seqs: list[Sequence]) -> torch.Tensor:
         """(rows, 1): each decode row's new position."""

@@ -8,9 +8,11 @@ runner's (a ``torch.Generator`` for the real one), opaque here.
 Prefill and recompute. Before a sequence decodes, its ``prefill_ids`` must be in
 the cache: the prompt for a fresh sequence; after a preemption (``forget_cache``)
 the prompt plus every generated token but the last, whose keys and values the cache
-lost with its blocks. The last generated token is then fed to the next decode as
-usual, so a recompute samples nothing: the generator is not drawn from and the
-stream goes on exactly as if it had never stopped. A sequence made already holding
+lost with its blocks (the model runner prefills the prompt and replays the generated
+tokens as the decode rows that made them: ``ModelRunner.mixed_logits``). The last
+generated token is then fed to the next decode as usual, so a recompute samples
+nothing: the generator is not drawn from and the stream goes on exactly as if it had
+never stopped. A sequence made already holding
 ``generated_ids`` (a stream rebuilt elsewhere) starts in that same state.
 """
 

@@ -257,6 +257,38 @@ def test_streams_preempted_mid_stream_equal_their_solo_runs(
     assert got == solo
 
 
+
+@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
+def test_preempted_streams_keep_their_solo_logprobs_bit_for_bit(
+    precision: str, make_tiny_engine: Callable[..., Engine]
+) -> None:
+    """A recompute replays a stream's tokens as the decode rows that made them, so its
+    cache, and every later token's log-probabilities, are the solo run's, not just its
+    argmax. (float32's products take another path for one row than for many.)"""
+    sampling = SamplingParams(ignore_eos=True, logprobs=True, top_logprobs=2)
+    requests = [GenerationRequest(f"r{i}", prompt, 24, sampling=sampling)
+                for i, prompt in enumerate(MODEL_PROMPTS)]
+
+    def logprobs(engine: Engine) -> dict[str, list[object]]:
+        found: dict[str, list[object]] = {}
+        for event in run_until_idle(engine):
+            if isinstance(event, TokenEvent):
+                found.setdefault(event.request_id, []).append(event.logprobs)
+        return found
+
+    solo = {}
+    for request in requests:
+        alone = make_tiny_engine("tiny-llama", precision, max_batch=1, num_blocks=64,
+                                 block_size=4)
+        alone.submit(request)
+        solo.update(logprobs(alone))
+    engine = make_tiny_engine("tiny-llama", precision, max_batch=8, num_blocks=24, block_size=4)
+    for request in requests:
+        engine.submit(request)
+    got = logprobs(engine)
+    assert engine.statistics().preemptions >= 3
+    assert got == solo
+
 # -- over HTTP: /stats and /metrics --------------------------------------------------------
 
 

@@ -41,11 +41,11 @@ from tools.cluster import Replica, free_port
 # periods (2/3 s) late, a scheduler more than 5x slower than this machine's worst seen (as
 # WRITER_LEASE_RENEWED_S); a takeover after a kill waits for it to lapse, 1 s at most.
 WRITER_LEASE_S = 1.0
-# float32: a rebuilt stream continues token for token as the uninterrupted one only there
-# (in bfloat16 the recomputed positions' cache differs in last bits: docs/engine.md).
+# The default precision (bfloat16 on a CPU that has it): a rebuilt stream continues
+# token for token there too (the recompute replays its tokens as decode rows).
 SETTINGS = {"model": "tiny-gpt2", "device": "cpu", "cache_blocks": 256,
             "writer_lease_s": WRITER_LEASE_S, "resume_grace_s": 30,
-            "resume_secret": RESUME_SECRET, "dtype": "float32"}
+            "resume_secret": RESUME_SECRET}
 # With ignore_eos. Still running at the kill: between a stream's start and the kill lies
 # only work (HTTP, the log in Redis, reading 10 events), no timer, so the share of it a
 # stream gets through does not depend on the machine's speed. The earliest stream (the

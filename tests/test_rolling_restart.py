@@ -44,10 +44,10 @@ from tools.load import Retries, StreamRequest, run_streams
 # be still running then (with 1 s, 281 of its 482 events were out at the hand-over here:
 # a machine twice as fast would have finished it). The load's short streams, 12 tokens
 # each, end in the 0.5 s (tens of milliseconds here).
-# float32: a handed-over stream continues token for token as the whole one only there
-# (in bfloat16 the recomputed positions' cache differs in last bits: docs/engine.md).
+# The default precision (bfloat16 on a CPU that has it): a rebuilt stream continues
+# token for token there too (the recompute replays its tokens as decode rows).
 SETTINGS = {"model": "tiny-gpt2", "device": "cpu", "cache_blocks": 256,
-            "shutdown_grace_s": HANDOVER_LEAD_S, "dtype": "float32"}
+            "shutdown_grace_s": HANDOVER_LEAD_S}
 ENV = {"OMP_NUM_THREADS": "1"}
 TOKENS = 12  # a short stream: it ends well within a drain's grace period
 LONG_TOKENS = 480  # the long streams: still running when the drain begins (512 at most)

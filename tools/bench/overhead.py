@@ -211,7 +211,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 @bench("overhead", "a decode step's parts, and torch.compile of the decode forward beside eager",
        arguments=arguments)
 def run(args: argparse.Namespace) -> Report:
-    loaded = load_model(args.model, args.device)
+    loaded = load_model(args.model, args.device, precision=args.precision)
     engine_stepper(loaded, prompt_ids(loaded, 2, args.prompt_tokens), 4).step()  # one-off costs
     parts = {str(b): breakdown(loaded, b, args) for b in args.batches}
     rows = []
@@ -219,7 +219,8 @@ def run(args: argparse.Namespace) -> Report:
         compiled = compiled_model(loaded, args.compile)
         rows = [side_by_side(loaded, compiled, b, args) for b in args.batches]
     summary: dict[str, Any] = {
-        "model": args.model, "threads": torch.get_num_threads(), "compile": args.compile,
+        "model": args.model, "precision": loaded.precision, "threads": torch.get_num_threads(),
+        "compile": args.compile,
         "eager_step_ms": {b: p["step"] for b, p in parts.items()},
         "ours_share": {b: p["ours_share"] for b, p in parts.items()},
         "greedy_max_over_argmax": {b: round(p["greedy_max_ms"] / p["greedy_argmax_ms"], 3)
