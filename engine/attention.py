@@ -84,6 +84,22 @@ class PagedBatch:
     # prefill: per chunk, None when it starts a prompt, else the slots of every position
     # up to its end (the cached ones before it included), to read its keys back.
     prefix_slots: tuple[torch.Tensor | None, ...] = ()
+    # prefill, mixed: each chunk row attends in a call of its own padded length
+    # (``_rows_alone``), so that where a prompt is cut changes none of its bits.
+    rows_alone: bool = False
+
+
+# A prefill row attends over its prompt's positions padded to the next multiple of this
+# (its own length's bucket), one kernel call per chunk and bucket: a row's result is then
+# the same however its prompt was chunked. Larger buckets are fewer calls and more
+# masked positions; at 64 a packed prefill took about 1.1x the single causal call a chunk
+# it replaced (docs/results.md, "Prefill rows independent of their chunking").
+PREFILL_PAD_TO = 64
+
+
+def prefill_length(length: int) -> int:
+    """The length a prefill row of ``length`` positions attends over: its own bucket."""
+    return -(-length // PREFILL_PAD_TO) * PREFILL_PAD_TO
 
 
 def padded_length(length: int) -> int:
@@ -101,9 +117,11 @@ def length_groups(lengths: list[int]) -> list[list[int]]:
 
 
 def prefill_batch(
-    cache: PagedKVCache, tables: torch.Tensor, lengths: list[int], starts: list[int] | None = None
+    cache: PagedKVCache, tables: torch.Tensor, lengths: list[int], starts: list[int] | None = None,
+    *, rows_alone: bool = False,
 ) -> tuple[PagedBatch, torch.Tensor]:
-    """A packed prefill of ``len(lengths)`` prompt chunks, and its position ids (1, total).
+    """A packed prefill of ``len(lengths)`` prompt chunks, and its position ids (1, total)
+    (``rows_alone``: see ``PagedBatch``).
 
     ``tables`` (prompts, blocks) holds each prompt's block table, padded with any
     valid block id; chunk ``i`` occupies ``lengths[i]`` consecutive tokens of the row,
@@ -124,7 +142,8 @@ def prefill_batch(
         else cache.slots(tables[i : i + 1], torch.arange(start + n, device=device)[None]).flatten()
         for i, (start, n) in enumerate(zip(starts, lengths, strict=True))
     )
-    batch = PagedBatch(cache, slots, prompt_lengths=tuple(lengths), prefix_slots=prefix)
+    batch = PagedBatch(cache, slots, prompt_lengths=tuple(lengths), prefix_slots=prefix,
+                       rows_alone=rows_alone)
     return batch, positions.unsqueeze(0)
 
 
@@ -173,6 +192,7 @@ def mixed_batch(prefill: PagedBatch, decode: PagedBatch) -> PagedBatch:
         order=decode.order,
         prompt_lengths=prefill.prompt_lengths,
         prefix_slots=prefill.prefix_slots,
+        rows_alone=prefill.rows_alone,
     )
 
 
@@ -204,14 +224,15 @@ def paged_attention(
     v_cache.index_copy_(
         0, paged.write_slots, value.transpose(1, 2).reshape(-1, num_kv_heads, head_dim)
     )
+    prefill = _rows_alone if paged.rows_alone else _packed_causal
     if not paged.reads:
-        return _packed_causal(query, key, value, paged, layer, scaling), None
+        return prefill(query, key, value, paged, layer, scaling), None
     if not paged.prompt_lengths:
         return _decode(query, paged, layer, scaling), None
     # Mixed: the packed chunks first, then one position per decode row.
     packed = sum(paged.prompt_lengths)
     q, k, v = (x[:, :, :packed] for x in (query, key, value))
-    chunks = _packed_causal(q, k, v, paged, layer, scaling)
+    chunks = prefill(q, k, v, paged, layer, scaling)
     rows = query[0, :, packed:].transpose(0, 1).unsqueeze(2)  # (rows, heads, 1, dim)
     decoded = _decode(rows, paged, layer, scaling).reshape(1, -1, num_heads, head_dim)
     return torch.cat([chunks, decoded], dim=1), None
@@ -288,6 +309,60 @@ def _packed_causal(
         parts.append(out)
         start += n
     return torch.cat(parts, dim=2).transpose(1, 2).contiguous()
+
+
+def _rows_alone(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    paged: PagedBatch,
+    layer: int,
+    scaling: float | None,
+) -> torch.Tensor:
+    """``_packed_causal``'s result, each row's independent of how its prompt was chunked.
+
+    (1, heads, total, dim) in, (1, total, heads, dim) out. Each row attends over its
+    prompt's positions up to its own, padded to ``prefill_length`` of its own length
+    (padding masked out), in one call per chunk and padded length, the rows laid out as
+    that call's query positions; the keys are read back from the cache (written above).
+    A row's result thus depends on its prompt and position alone, not on where the prompt
+    was cut into chunks (a step's budget, a prefix cache hit) or what was packed beside
+    it: ``_packed_causal``'s one call over a chunk is not so (its kernel blocks the
+    keys by the chunk's length, so a row's last bits depend on the cut). It costs more
+    calls and masked positions, and is used where the linear layers keep a row's result
+    alone too (``PagedBatch.rows_alone``): elsewhere a row's last bits depend on its
+    batch anyway.
+    """
+    k_cache, v_cache = paged.cache.keys[layer], paged.cache.values[layer]
+    num_heads, head_dim = query.shape[1], query.shape[3]
+    num_kv_heads = k_cache.shape[1]
+    per_kv = num_heads // num_kv_heads
+    # (kv heads, total * per_kv, dim): a kv head's query heads, row after row
+    queries = query[0].reshape(num_kv_heads, per_kv, -1, head_dim).transpose(1, 2)
+    parts, offset = [], 0
+    for i, n in enumerate(paged.prompt_lengths or (query.shape[2],)):  # none: one prompt
+        prefix = paged.prefix_slots[i] if paged.prefix_slots else None
+        slots = paged.write_slots[offset : offset + n] if prefix is None else prefix
+        start, end = len(slots) - n, len(slots)
+        span = torch.arange(prefill_length(end), device=slots.device)
+        keys, values = (c.index_select(0, slots[span.clamp(max=end - 1)]).transpose(0, 1)[None]
+                        for c in (k_cache, v_cache))  # (1, kv heads, padded end, dim)
+        first = start
+        while first < end:  # the rows of one padded length
+            width = prefill_length(first + 1)
+            last = min(width, end)
+            own = torch.arange(first + 1, last + 1, device=slots.device)[:, None]
+            bias = torch.zeros((last - first, width), dtype=query.dtype, device=query.device)
+            bias.masked_fill_(span[:width] >= own, float("-inf"))
+            rows = queries[:, offset + first - start : offset + last - start]
+            out = F.scaled_dot_product_attention(
+                rows.reshape(1, num_kv_heads, -1, head_dim), keys[:, :, :width],
+                values[:, :, :width], attn_mask=bias.repeat_interleave(per_kv, 0)[None, None],
+                scale=scaling)
+            parts.append(out.reshape(num_kv_heads, last - first, per_kv, head_dim))
+            first = last
+        offset += n
+    return torch.cat(parts, dim=1).transpose(0, 1).reshape(1, -1, num_heads, head_dim)
 
 
 def register_paged_attention() -> None:

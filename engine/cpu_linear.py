@@ -115,6 +115,11 @@ class Int8Linear(_RowWise):
         return torch._weight_int8pack_mm(rows, self.weight_int8, self.scales)
 
 
+def rows_alone(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s linear layers are these (a row's result the same in any batch)."""
+    return any(isinstance(module, _RowWise) for module in model.modules())
+
+
 def swap_linears(model: torch.nn.Module, make: Callable[[torch.nn.Module], _RowWise]) -> int:
     """Replace every ``nn.Linear`` and ``Conv1D`` of ``model`` by ``make(layer)``;
     returns how many."""

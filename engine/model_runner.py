@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from . import sampling
+from . import cpu_linear, sampling
 from .attention import (
     ATTENTION_NAME,
     PagedBatch,
@@ -52,6 +52,9 @@ class ModelRunner:
         self.device = loaded.device
         register_paged_attention()
         self.model.set_attn_implementation(ATTENTION_NAME)
+        # Linear layers that keep a row's result alone (bfloat16, int8 on a CPU): then its
+        # prefill attention is made independent of the chunking too (attention.PagedBatch).
+        self.rows_alone = cpu_linear.rows_alone(self.model)
         config = self.model.config
         num_heads = config.num_attention_heads
         self.cache = PagedKVCache(
@@ -143,7 +146,7 @@ class ModelRunner:
             return self.forward(row_input, rows, decode, 1)[kept]
         batch, positions = prefill_batch(
             self.cache, self._tables([c.seq for c, _, _ in packed]), lengths,
-            [start for _, start, _ in packed])
+            [start for _, start, _ in packed], rows_alone=self.rows_alone)
         ids = [t for c, start, end in packed for t in c.seq.prefill_ids[start:end]] + row_ids
         if decode is not None:
             batch = mixed_batch(batch, decode)

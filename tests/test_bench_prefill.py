@@ -13,7 +13,8 @@ def test_prefill_bench_times_every_variant_and_their_argmax_agrees(tmp_path: Pat
     assert bench(argv) == 0
     report = json.loads((tmp_path / "prefill.json").read_text())
     assert next(iter(report)) == "summary"
-    assert [row["variant"] for row in report["rows"]] == ["serial", "packed", "masked", "padded"]
+    assert [row["variant"] for row in report["rows"]] == [
+        "serial", "packed", "masked", "padded", "causal"]
     assert all(row["same_argmax"] for row in report["rows"])
     assert all(row["max_abs_diff"] < 1e-3 for row in report["rows"])
     assert report["summary"]["prompts"] == 4 and report["summary"]["same_argmax"] is True

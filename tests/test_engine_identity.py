@@ -24,6 +24,7 @@ from engine import (
     FinishReason,
     GenerationRequest,
     SamplingParams,
+    TokenEvent,
     attention,
 )
 from engine.attention import PagedBatch, decode_batch, paged_attention, prefill_batch
@@ -294,16 +295,20 @@ def test_decode_rows_are_grouped_by_their_own_padded_length(
     assert attention.length_groups([7, 5, 8, 6]) == [[2, 0, 3, 1]]  # one bucket of 8
 
 
+ROWS_ALONE = pytest.mark.parametrize("rows_alone", [False, True], ids=["causal", "rows-alone"])
+
+
+@ROWS_ALONE
 @pytest.mark.parametrize("num_kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
 def test_packed_prefill_batch_attends_within_each_prompt_and_writes_its_blocks(
-    num_kv_heads: int,
+    num_kv_heads: int, rows_alone: bool,
 ) -> None:
     generator = torch.Generator().manual_seed(2)
     cache, layer = _cache(num_kv_heads), types.SimpleNamespace(layer_idx=1)
     lengths, tables = [3, 7, 5], TABLES[:3]
     width = max(map(len, tables))
     padded = torch.tensor([t + [0] * (width - len(t)) for t in tables])
-    batch, positions = prefill_batch(cache, padded, lengths)
+    batch, positions = prefill_batch(cache, padded, lengths, rows_alone=rows_alone)
     assert positions.tolist() == [[*range(3), *range(7), *range(5)]]
     total = sum(lengths)
     q = torch.randn(1, NUM_HEADS, total, HEAD_DIM, generator=generator)
@@ -312,26 +317,56 @@ def test_packed_prefill_batch_attends_within_each_prompt_and_writes_its_blocks(
     start = 0
     for table, n in zip(tables, lengths, strict=True):
         part = slice(start, start + n)
-        expected = _reference(q[:, :, part], k[:, :, part], v[:, :, part], causal=True)
-        assert torch.equal(out[:, part], expected)  # the solo call's exact result
+        torch.testing.assert_close(
+            out[:, part], _reference(q[:, :, part], k[:, :, part], v[:, :, part], causal=True))
+        alone, _ = prefill_batch(_cache(num_kv_heads), torch.tensor([table]), [n],
+                                 rows_alone=rows_alone)
+        solo, _ = paged_attention(layer, q[:, :, part], k[:, :, part], v[:, :, part], None,
+                                  paged=alone)
+        assert torch.equal(out[:, part], solo)  # the prompt prefilled alone, bit for bit
         slots = _slots(cache, table, range(n))
         assert torch.equal(cache.keys[1][slots], k[0, :, part].transpose(0, 1))
         start += n
 
 
-def test_a_later_chunk_attends_to_its_cached_prefix_and_itself() -> None:
+@ROWS_ALONE
+def test_a_later_chunk_attends_to_its_cached_prefix_and_itself(rows_alone: bool) -> None:
     generator = torch.Generator().manual_seed(3)
     cache, layer = _cache(2), types.SimpleNamespace(layer_idx=0)
     table, n, cut = torch.tensor([TABLES[3]]), 13, 5
     q = torch.randn(1, NUM_HEADS, n, HEAD_DIM, generator=generator)
     k, v = (torch.randn(1, 2, n, HEAD_DIM, generator=generator) for _ in "kv")
-    first, _ = prefill_batch(cache, table, [cut])
+    first, _ = prefill_batch(cache, table, [cut], rows_alone=rows_alone)
     paged_attention(layer, q[:, :, :cut], k[:, :, :cut], v[:, :, :cut], None, paged=first)
-    second, positions = prefill_batch(cache, table, [n - cut], [cut])
+    second, positions = prefill_batch(cache, table, [n - cut], [cut], rows_alone=rows_alone)
     assert positions.tolist() == [list(range(cut, n))]
     out, _ = paged_attention(layer, q[:, :, cut:], k[:, :, cut:], v[:, :, cut:], None,
                              paged=second)
     torch.testing.assert_close(out, _reference(q, k, v, causal=True)[:, cut:])
+    if rows_alone:  # where the prompt was cut changes no bit
+        whole, _ = paged_attention(
+            layer, q, k, v, None, paged=prefill_batch(_cache(2), table, [n], rows_alone=True)[0])
+        assert torch.equal(out, whole[:, cut:])
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
+@MODELS
+def test_a_prompt_prefilled_in_chunks_gives_the_whole_prefills_logprobs(
+    model: str, precision: str, make_tiny_engine: Callable[..., Engine],
+) -> None:
+    """Where a step's budget cuts a prompt (it depends on what else is waiting, or on a
+    step-time target) changes no bit of its answer. (float32's products take another
+    path for one row than for many: its chunks may differ in last bits.)"""
+    prompt = "The capital of Italy is Rome. The capital of France is Paris. " * 3
+    sampling = SamplingParams(ignore_eos=True, logprobs=True, top_logprobs=2)
+    found = []
+    for budget in (4096, 16, 7):
+        engine = make_tiny_engine(model, precision, max_prefill_tokens=budget,
+                                  **ENGINE_OPTIONS)
+        engine.submit(GenerationRequest("r", prompt, 8, sampling=sampling))
+        events = _run_until_idle(engine)
+        found.append([e.logprobs for e in events if isinstance(e, TokenEvent)])
+    assert len(found[0]) == 8 and found[1] == found[0] and found[2] == found[0]
 
 
 def test_paged_attention_without_a_batch_raises() -> None:

@@ -7,11 +7,18 @@ machine:
 
 * ``serial``: one forward pass per prompt (the engine before issue 10);
 * ``packed``: the engine's prefill, every prompt in ONE forward pass packed into
-  one row, causal attention run per prompt;
+  one row, causal attention run per prompt (in bfloat16 and int8, per prompt and
+  padded length: ``attention._rows_alone``);
 * ``masked``: the same packed row, attention in one call with a block-diagonal
   causal mask (what a varlen kernel would do);
 * ``padded``: the prompts right-padded into a (prompts, longest) batch, causal
-  attention per row, the padded keys never written to the cache.
+  attention per row, the padded keys never written to the cache;
+* ``causal``: the packed row with one causal call per prompt (the engine before each
+  row got a call per padded length, ``attention._packed_causal``: a chunk's call blocks
+  the keys by the chunk's length, so a row's result depended on where its prompt was cut).
+
+``--prompt-repeat K`` makes each prompt K copies of itself (a long prompt: ``--prompts 1
+--prompt-repeat 30`` is about 1,200 tokens of the embedded model).
 
 For each variant it reports the median (and least) time over the rounds, the
 ratio to serial, and whether each prompt's last-position logits equal serial's
@@ -46,7 +53,7 @@ from tools.bench.common import bench
 from tools.lab.common import Report
 from tools.prompts import load_prompts
 
-MASKED, PADDED = "prefillbench_masked", "prefillbench_padded"
+MASKED, PADDED, CAUSAL = "prefillbench_masked", "prefillbench_padded", "prefillbench_causal"
 
 
 def masked_attention(
@@ -103,7 +110,31 @@ def _write(module: torch.nn.Module, key: torch.Tensor, value: torch.Tensor, p: P
         cache.index_copy_(0, p.write_slots, new.transpose(1, 2).reshape(-1, kv_heads, dim))
 
 
+def causal_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    paged: PagedBatch | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """Whole prompts packed in one row, one causal call per prompt (no cached prefix)."""
+    assert paged is not None
+    _write(module, key, value, paged)
+    parts, start = [], 0
+    for n in paged.prompt_lengths:
+        q, k, v = (x[:, :, start : start + n].contiguous() for x in (query, key, value))
+        parts.append(F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=scaling, enable_gqa=q.shape[1] != k.shape[1]))
+        start += n
+    return torch.cat(parts, dim=2).transpose(1, 2).contiguous(), None
+
+
 AttentionInterface.register(MASKED, masked_attention)
+AttentionInterface.register(CAUSAL, causal_attention)
 AttentionInterface.register(PADDED, padded_attention)
 Prefill = Callable[[ModelRunner, list[Sequence]], torch.Tensor]  # last-position logits
 
@@ -120,7 +151,8 @@ def packed(runner: ModelRunner, seqs: list[Sequence]) -> torch.Tensor:
 
 def _packed_logits(runner: ModelRunner, seqs: list[Sequence], **extra: object) -> torch.Tensor:
     lengths = [s.num_prompt_tokens for s in seqs]
-    batch, positions = prefill_batch(runner.cache, runner._tables(seqs), lengths)
+    batch, positions = prefill_batch(runner.cache, runner._tables(seqs), lengths,
+                                     rows_alone=runner.rows_alone)
     input_ids = torch.tensor([[t for s in seqs for t in s.prompt_ids]])
     last = torch.cumsum(torch.tensor(lengths), 0) - 1
     out = runner.model(
@@ -137,6 +169,15 @@ def masked(runner: ModelRunner, seqs: list[Sequence]) -> torch.Tensor:
     runner.model.set_attn_implementation(MASKED)
     try:
         return _packed_logits(runner, seqs, mask=torch.block_diag(*blocks))
+    finally:
+        runner.model.set_attn_implementation("streamscope_paged")
+
+
+@torch.inference_mode()
+def causal(runner: ModelRunner, seqs: list[Sequence]) -> torch.Tensor:
+    runner.model.set_attn_implementation(CAUSAL)
+    try:
+        return _packed_logits(runner, seqs)
     finally:
         runner.model.set_attn_implementation("streamscope_paged")
 
@@ -161,22 +202,23 @@ def padded(runner: ModelRunner, seqs: list[Sequence]) -> torch.Tensor:
 
 
 VARIANTS: dict[str, Prefill] = {
-    "serial": serial, "packed": packed, "masked": masked, "padded": padded
+    "serial": serial, "packed": packed, "masked": masked, "padded": padded, "causal": causal,
 }
 
 
-def admitted(model: str, count: int, precision: str = "float32",
+def admitted(model: str, count: int, precision: str = "float32", repeat: int = 1,
              ) -> tuple[ModelRunner, list[Sequence]]:
     """An engine's runner and ``count`` admitted prompts (block tables, no prefill yet)."""
     engine = Engine(
         load_model(model, "cpu", precision=precision), max_batch=count,
-        num_blocks=count * 32, block_size=16,
+        num_blocks=count * 32 * repeat, block_size=16,
         max_prefill_tokens=1_000_000,  # every prompt in the one plan
     )
     prompts = load_prompts()
     for i in range(count):
         params = SamplingParams(ignore_eos=True)
-        engine.submit(GenerationRequest(f"p{i}", prompts[i % len(prompts)], 8, sampling=params))
+        prompt = " ".join([prompts[i % len(prompts)]] * repeat)
+        engine.submit(GenerationRequest(f"p{i}", prompt, 8, sampling=params))
     engine.scheduler.apply_inbox()
     seqs = [chunk.seq for chunk in engine.scheduler.schedule().prefill]
     assert isinstance(engine.runner, ModelRunner) and len(seqs) == count
@@ -187,12 +229,14 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds of every variant")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--prompt-repeat", type=int, default=1,
+                        help="each prompt this many copies of itself (long prompts)")
 
 
 @bench("prefill", "a burst's prefill: one pass per prompt against packed, masked, padded",
        arguments=arguments)
 def run(args: argparse.Namespace) -> Report:
-    runner, seqs = admitted(args.model, args.prompts, args.precision)
+    runner, seqs = admitted(args.model, args.prompts, args.precision, args.prompt_repeat)
     times: dict[str, list[float]] = {name: [] for name in args.variants}
     logits: dict[str, torch.Tensor] = {}
     for round_ in range(args.rounds + 1):  # round 0 warms up, untimed
