@@ -15,8 +15,8 @@ forward pass, the chunks' tokens then one token per decode row, so that a step
 pays the model's per-pass cost (weights streamed once, per-layer overheads) once.
 A recompute (a preempted or rebuilt sequence) prefills its prompt and replays its
 generated tokens as decode rows in the same pass (``mixed_logits``).
-The batch builders are ``attention.prefill_batch``, ``attention.decode_batch``
-and ``attention.mixed_batch``, the ones the tests check.
+The batch builders are ``paged_batch.prefill_batch``, ``paged_batch.decode_batch``
+and ``paged_batch.mixed_batch``, the ones the tests check.
 """
 
 from __future__ import annotations
@@ -26,16 +26,10 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from . import cpu_linear, sampling
-from .attention import (
-    ATTENTION_NAME,
-    PagedBatch,
-    decode_batch,
-    mixed_batch,
-    prefill_batch,
-    register_paged_attention,
-)
+from .attention import ATTENTION_NAME, register_paged_attention
 from .constraints import ConstraintDeadEnd
 from .kv_cache import PagedKVCache
+from .paged_batch import PagedBatch, decode_batch, mixed_batch, prefill_batch
 
 if TYPE_CHECKING:
     from .logprobs import Outcome
@@ -53,7 +47,7 @@ class ModelRunner:
         register_paged_attention()
         self.model.set_attn_implementation(ATTENTION_NAME)
         # Linear layers that keep a row's result alone (bfloat16, int8 on a CPU): then its
-        # prefill attention is made independent of the chunking too (attention.PagedBatch).
+        # prefill attention is made independent of the chunking too (paged_batch.PagedBatch).
         self.rows_alone = cpu_linear.rows_alone(self.model)
         config = self.model.config
         num_heads = config.num_attention_heads

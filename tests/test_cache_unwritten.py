@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import EngineEvent, FinishEvent, GenerationRequest, SamplingParams, attention
-from engine.attention import decode_batch, prefill_batch
+from engine import EngineEvent, FinishEvent, GenerationRequest, SamplingParams, paged_batch
 from engine.block_allocator import BlockTable
 from engine.engine import Engine
 from engine.kv_cache import PagedKVCache
+from engine.paged_batch import decode_batch, prefill_batch
 
 MODELS = pytest.mark.parametrize("model", ["tiny-gpt2", "tiny-llama"])
 # Few blocks, so that sequences are preempted and freed blocks soon serve others; a small
@@ -104,7 +104,7 @@ def test_a_cache_of_nan_gives_the_tokens_of_a_cache_of_zeros(
     model: str, mixed_step: bool, pad_to: int, make_tiny_engine: Callable[..., Engine],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(attention, "PAD_TO", pad_to)  # 2: a group per two lengths
+    monkeypatch.setattr(paged_batch, "PAD_TO", pad_to)  # 2: a group per two lengths
     outcomes = []
     for value in (0.0, float("nan")):
         engine = make_tiny_engine(model, mixed_step=mixed_step, **OPTIONS)
@@ -142,7 +142,7 @@ def test_decode_rows_read_only_positions_written_before(monkeypatch: pytest.Monk
     lengths = [9, 6, 2, 12]  # after this step's position is written
     positions = torch.tensor([[n - 1] for n in lengths])
     for padding in (16, 2):  # one group (rows padded), and a group a length
-        monkeypatch.setattr(attention, "PAD_TO", padding)
+        monkeypatch.setattr(paged_batch, "PAD_TO", padding)
         batch = decode_batch(cache, torch.tensor(tables), positions, torch.float32)
         for group in batch.reads:
             rows = range(len(tables)) if group.rows is None else group.rows.tolist()

@@ -25,12 +25,13 @@ from engine import (
     GenerationRequest,
     SamplingParams,
     TokenEvent,
-    attention,
+    paged_batch,
 )
-from engine.attention import PagedBatch, decode_batch, paged_attention, prefill_batch
+from engine.attention import paged_attention
 from engine.engine import Engine
 from engine.kv_cache import PagedKVCache
 from engine.model import LoadedModel, load_model
+from engine.paged_batch import PagedBatch, decode_batch, prefill_batch
 from engine.precision import PRECISIONS
 
 MODELS = pytest.mark.parametrize("model", ["tiny-gpt2", "tiny-llama"])
@@ -130,7 +131,7 @@ def test_concurrent_sequences_equal_solo(
 
 @PRECISION
 @MODELS
-@pytest.mark.parametrize("pad_to", [attention.PAD_TO, 2])
+@pytest.mark.parametrize("pad_to", [paged_batch.PAD_TO, 2])
 def test_late_joiners_equal_solo(
     model: str, precision: str, pad_to: int, make_tiny_engine: Callable[..., Engine],
     solo_ids: SoloIds, monkeypatch: pytest.MonkeyPatch,
@@ -138,7 +139,7 @@ def test_late_joiners_equal_solo(
     # Joiners arrive while others decode and after some finished: their tables reuse
     # freed blocks, and they decode in one batch with sequences far ahead of them
     # (padded to multiples of 2, in several length groups: a call each).
-    monkeypatch.setattr(attention, "PAD_TO", pad_to)
+    monkeypatch.setattr(paged_batch, "PAD_TO", pad_to)
     engine = make_tiny_engine(model, precision, **ENGINE_OPTIONS)
     requests = [_request(f"r{i}", *case) for i, case in enumerate(CASES)]
     events: list[EngineEvent] = []
@@ -262,7 +263,7 @@ def test_paged_prefill_writes_the_cache_and_matches_causal_sdpa(num_kv_heads: in
 def test_paged_decode_batch_of_different_lengths_matches_sdpa(
     num_kv_heads: int, pad_to: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(attention, "PAD_TO", pad_to)  # 4: four length groups
+    monkeypatch.setattr(paged_batch, "PAD_TO", pad_to)  # 4: four length groups
     generator = torch.Generator().manual_seed(1)
     cache, layer = _cache(num_kv_heads), types.SimpleNamespace(layer_idx=0)
     full_k = [torch.randn(1, num_kv_heads, n, HEAD_DIM, generator=generator) for n in LENGTHS]
@@ -288,11 +289,11 @@ def test_paged_decode_batch_of_different_lengths_matches_sdpa(
 def test_decode_rows_are_grouped_by_their_own_padded_length(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert attention.length_groups(LENGTHS) == [[3, 2], [1, 0]]  # 16, 9 | 6, 1: buckets of 8
-    assert attention.length_groups([5, 700, 6, 698]) == [[1, 3], [2, 0]]  # longest first
-    monkeypatch.setattr(attention, "PAD_TO", 4)
-    assert attention.length_groups(LENGTHS) == [[3], [2], [1], [0]]  # 16 | 12 | 8 | 4
-    assert attention.length_groups([7, 5, 8, 6]) == [[2, 0, 3, 1]]  # one bucket of 8
+    assert paged_batch.length_groups(LENGTHS) == [[3, 2], [1, 0]]  # 16, 9 | 6, 1: buckets of 8
+    assert paged_batch.length_groups([5, 700, 6, 698]) == [[1, 3], [2, 0]]  # longest first
+    monkeypatch.setattr(paged_batch, "PAD_TO", 4)
+    assert paged_batch.length_groups(LENGTHS) == [[3], [2], [1], [0]]  # 16 | 12 | 8 | 4
+    assert paged_batch.length_groups([7, 5, 8, 6]) == [[2, 0, 3, 1]]  # one bucket of 8
 
 
 ROWS_ALONE = pytest.mark.parametrize("rows_alone", [False, True], ids=["causal", "rows-alone"])

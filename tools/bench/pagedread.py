@@ -6,7 +6,7 @@ heads, head dim 64, blocks of 16) with random keys and values, gives 32 rows sca
 block tables, and times one decode attention over them for short (~100 positions) and
 long (1,000-4,000) contexts, alternating:
 
-* ``gather``: today's path: ``attention.decode_batch`` (slots, length groups) once, then
+* ``gather``: today's path: ``paged_batch.decode_batch`` (slots, length groups) once, then
   per layer ``attention._decode`` (each group's blocks gathered into a padded tensor);
 * ``flex``: ``torch.nn.attention.flex_attention`` compiled by inductor, over the whole
   cache as the keys of every row, with a ``BlockMask`` built from the block table
@@ -30,8 +30,9 @@ from typing import Any
 
 import torch
 
-from engine.attention import _decode, decode_batch
+from engine.attention import _decode
 from engine.kv_cache import PagedKVCache
+from engine.paged_batch import decode_batch
 from tools.bench.common import bench
 from tools.lab.common import Report
 

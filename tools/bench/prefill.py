@@ -44,10 +44,10 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from engine import GenerationRequest, SamplingParams
-from engine.attention import PagedBatch, prefill_batch
 from engine.engine import Engine
 from engine.model import load_model
 from engine.model_runner import ModelRunner
+from engine.paged_batch import PagedBatch, prefill_batch
 from engine.sequence import Sequence
 from tools.bench.common import bench
 from tools.lab.common import Report
