@@ -97,9 +97,10 @@ class RawClient:
                 elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
                     raise AssertionError(f"the body ended first: {self.events}")
 
-    async def read_to_end(self) -> None:
-        """Read the rest of the body; fail unless it ends with its proper terminator."""
-        with trio.fail_after(READ_TIMEOUT_S):
+    async def read_to_end(self, timeout_s: float = READ_TIMEOUT_S) -> None:
+        """Read the rest of the body; fail unless it ends with its proper terminator
+        (``timeout_s``: a net against a hang; a body of many tokens needs more)."""
+        with trio.fail_after(timeout_s):
             while True:
                 event = self.conn.next_event()
                 if event is h11.NEED_DATA:

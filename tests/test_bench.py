@@ -35,9 +35,21 @@ def test_step_bench_writes_the_summary_first_and_a_row_per_batch(tmp_path: Path)
     assert report["meta"]["options"]["model"] == "tiny-llama"
 
 
+def test_recompute_bench_rebuilds_streams_that_continue_as_the_whole_one(
+    tmp_path: Path,
+) -> None:
+    argv = ["recompute", "--quick", "--precision", "bfloat16", "--after", "3", "9",
+            "--rounds", "1", "--out", str(tmp_path)]
+    assert bench(argv) == 0
+    report = json.loads((tmp_path / "recompute.json").read_text())
+    assert report["summary"]["continuations_equal"] is True
+    assert [row["after"] for row in report["rows"]] == [3, 9]
+    assert all(row["rebuilt_ms"] > 0 and row["fresh_prefill_ms"] > 0 for row in report["rows"])
+
+
 def test_the_runner_lists_every_bench(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
         bench(["--list"])
     assert done.value.code == 0
     listed = {line.split()[0] for line in capsys.readouterr().out.splitlines()}
-    assert {"step", "prefill", "burst", "prefixcache"} <= listed
+    assert {"step", "prefill", "burst", "prefixcache", "recompute", "int8compile"} <= listed

@@ -24,6 +24,7 @@ from tests.http_server import SETTLE_TIMEOUT_S, RunningServer, StartServer
 
 INSTALL = "apt-get update && apt-get install -y chromium chromium-driver"
 STREAMS = 8
+LONG_READ_S = 120.0  # the staying streams read to their end: a net against a hang only
 PAGE_TIMEOUT_S = SETTLE_TIMEOUT_S  # a safety net: each wait is for a condition
 
 
@@ -102,9 +103,9 @@ async def test_eight_streams_and_one_that_leaves_ends_cancelled_with_its_blocks_
         "the row cancelled with its blocks back")
     assert page.moments(ids[0]) == ["disconnect"]
     assert all(page.row(i)["state"] in ("running", "paused") for i in ids[1:])  # type: ignore[index]
-    async with trio.open_nursery() as nursery:
+    async with trio.open_nursery() as nursery:  # 7 x ~478 tokens: seconds, more when busy
         for client in staying:
-            nursery.start_soon(client.read_to_end)
+            nursery.start_soon(client.read_to_end, LONG_READ_S)
     await page.call(page.wait_for, lambda: all(page.row(i)["state"] == "length"  # type: ignore[index]
                                                for i in ids[1:]), "the others' ends")
     pool = page.js("return window.scope.pool")
