@@ -36,7 +36,7 @@ from engine.attention import ATTENTION_NAME
 from engine.cpu_linear import Int8Linear
 from engine.model import load_model
 from tools.bench.common import bench
-from tools.bench.overhead import side_by_side
+from tools.bench.overhead import side_by_side, side_by_side_arguments
 from tools.bench.step import engine_stepper, prompt_ids
 from tools.lab.common import Report
 
@@ -85,11 +85,7 @@ def rows_invariant(product: Any, in_features: int, max_rows: int) -> dict[str, A
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--steps", type=int, default=12, help="timed decode steps per side")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--prompt-tokens", type=int, default=32)
+    side_by_side_arguments(parser)
     parser.add_argument("--max-rows", type=int, default=64, help="of the invariance probe")
 
 

@@ -198,12 +198,17 @@ def side_by_side(loaded: LoadedModel, compiled: torch.nn.Module, batch: int,
             "max_abs_logit_diff": round(float((a - b).abs().max()), 6)}
 
 
-def arguments(parser: argparse.ArgumentParser) -> None:
+def side_by_side_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options ``side_by_side`` reads (this bench's and ``int8compile``'s)."""
     parser.add_argument("--device", default=None)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--steps", type=int, default=12, help="timed decode steps per side")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--prompt-tokens", type=int, default=32)
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    side_by_side_arguments(parser)
     parser.add_argument("--profile-steps", type=int, default=3, help="steps under the profiler")
     parser.add_argument("--compile", choices=("none", "whole", "split"), default="split")
 
