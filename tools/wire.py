@@ -4,8 +4,10 @@ Protocols. ``streamscope``: ``POST /v1/stream``, events start/token/done/error (
 events are ignored, as a tolerant reader should). ``openai``: the streaming completions
 protocol that vLLM, llama.cpp's server and ``transformers serve`` speak, ``POST
 /v1/completions`` with ``{"model", "prompt", "max_tokens", "temperature": 0, "stream":
-true}`` (``model`` only when given; ``"ignore_eos": true`` when asked, an extension vLLM
-and llama.cpp accept), answered with ``data: {chunk}`` events until ``data: [DONE]``.
+true, "stream_options": {"include_usage": true}}`` (``model`` only when given;
+``"ignore_eos": true`` when asked, an extension vLLM and llama.cpp accept), answered with
+``data: {chunk}`` events until ``data: [DONE]``. ``include_usage`` is how OpenAI's API asks
+for the closing ``usage`` chunk; ``transformers serve`` sends it only when asked (5.25 on).
 ``transformers``: ``openai`` for ``transformers serve``, which refuses ``ignore_eos`` (see
 ``TransformersServeWire``). ``llama``: ``openai`` for llama.cpp's ``llama-server``, with
 ``"cache_prompt": false`` (see ``LlamaServerWire``).
@@ -84,6 +86,7 @@ class OpenAIWire:
             "max_tokens": request.max_new_tokens,
             "temperature": 0,
             "stream": True,
+            "stream_options": {"include_usage": True},
         }
         if model:  # else the server's own (streamscope and vLLM accept a body without one)
             body["model"] = model
