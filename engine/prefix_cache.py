@@ -122,6 +122,8 @@ class PrefixCache:
                                        self.admission_digests(seq),
                                        query_tokens=seq.prefill_end)
         seq.num_prefilled = table.num_hit_tokens
+        if seq.num_cached_prompt_tokens is None:
+            seq.num_cached_prompt_tokens = min(table.num_hit_tokens, seq.num_prompt_tokens)
         return table
 
     def defer(self, running: Mapping[str, Sequence], budget: int) -> bool:

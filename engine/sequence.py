@@ -51,6 +51,10 @@ class Sequence:
     num_recompute: int = 0
     num_preemptions: int = 0  # times this sequence lost its blocks to a preemption
     num_lost: int = 0  # positions cached when last preempted: the ones computed again
+    # Prompt positions its first admission found in the prefix cache (None before it):
+    # what its usage reports as cached. A later admission, after a preemption, does not
+    # change it: the client is told what its request cost when it was first taken.
+    num_cached_prompt_tokens: int | None = None
     # The identities of its full blocks, as far as computed (``prefix_cache``): memoized,
     # its tokens never change.
     block_digests: list[bytes] = field(default_factory=list)

@@ -133,6 +133,9 @@ class FinishEvent:
     completion_tokens: int
     error: str | None = None  # a message when reason is ERROR
     stop_sequence: str | None = None  # the stop string that matched, when reason is STOP
+    # Prompt tokens found in the prefix cache when it was first admitted, so not
+    # prefilled for it: what OpenAI's usage calls ``cached_tokens``.
+    cached_tokens: int = 0
 
 
 EngineEvent = TokenEvent | FinishEvent

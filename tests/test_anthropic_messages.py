@@ -78,7 +78,8 @@ async def test_stream_is_the_documented_event_sequence(
     start = data[0]["message"]
     assert start["id"] == "msg_" + response.headers["x-request-id"]
     assert (start["content"], start["stop_reason"], start["model"]) == ([], None, MODEL)
-    assert start["usage"] == {"input_tokens": whole["usage"]["input_tokens"], "output_tokens": 0}
+    prompt_tokens = whole["usage"]["input_tokens"] + whole["usage"]["cache_read_input_tokens"]
+    assert start["usage"] == {"input_tokens": prompt_tokens, "output_tokens": 0}
     assert data[1] == {"type": "content_block_start", "index": 0,
                        "content_block": {"type": "text", "text": ""}}
     deltas = [d["delta"] for d in data if d["type"] == "content_block_delta"]
@@ -294,7 +295,7 @@ def test_sampling_defaults_to_the_api_s_and_takes_extra_body_fields() -> None:
 
 def test_encoder_sends_no_empty_delta_and_ends_with_the_finish() -> None:
     events = AnthropicEvents("abc", MODEL, 7, error_envelope=anthropic_error_envelope)
-    finish = FinishEvent("abc", FinishReason.STOP, 7, 3, stop_sequence="\n")
+    finish = FinishEvent("abc", FinishReason.STOP, 7, 3, stop_sequence="\n", cached_tokens=4)
 
     held = events.encode([TokenEvent("abc", 0, 11, "")])
     tail = data_of(parse_sse(events.encode([TokenEvent("abc", 1, 12, "Hi"), finish])))
@@ -303,7 +304,10 @@ def test_encoder_sends_no_empty_delta_and_ends_with_the_finish() -> None:
     assert [e["type"] for e in tail] == ["content_block_delta", "content_block_stop",
                                          "message_delta", "message_stop"]
     assert tail[2]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "\n"}
-    assert tail[2]["usage"] == {"input_tokens": 7, "output_tokens": 3}
+    # as the API counts them: the 4 found cached are read, not input (4 + 3 = the 7)
+    assert tail[2]["usage"] == {"input_tokens": 3, "cache_creation_input_tokens": 0,
+                                "cache_read_input_tokens": 4, "output_tokens": 3}
+    assert whole_message("abc", MODEL, "Hi", finish)["usage"] == tail[2]["usage"]
     assert whole_message("abc", MODEL, "Hi", finish)["stop_sequence"] == "\n"
 
 

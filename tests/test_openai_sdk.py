@@ -244,6 +244,34 @@ async def test_chat_prompt_is_the_rendered_template(chat_server: RunningServer, 
         rendered.replace("The capital of", "The capital\nof")))
 
 
+async def test_usage_counts_the_prompt_tokens_found_in_the_prefix_cache(
+    start_server: StartServer, tiny_model: Callable[[str], LoadedModel], sdk: Any
+) -> None:
+    loaded = with_chat_template(tiny_model(MODEL))
+
+    def make_engine(s: Settings) -> RecordingEngine:
+        return RecordingEngine(Engine(loaded, max_batch=s.max_batch, num_blocks=s.cache_blocks,
+                                      block_size=s.block_size, prefix_cache=True))
+
+    server = await start_server(make_engine=make_engine, model_name="tiny")
+    client, _ = sdk(server)
+    fields: dict[str, Any] = {"model": "tiny", "max_tokens": 2, "temperature": 0, "messages": [
+        {"role": "system", "content": "Answer in one word, and never more than one. " * 4},
+        {"role": "user", "content": "Name a colour."}]}
+
+    first = await client.chat.completions.create(**fields)
+    hits_before = server.recorder.statistics().prefix_cache_hits
+    again = [c async for c in await client.chat.completions.create(
+        **fields, stream=True, stream_options={"include_usage": True})][-1].usage
+
+    assert first.usage is not None and again is not None
+    assert first.usage.prompt_tokens_details is not None and again.prompt_tokens_details
+    assert first.usage.prompt_tokens_details.cached_tokens == 0  # a cold cache
+    cached = again.prompt_tokens_details.cached_tokens
+    assert cached == server.recorder.statistics().prefix_cache_hits - hits_before
+    assert 0 < cached < again.prompt_tokens == first.usage.prompt_tokens
+
+
 async def test_streamed_chat_equals_the_whole_answer_with_usage_last(
     chat_server: RunningServer, sdk: Any
 ) -> None:

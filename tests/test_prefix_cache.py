@@ -103,6 +103,22 @@ def test_shared_prompts_give_the_tokens_of_the_cache_off(
     assert stats.prefix_cache_queries == 22 + 22 + 22 + 17 + 8 + 10 + 40
 
 
+def _cached(events: list[EngineEvent]) -> dict[str, int]:
+    return {e.request_id: e.cached_tokens for e in events if isinstance(e, FinishEvent)}
+
+
+@MODELS
+def test_each_finish_reports_the_prompt_tokens_found_cached(
+    model: str, make_tiny_engine: MakeEngine
+) -> None:
+    # What usage reports as cached_tokens: per request, the hits counted above
+    on = make_tiny_engine(model, **OPTIONS, prefix_cache=True)
+    assert _cached(_sharing(GREEDY)(on)) == {"a": 0, "all": 20, "some": 12, "none": 0,
+                                             "prefix": 4, "prefix-odd": 8, "longer": 20}
+    off = make_tiny_engine(model, **OPTIONS)
+    assert set(_cached(_sharing(GREEDY)(off)).values()) == {0}
+
+
 @MODELS
 def test_a_conversation_reuses_its_history_and_answers(
     model: str, make_tiny_engine: MakeEngine
@@ -198,6 +214,10 @@ def test_preemption_recomputes_from_what_is_still_cached(
     stats = engine.statistics()
     assert stats.preemptions > 0 and stats.prefix_cache_hits > 0
     assert stats.recomputed_tokens < off_recomputed(make_tiny_engine, model, run)
+    # a readmission finds its own blocks again; its usage keeps what its first found
+    preempted = make_tiny_engine(model, **{**OPTIONS, "num_blocks": 26, "watermark": 0.0},
+                                 prefix_cache=True)
+    assert set(_cached(run(preempted)).values()) <= {0, 12}
 
 
 def off_recomputed(make: MakeEngine, model: str, run: Scenario) -> int:

@@ -12,6 +12,7 @@ the prompt's ids at once), its prefix cache on.
 
 from __future__ import annotations
 
+import json
 import random
 import string
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.settings import Settings, SettingsError
 from engine import GenerationRequest, SamplingParams
+from tests.http_clients import parse_sse
 from tests.http_server import RecordingEngine, RunningServer, StartServer
 from tests.test_nginx import Nginx, deploy_conf, nginx  # noqa: F401 (a fixture)
 from tests.test_openai_sdk import with_chat_template
@@ -93,12 +95,15 @@ async def chat(server: RunningServer, key: str | None, content: str,
 
 async def hits_of(server: RunningServer, key: str | None, content: str,
                   **fields: Any) -> int:
-    """Prompt positions the request found cached (the engine's counter, before/after)."""
+    """Prompt positions the request found cached (the engine's counter, before/after),
+    which its usage tells the key as ``cached_tokens``."""
     before = server.recorder.statistics().prefix_cache_hits
     response = await chat(server, key, content, **fields)
     assert response.status_code == 200, response.text
     await server.wait_for(lambda: server.hub.statistics().streams_open == 0, "the stream to end")
-    return server.recorder.statistics().prefix_cache_hits - before
+    hits = server.recorder.statistics().prefix_cache_hits - before
+    assert response.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": hits}
+    return hits
 
 
 async def test_another_keys_prompt_is_never_found_cached(
@@ -131,6 +136,15 @@ async def test_every_route_takes_cache_salt(
     server = await start(start_server, chat_model)
     p, _ = words
 
+    def reported(response: httpx.Response) -> int:
+        """The cached tokens the route's own usage reports."""
+        if path == "/v1/messages":
+            return int(response.json()["usage"]["cache_read_input_tokens"])
+        if path == "/v1/completions":
+            return int(response.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+        done = [e for e in parse_sse(response.content) if e.event == "done"]
+        return int(json.loads(done[0].data)["usage"]["cached_tokens"])
+
     async def hits(salt: str) -> int:
         before = server.recorder.statistics().prefix_cache_hits
         body: dict[str, Any] = {"max_tokens": 2, "cache_salt": salt, "model": "tiny"}
@@ -146,7 +160,9 @@ async def test_every_route_takes_cache_salt(
         assert response.status_code == 200, response.text
         await server.wait_for(lambda: server.hub.statistics().streams_open == 0,
                               "the stream to end")
-        return server.recorder.statistics().prefix_cache_hits - before
+        found = server.recorder.statistics().prefix_cache_hits - before
+        assert reported(response) == found
+        return found
 
     assert await hits("one") == 0
     assert await hits("two") == 0

@@ -33,7 +33,7 @@ def token(index: int, text: str) -> TokenEvent:
 
 
 def finish(reason: FinishReason, completion_tokens: int = 3) -> FinishEvent:
-    return FinishEvent(RID, reason, 5, completion_tokens)
+    return FinishEvent(RID, reason, 5, completion_tokens, cached_tokens=4)
 
 
 START = b'event: start\nid: 1\ndata: {"id":"req1","prompt_tokens":5}\n\n'
@@ -56,7 +56,7 @@ def test_a_stream_is_start_then_a_token_event_each_then_done() -> None:
         b'event: token\nid: 4\ndata: {"index":2,"id":102,'
         b'"text":"\\u00e9\\u2713\\u2028\\ud83d\\ude00"}\n\n',
         b'event: done\nid: 5\ndata: {"finish_reason":"eos",'
-        b'"usage":{"prompt_tokens":5,"completion_tokens":3}}\n\n',
+        b'"usage":{"prompt_tokens":5,"completion_tokens":3,"cached_tokens":4}}\n\n',
     ]
 
 
@@ -68,7 +68,7 @@ def test_every_finish_reason_is_its_own_value() -> None:
         assert events.encode([token(0, ""), finish(reason, 1)]) == (
             b'event: token\nid: 2\ndata: {"index":0,"id":100,"text":""}\n\n'
             b'event: done\nid: 3\ndata: {"finish_reason":"' + reason.value.encode()
-            + b'","usage":{"prompt_tokens":5,"completion_tokens":1}}\n\n'
+            + b'","usage":{"prompt_tokens":5,"completion_tokens":1,"cached_tokens":4}}\n\n'
         )
 
 

@@ -83,7 +83,8 @@ def test_a_chat_stream_with_usage_opens_with_the_role_and_ends_with_the_totals()
         CHAT_HEAD + b'"model":"m-1","choices":[{"index":0,"delta":{},"logprobs":null,'
         b'"finish_reason":"stop"}],"usage":null}\n\n'
         + CHAT_HEAD + b'"model":"m-1","choices":[],"usage":{"prompt_tokens":5,'
-        b'"completion_tokens":3,"total_tokens":8}}\n\n'
+        b'"completion_tokens":3,"total_tokens":8,'
+        b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
         b"data: [DONE]\n\n"
     )
 
@@ -138,7 +139,8 @@ def test_a_whole_answer_has_the_text_finish_reason_and_usage(
 ) -> None:
     monkeypatch.setattr("time.time", lambda: 1700000000.5)
 
-    answer = whole_answer(shape, RID, "m-1", "Hi é", FinishEvent(RID, FinishReason.LENGTH, 5, 2))
+    answer = whole_answer(shape, RID, "m-1", "Hi é",
+                          FinishEvent(RID, FinishReason.LENGTH, 5, 2, cached_tokens=4))
 
     choice: dict[str, Any] = {"index": 0, "text": "Hi é", "logprobs": None,
                               "finish_reason": "length"}
@@ -152,7 +154,8 @@ def test_a_whole_answer_has_the_text_finish_reason_and_usage(
         "created": CREATED,
         "model": "m-1",
         "choices": [choice],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
+                  "prompt_tokens_details": {"cached_tokens": 4}},
     }
 
 

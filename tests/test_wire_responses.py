@@ -56,7 +56,8 @@ def whole(enc: ResponseEvents, items: list[Any]) -> list[dict[str, Any]]:
 
 
 def test_a_text_answer_is_the_documented_sequence_numbered_from_zero() -> None:
-    finish = FinishEvent("r", FinishReason.EOS, prompt_tokens=5, completion_tokens=3)
+    finish = FinishEvent("r", FinishReason.EOS, prompt_tokens=5, completion_tokens=3,
+                         cached_tokens=4)
     events = whole(encoder(), [*tokens("Par", "is", ""), finish])
 
     assert [e["type"] for e in events] == [
@@ -71,6 +72,7 @@ def test_a_text_answer_is_the_documented_sequence_numbered_from_zero() -> None:
     assert final["status"] == "completed"
     assert final["output"][0]["content"][0]["text"] == "Paris"
     assert final["usage"]["total_tokens"] == 8
+    assert final["usage"]["input_tokens_details"]["cached_tokens"] == 4
     assert events[0]["response"]["status"] == "queued"
 
 

@@ -18,7 +18,8 @@ ITEMS: list[Any] = [
     TokenEvent("r", 1, 101, "is \u2028é", TokenLogprobs("is", -0.5, ((101, "is", -0.5),
                                                                    (7, "x", -2.0)))),
     TokenEvent("r", 2, 102, ""),
-    FinishEvent("r", FinishReason.LENGTH, prompt_tokens=4, completion_tokens=3),
+    FinishEvent("r", FinishReason.LENGTH, prompt_tokens=4, completion_tokens=3,
+                cached_tokens=2),
 ]
 
 
@@ -39,8 +40,8 @@ def test_logged_events_read_back_into_their_items() -> None:
     assert back[4] == StreamError(ErrorType.SLOW_CLIENT, "too slow")
     done = logged_item(logged(ITEMS)[-1])
     assert isinstance(done, FinishEvent)
-    assert (done.reason, done.prompt_tokens, done.completion_tokens) == (
-        FinishReason.LENGTH, 4, 3)
+    assert (done.reason, done.prompt_tokens, done.completion_tokens, done.cached_tokens) == (
+        FinishReason.LENGTH, 4, 3, 2)
 
 
 def test_a_replay_is_the_live_encoding_and_a_cut_skips_what_was_read() -> None:

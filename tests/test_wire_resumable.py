@@ -35,9 +35,9 @@ def test_the_events_are_the_native_ones_with_ids_that_name_the_stream() -> None:
     assert events(3, TokenEvent(RID, 1, 101, "é\u2028\n")) == (
         b'event: token\nid: req1:3\ndata: {"index":1,"id":101,"text":"\\u00e9\\u2028\\n"}\n\n'
     )
-    assert events(4, FinishEvent(RID, FinishReason.STOP, 5, 3)) == (
+    assert events(4, FinishEvent(RID, FinishReason.STOP, 5, 3, cached_tokens=4)) == (
         b'event: done\nid: req1:4\ndata: {"finish_reason":"stop",'
-        b'"usage":{"prompt_tokens":5,"completion_tokens":3}}\n\n'
+        b'"usage":{"prompt_tokens":5,"completion_tokens":3,"cached_tokens":4}}\n\n'
     )
     assert events(5, StreamError(ErrorType.RESUME_LOG_FULL, "too many bytes")) == (
         b'event: error\nid: req1:5\ndata: {"error":{"type":"resume_log_full",'

@@ -13,7 +13,9 @@ Events, each a named SSE event whose JSON data repeats its ``type`` (no ``id:`` 
                                                              one per token with text
     content_block_stop   {"index": 0}
     message_delta        {"delta": {"stop_reason", "stop_sequence"},
-                          "usage": {"input_tokens": n, "output_tokens": m}}
+                          "usage": {"input_tokens": n - c,
+                                    "cache_creation_input_tokens": 0,
+                                    "cache_read_input_tokens": c, "output_tokens": m}}
     message_stop         {}
 
 The opening is the first three. A token whose text is empty (a held-back stop-string
@@ -90,8 +92,18 @@ def matched_stop(finish: FinishEvent) -> str | None:
     return finish.stop_sequence if finish.reason is FinishReason.STOP else None
 
 
-def message_usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
-    return {"input_tokens": input_tokens, "output_tokens": output_tokens}
+def message_usage(input_tokens: int, finish: FinishEvent | None) -> dict[str, int]:
+    """The ``usage`` object. Before the finish the prompt's tokens are all
+    ``input_tokens`` (``message_start``: the cache is looked up at admission, after it).
+    After, as the API counts them, the ones found in the prefix cache are
+    ``cache_read_input_tokens`` and not ``input_tokens`` (the three add up to the
+    prompt); the SDK takes ``message_delta``'s values over ``message_start``'s."""
+    if finish is None:
+        return {"input_tokens": input_tokens, "output_tokens": 0}
+    return {"input_tokens": input_tokens - finish.cached_tokens,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": finish.cached_tokens,
+            "output_tokens": finish.completion_tokens}
 
 
 def message_object(
@@ -108,8 +120,7 @@ def message_object(
         "content": content,
         "stop_reason": None if finish is None else stop_reason(finish),
         "stop_sequence": None if finish is None else matched_stop(finish),
-        "usage": message_usage(input_tokens,
-                               0 if finish is None else finish.completion_tokens),
+        "usage": message_usage(input_tokens, finish),
     }
 
 
@@ -205,7 +216,7 @@ class AnthropicEvents:
         if isinstance(item, FinishEvent):
             delta = {"stop_reason": stop_reason(item),
                      "stop_sequence": matched_stop(item)}
-            usage = message_usage(item.prompt_tokens, item.completion_tokens)
+            usage = message_usage(item.prompt_tokens, item)
             if tools is None:
                 ended = _event("content_block_stop", {"index": 0})
             else:

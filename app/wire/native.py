@@ -7,7 +7,8 @@ Events, with SSE ids counting events from 1 (keep-alive comments carry no id)::
            + "logprobs": {"token": its own text, "logprob": x,         if the request
              "top": [{"id", "token", "logprob"}, ...]}                 asked for them
     done   {"finish_reason": "eos"|"length"|"stop",
-            "usage": {"prompt_tokens": n, "completion_tokens": m}}     last, or
+            "usage": {"prompt_tokens": n, "completion_tokens": m,      last, or
+                      "cached_tokens": c}}     (c of the n found in the prefix cache)
     error  {"error": {"type": "slow_client"|"engine_error"|"shutdown", "message": ...}}
 
 The data is compact JSON escaped to ASCII (``encode_json_event``). A token event, the
@@ -74,6 +75,7 @@ def item_event(item: StreamItem) -> tuple[str, dict[str, Any]]:
             "usage": {
                 "prompt_tokens": item.prompt_tokens,
                 "completion_tokens": item.completion_tokens,
+                "cached_tokens": item.cached_tokens,
             },
         }
     return "error", error_data(item.type, item.message)

@@ -120,7 +120,7 @@ class OpenAIChunks:
         return last + DONE
 
     def _chunk(
-        self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None
+        self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None
     ) -> bytes:
         chunk: dict[str, Any] = {
             "id": self.shape.id_prefix + self.request_id,

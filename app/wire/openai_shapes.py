@@ -172,10 +172,13 @@ def whole_answer(
     }
 
 
-def usage(finish: FinishEvent) -> dict[str, int]:
-    """The token counts of a finished request, as OpenAI reports them."""
+def usage(finish: FinishEvent) -> dict[str, Any]:
+    """The token counts of a finished request, as OpenAI reports them: ``cached_tokens``
+    are the prompt's tokens found in the prefix cache (in the key's own namespace), a
+    part of ``prompt_tokens``."""
     return {
         "prompt_tokens": finish.prompt_tokens,
         "completion_tokens": finish.completion_tokens,
         "total_tokens": finish.prompt_tokens + finish.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": finish.cached_tokens},
     }

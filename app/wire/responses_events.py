@@ -269,7 +269,8 @@ class ResponseEvents:
         tail += self._close("incomplete" if incomplete else "completed")
         self.response["usage"] = {
             "input_tokens": finish.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "input_tokens_details": {"cached_tokens": finish.cached_tokens,
+                                     "cache_write_tokens": 0},
             "output_tokens": finish.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": finish.prompt_tokens + finish.completion_tokens,

@@ -52,7 +52,7 @@ def logged_item(data: bytes) -> StreamItem | None:
         return FinishEvent("", reason, usage.get("prompt_tokens", 0),
                            usage.get("completion_tokens", 0),
                            error="the request failed" if reason is FinishReason.ERROR
-                           else None)
+                           else None, cached_tokens=usage.get("cached_tokens", 0))
     if name == "error":
         error = fields.get("error", {})
         try:
