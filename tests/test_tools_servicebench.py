@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 
 from tools.server import REPO_ROOT
-from tools.servicebench import ENGINES, OURS, PEER, QUICK_LEVELS, QUICK_TOKENS, ROW_FIELDS
+from tools.servicebench import ENGINES, QUICK_LEVELS, QUICK_TOKENS, ROW_FIELDS
 from tools.servicebench_client import PATTERN, Stream
+from tools.servicebench_servers import OURS, PEER
 
 COMMAND_TIMEOUT_S = 150  # a safety net: the quick form takes 20-40 s on this machine
 

@@ -77,24 +77,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import ExitStack, contextmanager, suppress
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from app.settings import Settings
 from tools.prompts import load_prompts
-from tools.server import READY_TIMEOUT_S, REPO_ROOT, STOP_GRACE_S, LoggedProcess, ServerError
+from tools.server import REPO_ROOT, ServerError
+from tools.servicebench_ceiling import measure_ceiling
+from tools.servicebench_chart import draw, table
 from tools.servicebench_client import STALL_S
+from tools.servicebench_proc import Snapshot, cpu_figures, memory_mib, snapshot, wait_figures
+from tools.servicebench_servers import (
+    APPS,
+    BACKLOG,
+    OURS,
+    PEER,
+    TINY_MODEL,
+    Server,
+    running_servers,
+)
 
 LEVELS = (1, 32, 128, 256)
 TOKENS = 256
@@ -103,17 +107,7 @@ QUICK_TOKENS = 32
 REPEATS = 2
 ENGINES = ("tiny", "simulated")
 PROMPT_WORDS = 4  # short prompts: a level is decode, not prefill
-BACKLOG = 2048  # app/edge/cli.py's LISTEN_BACKLOG and uvicorn's default
-TINY_MODEL = "tiny-gpt2"
-OURS, PEER = "streamscope", "starlette"
-APPS = {"tiny": "app:app", "simulated": "tools.simulated:build_app()"}
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-# The ceilings' engines, as the service's (and the peer's, tools/peers/uvicorn_starlette.py); the
-# short prompts fill no block, so the cache has nothing to share here: only its cost.
-PREFIX_CACHE = Settings().prefix_cache
 WARMUP_STREAMS, WARMUP_TOKENS = 2, 4
-_HYPERCORN_ON = re.compile(rb"Running on (http://127\.0\.0\.1:\d+)")
-_UVICORN_ON = re.compile(rb"Uvicorn running on (http://127\.0\.0\.1:\d+)")
 ROW_FIELDS = (
     "streams", "streams_complete", "tokens", "tokens_expected", "tokens_per_s",
     "share_of_ceiling", "makespan_s", "window_s", "loop_cpu_us_per_token",
@@ -124,162 +118,6 @@ ROW_FIELDS = (
     "gap_p99_ms", "gap_max_ms", "bytes_per_token", "rss_mib", "rss_peak_mib",
     "client_cpu_s", "client_cpu_share", "statuses", "errors", "tries_tokens_per_s",
 )
-
-
-# -- the servers ----------------------------------------------------------------------
-
-
-@dataclass
-class Server:
-    name: str
-    process: LoggedProcess
-    url: str = ""
-    pid: int = 0  # the serving process: hypercorn's worker, or uvicorn itself
-
-
-def server_commands(engine: str, max_level: int, sim_step_ms: float
-                    ) -> dict[str, tuple[list[str], dict[str, str]]]:
-    """Ours and the peer's command and environment, for ``engine``."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("STREAMSCOPE_")}
-    base.update(THREAD_ENV)
-    ours = {**base, "STREAMSCOPE_MODEL": TINY_MODEL, "STREAMSCOPE_MAX_BATCH": str(max_level),
-            "STREAMSCOPE_MAX_WAITING": str(max_level)}
-    if engine == "simulated":
-        ours["STREAMSCOPE_SIM_STEP_MS"] = str(sim_step_ms)
-    peer = {**base, "STARLETTE_PEER_ENGINE": engine, "STARLETTE_PEER_MODEL": TINY_MODEL,
-            "STARLETTE_PEER_MAX_BATCH": str(max_level),
-            "STARLETTE_PEER_SIM_STEP_MS": str(sim_step_ms)}
-    python = [sys.executable, "-m"]
-    return {
-        OURS: ([*python, "hypercorn", "-k", "trio", APPS[engine], "--bind", "127.0.0.1:0",
-                "--backlog", str(BACKLOG)], ours),
-        PEER: ([*python, "uvicorn", "tools.peers.uvicorn_starlette:create_app", "--factory",
-                "--host", "127.0.0.1", "--port", "0", "--backlog", str(BACKLOG),
-                "--loop", "asyncio", "--http", "h11", "--no-access-log"], peer),
-    }
-
-
-@contextmanager
-def running_servers(engine: str, max_level: int, sim_step_ms: float) -> Iterator[list[Server]]:
-    """Start ours and the peer at once, wait until both answer ``/ready``, stop both."""
-    commands = server_commands(engine, max_level, sim_step_ms)
-    with ExitStack() as stack:
-        servers = []
-        for name, (command, env) in commands.items():
-            pattern = _HYPERCORN_ON if name == OURS else _UVICORN_ON
-            process = LoggedProcess(command, env, running_on=pattern, name=f"{name} server",
-                                    cwd=REPO_ROOT)
-            stack.callback(_stop, process)
-            servers.append(Server(name, process))
-        for server in servers:
-            server.url = _wait_ready(server.process)
-            server.pid = serving_pid(server.process.proc.pid)
-            print(server.process.ready_message(), file=sys.stderr)
-        yield servers
-
-
-def _wait_ready(process: LoggedProcess) -> str:
-    with httpx.Client(timeout=5.0, trust_env=False) as client:
-        while True:
-            url = process.check(READY_TIMEOUT_S)
-            with suppress(httpx.TransportError):
-                if url and client.get(url + "/ready").status_code == 200:
-                    return url
-            time.sleep(0.2)
-
-
-def _stop(process: LoggedProcess) -> None:
-    process.interrupt()
-    with suppress(subprocess.TimeoutExpired):
-        process.proc.wait(STOP_GRACE_S)
-    process.kill()
-
-
-def serving_pid(root: int) -> int:
-    """The process that serves: of ``root`` and its descendants, the largest resident
-    set (hypercorn's main process spawns its worker; uvicorn serves in its own)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with suppress(OSError):
-                parents[int(entry)] = int(_stat_fields(int(entry))[1])
-    family, grew = {root}, True
-    while grew:
-        more = {pid for pid, parent in parents.items() if parent in family} - family
-        family |= more
-        grew = bool(more)
-    return max(family, key=lambda pid: memory_mib(pid)[0])
-
-
-# -- /proc -----------------------------------------------------------------------------
-
-
-def _stat_fields(pid: int, tid: int | None = None) -> list[str]:
-    """``/proc/<pid>[/task/<tid>]/stat``'s fields after the command name, from state on."""
-    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
-    text = Path(path).read_text()
-    return text[text.rindex(")") + 2:].split()
-
-
-def _ticks_s(fields: list[str]) -> float:
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
-@dataclass(frozen=True)
-class ThreadTimes:
-    name: str
-    cpu_s: float  # on a CPU
-    queued_s: float  # runnable, waiting for a CPU (0 without schedstat)
-
-
-def thread_cpu(pid: int) -> dict[int, ThreadTimes]:
-    """Every thread of ``pid``: its name, CPU seconds and run-queue seconds
-    (``schedstat``'s first two fields, in ns; else ``stat``'s CPU ticks alone)."""
-    out: dict[int, ThreadTimes] = {}
-    for entry in os.listdir(f"/proc/{pid}/task"):
-        tid = int(entry)
-        with suppress(OSError):
-            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-            try:
-                fields = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
-                out[tid] = ThreadTimes(name, int(fields[0]) / 1e9, int(fields[1]) / 1e9)
-            except (OSError, ValueError, IndexError):
-                out[tid] = ThreadTimes(name, _ticks_s(_stat_fields(pid, tid)), 0.0)
-    return out
-
-
-def memory_mib(pid: int) -> tuple[float, float]:
-    """VmRSS and VmHWM of ``pid`` in MiB (0 for a process without them)."""
-    values = {"VmRSS": 0.0, "VmHWM": 0.0}
-    with suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            if key in values:
-                values[key] = int(rest.split()[0]) / 1024
-    return values["VmRSS"], values["VmHWM"]
-
-
-@dataclass
-class Snapshot:
-    at: float
-    threads: dict[int, ThreadTimes]
-    process_s: float
-    stats: dict[str, Any]
-
-
-def snapshot(server: Server, stats_first: bool) -> Snapshot:
-    """The server's CPU and ``/stats``; ``/stats`` is asked outside the window (before
-    the CPU is read at its start, after at its end)."""
-    def stats() -> dict[str, Any]:
-        answer: dict[str, Any] = httpx.get(server.url + "/stats", trust_env=False).json()
-        return answer
-
-    before = stats() if stats_first else {}
-    taken = Snapshot(time.perf_counter(), thread_cpu(server.pid),
-                     _ticks_s(_stat_fields(server.pid)), before)
-    if not stats_first:
-        taken.stats = stats()
-    return taken
 
 
 # -- one level ---------------------------------------------------------------------------
@@ -304,11 +142,11 @@ def drive(server: Server, bodies: list[dict[str, Any]], stall_s: float
         assert client.stdin is not None and client.stdout is not None
         if client.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the client did not start (exit {client.wait()})")
-        start = snapshot(server, stats_first=True)
+        start = snapshot(server.url, server.pid, stats_first=True)
         client.stdin.write("go\n")
         client.stdin.flush()
         line = client.stdout.readline()
-        end = snapshot(server, stats_first=False)
+        end = snapshot(server.url, server.pid, stats_first=False)
         client.wait()
         if not line:
             raise RuntimeError(f"the client ended without a result (exit {client.returncode})")
@@ -319,47 +157,6 @@ def drive(server: Server, bodies: list[dict[str, Any]], stall_s: float
             client.kill()
             client.wait()
         os.unlink(file.name)
-
-
-def cpu_figures(start: Snapshot, end: Snapshot, pid: int, tokens: int) -> dict[str, Any]:
-    """CPU per token of the loop thread, the stepping thread, the rest, the process; the
-    loop's and the stepping thread's run-queue time over the window."""
-    zero = ThreadTimes("", 0.0, 0.0)
-    deltas = {tid: ThreadTimes(t.name, t.cpu_s - start.threads.get(tid, zero).cpu_s,
-                               t.queued_s - start.threads.get(tid, zero).queued_s)
-              for tid, t in end.threads.items()}
-    loop = deltas.pop(pid, zero)
-    step_tid = max(deltas, key=lambda t: deltas[t].cpu_s, default=None)
-    step = deltas.pop(step_tid) if step_tid is not None else zero
-    per, window = 1e6 / max(tokens, 1), end.at - start.at
-    return {
-        "loop_cpu_us_per_token": round(loop.cpu_s * per, 2),
-        "step_cpu_us_per_token": round(step.cpu_s * per, 2),
-        "other_cpu_us_per_token": round(sum(t.cpu_s for t in deltas.values()) * per, 2),
-        "process_cpu_us_per_token": round((end.process_s - start.process_s) * per, 2),
-        "step_thread": step.name, "step_cpu_s": round(step.cpu_s, 4),
-        "loop_queued_share": round(loop.queued_s / window, 4),
-        "step_queued_share": round(step.queued_s / window, 4),
-    }
-
-
-def wait_figures(start: Snapshot, end: Snapshot) -> dict[str, Any]:
-    """``step_wait_share`` and ``step_idle_share`` from ``/stats`` (module docstring)."""
-    window = end.at - start.at
-    steps = end.stats.get("steps", 0) - start.stats.get("steps", 0)
-    median = end.stats.get("median_decode_step_ms") or 0.0
-    idle = max(0.0, 1 - steps * median / 1000 / window) if window > 0 else None
-    out: dict[str, Any] = {"engine_steps": steps, "median_decode_step_ms": median,
-                           "step_idle_share": None if idle is None else round(idle, 4)}
-    if "loop_wait_s" in end.stats and window > 0:
-        waited = end.stats["loop_wait_s"] - start.stats.get("loop_wait_s", 0.0)
-        out.update(step_wait_share=round(waited / window, 4),
-                   step_wait_method="/stats loop_wait_s difference / window")
-    else:
-        out.update(step_wait_share=out["step_idle_share"],
-                   step_wait_method="1 - /stats steps difference x median_decode_step_ms "
-                                    "/ window")
-    return out
 
 
 def level_row(server: Server, n: int, tokens: int, words: int, stall_s: float,
@@ -394,66 +191,6 @@ def level_row(server: Server, n: int, tokens: int, words: int, stall_s: float,
         print(f"{server.name}: {delivered} of {n * tokens} tokens ({row['errors']}); its "
               f"log ends:\n{server.process.tail(3000)}", file=sys.stderr)
     return row
-
-
-# -- the ceilings, in this process --------------------------------------------------------
-
-
-def engine_alone(engine: Any, bodies: list[dict[str, Any]]) -> dict[str, Any]:
-    """Submit every body, step to the end; the mean step while all N decode (after every
-    first token, before the first finish) and the whole run's tokens/s."""
-    from engine import GenerationRequest, SamplingParams, TokenEvent
-
-    n = len(bodies)
-    for i, body in enumerate(bodies):
-        engine.submit(GenerationRequest(f"alone-{i}", body["prompt"], body["max_new_tokens"],
-                                        sampling=SamplingParams(ignore_eos=True)))
-    started = time.perf_counter()
-    first: set[str] = set()
-    steady: list[float] = []
-    made = steps = 0
-    while engine.has_work():
-        began = time.perf_counter()
-        events = engine.step()
-        took = time.perf_counter() - began
-        tokens = [e for e in events if isinstance(e, TokenEvent)]
-        made, steps = made + len(tokens), steps + 1
-        if len(first) == n and len(tokens) == n:
-            steady.append(took)
-        first.update(e.request_id for e in tokens if e.index == 0)
-    whole_s = time.perf_counter() - started
-    step_s = statistics.fmean(steady) if steady else float("nan")
-    return {"tokens_per_s": round(n / step_s, 1), "step_ms": round(step_s * 1000, 3),
-            "steady_steps": len(steady), "steps": steps, "tokens": made,
-            "whole_run_tokens_per_s": round(made / whole_s, 1)}
-
-
-def measure_ceiling(kind: str, loaded: Any, bodies: list[dict[str, Any]],
-                    sim_step_ms: float) -> dict[str, Any]:
-    """The level's ceiling (module docstring) and the engine alone that gives or checks it."""
-    import math
-
-    from engine.engine import Engine
-    from tools.simulated import SimulatedRunner, simulated_engine
-
-    n = len(bodies)
-    if kind == "tiny":
-        blocks = n * math.ceil(loaded.max_context / 16) + 1
-        alone = engine_alone(Engine(loaded, max_batch=n, num_blocks=blocks, block_size=16,
-                                    prefix_cache=PREFIX_CACHE), bodies)
-        return {"tokens_per_s": alone["tokens_per_s"], "step_ms": alone["step_ms"],
-                "method": "engine alone: N / mean step while all N decode",
-                "engine_alone": alone}
-    engine = simulated_engine(loaded, step_ms=sim_step_ms, max_batch=n,
-                              prefix_cache=PREFIX_CACHE)
-    alone = engine_alone(engine, bodies)
-    runner = engine.runner
-    assert isinstance(runner, SimulatedRunner)
-    pass_ms = runner.pass_s / max(runner.passes, 1) * 1000
-    alone["bookkeeping_ms_per_step"] = round(alone["step_ms"] - pass_ms, 3)
-    alone["share_of_ceiling"] = round(alone["tokens_per_s"] / (n * 1000 / sim_step_ms), 4)
-    return {"tokens_per_s": round(n * 1000 / sim_step_ms, 1), "step_ms": sim_step_ms,
-            "method": "N / sim_step_ms", "engine_alone": alone}
 
 
 # -- the run ------------------------------------------------------------------------------
@@ -546,83 +283,7 @@ def meta(args: argparse.Namespace, began: float, load_before: tuple[float, ...]
     }
 
 
-# -- the report ---------------------------------------------------------------------------
-
-TABLE = (  # (header, figure of a level entry)
-    ("engine", lambda k, n, lv: k), ("N", lambda k, n, lv: n),
-    ("tokens/s", lambda k, n, lv: lv["systems"][OURS]["tokens_per_s"]),
-    ("ceiling", lambda k, n, lv: lv["ceiling"]["tokens_per_s"]),
-    ("share", lambda k, n, lv: lv["systems"][OURS]["share_of_ceiling"]),
-    ("loop µs/tok", lambda k, n, lv: lv["systems"][OURS]["loop_cpu_us_per_token"]),
-    ("step µs/tok", lambda k, n, lv: lv["systems"][OURS]["step_cpu_us_per_token"]),
-    ("step wait", lambda k, n, lv: lv["systems"][OURS]["step_wait_share"]),
-    ("step idle", lambda k, n, lv: lv["systems"][OURS]["step_idle_share"]),
-    ("step running", lambda k, n, lv: lv["systems"][OURS]["step_running_share"]),
-    ("TTFT p50/p99 ms", lambda k, n, lv: _pair(lv["systems"][OURS], "ttft", ("p50", "p99"))),
-    ("gap p50/p99/max ms", lambda k, n, lv: _pair(lv["systems"][OURS], "gap",
-                                                  ("p50", "p99", "max"))),
-    ("B/tok", lambda k, n, lv: lv["systems"][OURS]["bytes_per_token"]),
-    ("RSS MiB", lambda k, n, lv: lv["systems"][OURS]["rss_mib"]),
-    ("peer tokens/s", lambda k, n, lv: lv["systems"][PEER]["tokens_per_s"]),
-    ("ours/peer", lambda k, n, lv: lv["ours_over_peer"]),
-)
-
-
-def _pair(row: Mapping[str, Any], kind: str, keys: tuple[str, ...]) -> str:
-    return "/".join(f"{row[f'{kind}_{key}_ms']:.1f}" for key in keys)
-
-
-def table(data: Mapping[str, Any]) -> str:
-    """Our figures per engine and level, and the peer's tokens/s, as a markdown table."""
-    lines = ["| " + " | ".join(h for h, _ in TABLE) + " |",
-             "|" + "|".join("---:" for _ in TABLE) + "|"]
-    for kind, result in data["engines"].items():
-        for n, level in result["levels"].items():
-            lines.append("| " + " | ".join(str(f(kind, n, level)) for _, f in TABLE) + " |")
-    return "\n".join(lines)
-
-
-def draw(data: Mapping[str, Any], path: Path) -> None:
-    """Tokens/s (ours, the peer, the ceiling) and CPU per token against N, per engine."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
-    kinds = list(data["engines"])
-    fig = Figure(figsize=(5.5 * len(kinds), 7.5))
-    axes = fig.subplots(2, len(kinds), squeeze=False)
-    for column, kind in enumerate(kinds):
-        levels = data["engines"][kind]["levels"]
-        xs = [int(n) for n in levels]
-        rate, cpu = axes[0][column], axes[1][column]
-        rate.plot(xs, [lv["ceiling"]["tokens_per_s"] for lv in levels.values()], "k--",
-                  marker=".", label="ceiling")
-        for name, color in ((OURS, "C0"), (PEER, "C1")):
-            rows = [lv["systems"][name] for lv in levels.values()]
-            rate.plot(xs, [r["tokens_per_s"] for r in rows], color=color, marker="o",
-                      label=name)
-            for key, dash in (("loop_cpu_us_per_token", "-"), ("step_cpu_us_per_token", ":")):
-                cpu.plot(xs, [r[key] for r in rows], dash, color=color, marker="o",
-                         label=f"{name} {key.split('_')[0]}")
-        _axes(rate, xs, f"{kind}: tokens/s delivered", log_y=True)
-        _axes(cpu, xs, f"{kind}: CPU µs per token", log_y=True)
-    meta = data["meta"]
-    fig.suptitle(f"servicebench: {meta['tokens']} tokens a stream, 1 torch thread, "
-                 f"{meta['started']}", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-
-
-def _axes(ax: Any, xs: list[int], title: str, *, log_y: bool) -> None:
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(xs, [str(x) for x in xs])
-    if log_y:
-        ax.set_yscale("log")
-    ax.set_xlabel("concurrent streams N")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7)
+# -- the command -------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
