@@ -1,10 +1,11 @@
 """Hostile requests to every JSON route, over real HTTP: no 5xx, no hang, nothing left behind.
 
-Issue 8, "Hostile traffic". The cases come from ``tools/hostile.py`` (shared with
-``python -m tools.lab fuzz``): arbitrary bytes and JSON, wrong types, huge numbers, deep
-nesting, NUL, invalid UTF-8, bodies over the limit, odd content types, chunked bodies,
-bodies that end early (then FIN), slowloris heads; each on its own raw socket to one
-hypercorn server on the tiny model. Each must be answered (or, if incomplete, answered
+Issue 8, "Hostile traffic". The cases come from ``tools/hostile_cases.py`` and are sent
+and judged by ``tools/hostile_client.py`` (both shared with ``python -m tools.lab fuzz``):
+arbitrary bytes and JSON, wrong types, huge numbers, deep nesting, NUL, invalid UTF-8,
+bodies over the limit, odd content types, chunked bodies, bodies that end early (then
+FIN), slowloris heads; each on its own raw socket to one hypercorn server on the tiny
+model. Each must be answered (or, if incomplete, answered
 or closed) within a bound, never with a 5xx, and the server must be settled after each:
 no stream registered, the cache whole, every admitted sequence released once.
 
@@ -21,8 +22,8 @@ import trio
 from hypothesis import HealthCheck, given, settings
 
 from tests.http_server import RunningServer
-from tools import hostile
-from tools.hostile import Framing, HostileCase
+from tools import hostile_cases, hostile_client
+from tools.hostile_cases import Framing, HostileCase
 
 # A few hundred cases in all, about 10 s on an idle 2-core machine.
 MAX_EXAMPLES = 300
@@ -36,25 +37,25 @@ FRAMINGS = tuple(Framing)
 EARLY_END_ROUNDS = 10  # 90 requests: the crash came within 5 to 25
 
 
-def check_outcome(case: HostileCase, outcome: hostile.Outcome) -> None:
+def check_outcome(case: HostileCase, outcome: hostile_client.Outcome) -> None:
     where = f"{outcome!r} for {case!r}"
     assert not outcome.five_xx, where
     assert not outcome.hang, where
     assert not outcome.internal_error, where
     if not _cut_after_client_left(case, outcome):
         assert outcome.protocol_error is None, where
-    if case.framing not in hostile.INCOMPLETE:
+    if case.framing not in hostile_cases.INCOMPLETE:
         assert outcome.answered, where
 
 
-def _cut_after_client_left(case: HostileCase, outcome: hostile.Outcome) -> bool:
+def _cut_after_client_left(case: HostileCase, outcome: hostile_client.Outcome) -> bool:
     """A response cut short by the close, after the client's own FIN: the client left.
 
     hypercorn takes a read EOF for the client gone (as this server's disconnect detection
     does: docs/cancellation.md) and drops the app's later sends, so a 413 decided by
     Content-Length whose head went out just before the FIN of an unfinished body loses
     its body (once in a few hundred cases here)."""
-    return (case.framing in hostile.INCOMPLETE and case.fin and outcome.closed
+    return (case.framing in hostile_cases.INCOMPLETE and case.fin and outcome.closed
             and outcome.status is not None and outcome.protocol_error is not None
             and outcome.protocol_error.startswith(
                 "peer closed connection without sending complete message body"))
@@ -68,11 +69,11 @@ async def test_hostile_requests_are_answered_without_5xx_and_leave_nothing(
 
     @settings(max_examples=MAX_EXAMPLES, deadline=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @given(case=hostile.cases(max_body_bytes=server.app.runtime.settings.max_body_bytes,
-                              framings=FRAMINGS))
+    @given(case=hostile_cases.cases(
+        max_body_bytes=server.app.runtime.settings.max_body_bytes, framings=FRAMINGS))
     def one_case(case: HostileCase) -> None:
         outcome = trio.from_thread.run(partial(
-            hostile.send_case, server.host, server.port, case, timeout_s=CASE_TIMEOUT_S))
+            hostile_client.send_case, server.host, server.port, case, timeout_s=CASE_TIMEOUT_S))
         check_outcome(case, outcome)
         trio.from_thread.run(server.assert_settled)
 
@@ -87,11 +88,11 @@ async def test_silent_slowloris_connections_are_closed_and_do_not_stall_others(
                        Framing.SLOWLORIS).head(f"{server.host}:{server.port}")
     abandoned = [HostileCase("valid", path, b'{"prompt": "hi"}', "application/json",
                              Framing.SLOWLORIS, cut=cut, pace_s=0.01, fin=False)
-                 for path in hostile.ROUTES for cut in (1, len(head) // 2, len(head) - 1)]
-    outcomes: list[tuple[HostileCase, hostile.Outcome]] = []  # in the order they end
+                 for path in hostile_cases.ROUTES for cut in (1, len(head) // 2, len(head) - 1)]
+    outcomes: list[tuple[HostileCase, hostile_client.Outcome]] = []  # in the order they end
 
     async def send(case: HostileCase) -> None:
-        outcomes.append((case, await hostile.send_case(
+        outcomes.append((case, await hostile_client.send_case(
             server.host, server.port, case, silent_timeout_s=SILENT_BOUND_S)))
 
     async with trio.open_nursery() as nursery:
@@ -127,11 +128,11 @@ async def test_bodies_that_end_early_then_fin_are_answered_or_closed(
 ) -> None:
     body = b'{"prompt": "The capital of France is", "max_new_tokens": 2}'
     for _ in range(EARLY_END_ROUNDS):
-        for path in hostile.ROUTES:
+        for path in hostile_cases.ROUTES:
             for missing in (1, len(body), 100_000):
                 case = HostileCase("valid", path, body, "application/json", Framing.SHORT,
                                    missing=missing)
-                outcome = await hostile.send_case(server.host, server.port, case)
+                outcome = await hostile_client.send_case(server.host, server.port, case)
                 check_outcome(case, outcome)
                 assert outcome.status in (None, 400, 413), (case, outcome)
     await server.assert_settled()
@@ -147,5 +148,5 @@ def test_every_case_is_sent_as_its_framing_says() -> None:
     assert short.wire("h").endswith(b"Content-Length: 7\r\n\r\n{}")
     cut = HostileCase("x", "/v1/generate", b"{}", None, Framing.SLOWLORIS, cut=4)
     assert cut.wire("h") == b"POST"
-    assert len(hostile.sample_cases(50, 1)) == 50
-    assert hostile.sample_cases(20, 7) == hostile.sample_cases(20, 7)  # repeatable
+    assert len(hostile_cases.sample_cases(50, 1)) == 50
+    assert hostile_cases.sample_cases(20, 7) == hostile_cases.sample_cases(20, 7)  # repeatable

@@ -34,7 +34,7 @@ from tests.test_replicas import (  # noqa: F401 (redis_process, redis_url: fixtu
     two_replicas,
 )
 from tests.test_store_trust import counter, refusal
-from tools import hostile
+from tools import hostile_cases
 
 VOCAB = 384  # the tiny models'
 
@@ -210,10 +210,10 @@ async def test_the_sdk_gets_its_typed_errors_under_v1_messages(
 
 
 def test_most_fuzz_cases_send_json_and_some_do_not() -> None:
-    cases = hostile.sample_cases(500, 1)
-    json_share = sum(c.content_type == hostile.JSON for c in cases) / len(cases)
-    runnable = [c for c in cases if c.kind == "valid" and c.content_type == hostile.JSON
-                and c.framing in (hostile.Framing.LENGTH, hostile.Framing.CHUNKED)
+    cases = hostile_cases.sample_cases(500, 1)
+    json_share = sum(c.content_type == hostile_cases.JSON for c in cases) / len(cases)
+    runnable = [c for c in cases if c.kind == "valid" and c.content_type == hostile_cases.JSON
+                and c.framing in (hostile_cases.Framing.LENGTH, hostile_cases.Framing.CHUNKED)
                 and not c.bad_chunk]
 
     assert 0.7 <= json_share <= 0.95  # 2 in 14 before (hypothesis favours the edges)

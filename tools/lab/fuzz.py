@@ -1,14 +1,15 @@
 """``fuzz``: thousands of hostile requests to every JSON route; no 5xx, no hang, no leak.
 
-Issue 8, "Hostile traffic". The cases are ``tools/hostile.py``'s, the ones
+Issue 8, "Hostile traffic". The cases are ``tools/hostile_cases.py``'s, the ones
 ``tests/test_fuzz_http.py`` sends a few hundred of, drawn here by hypothesis with
 ``--seed`` (repeatable): bodies of arbitrary bytes and JSON, wrong types, huge numbers,
 deep nesting, NUL, invalid UTF-8, over the size limit, or small valid requests (real
 streams among the rest); odd content types; chunked bodies; bodies that end early, then
 FIN; slowloris heads abandoned with a FIN or in silence (only the server's keep-alive
 timeout can end those: they wait in a pool of their own, up to ``SILENT_TIMEOUT_S``).
-Each goes on its own connection, ``--concurrency`` at a time; a request that carried
-``Connection: close`` waits up to ``EOF_WAIT_S`` for the server's EOF.
+Each goes on its own connection (``tools/hostile_client.py``), ``--concurrency`` at a
+time; a request that carried ``Connection: close`` waits up to ``EOF_WAIT_S`` for the
+server's EOF.
 
 The server is the tiny model (``server`` below), started by the experiment itself with
 ``lab.server()``, so that a crash of it is a finding rather than the end of the run: a
@@ -39,8 +40,9 @@ from typing import Any
 import httpx
 import trio
 
-from tools import hostile
-from tools.hostile import Framing, HostileCase, Outcome
+from tools import hostile_cases, hostile_client, server_fds
+from tools.hostile_cases import Framing, HostileCase
+from tools.hostile_client import Outcome
 from tools.lab._raw import host_port
 from tools.lab.common import Lab, LabError, Report, experiment
 
@@ -88,7 +90,7 @@ async def fuzz(lab: Lab) -> Report:
     concurrency = lab.option("concurrency", 16, 8)
     max_body = int(str(lab.server_settings.get("max_body_bytes") or 65_536))
     drawn_at = time.perf_counter()
-    cases = await trio.to_thread.run_sync(lambda: hostile.sample_cases(
+    cases = await trio.to_thread.run_sync(lambda: hostile_cases.sample_cases(
         count, lab.args.seed, max_body_bytes=max_body, silent=True,
         max_pace_s=lab.pick(0.01, 0.002), max_cut=lab.pick(120, 40)))
     draw_s = time.perf_counter() - drawn_at
@@ -106,7 +108,7 @@ async def fuzz(lab: Lab) -> Report:
     alive = [e for e in epochs if e.stats_after is not None]
     summary: dict[str, Any] = {
         "cases": len(results),
-        **hostile.summarize(outcomes),
+        **hostile_client.summarize(outcomes),
         "server_deaths": sum(e.died for e in epochs),
         "cases_not_sent": len(pending),
         "blocks_leaked": sum(_leaked(e.stats_after) for e in alive) if alive else None,
@@ -150,8 +152,8 @@ async def _run_epoch(
     """
     host, port = host_port(epoch.url)
     await lab.wait_idle(epoch.url)
-    pids = hostile.server_pids(port)
-    epoch.fds_before = await hostile.settled_fds(pids)
+    pids = server_fds.server_pids(port)
+    epoch.fds_before = await server_fds.settled_fds(pids)
     queue = iter(enumerate(cases))
     finished: set[int] = set()
     started: deque[HostileCase] = deque(maxlen=LAST_CASES)
@@ -160,7 +162,7 @@ async def _run_epoch(
     async def one(index: int, case: HostileCase) -> None:
         started.append(case)
         try:
-            outcome = await hostile.send_case(
+            outcome = await hostile_client.send_case(
                 host, port, case, timeout_s=CASE_TIMEOUT_S, silent_timeout_s=SILENT_TIMEOUT_S,
                 eof_wait_s=EOF_WAIT_S)
         except OSError:  # refused: is the server still there?
@@ -189,7 +191,7 @@ async def _run_epoch(
         epoch.stats_after = await lab.wait_idle(epoch.url)
     except LabError:
         epoch.stats_after = await lab.stats(epoch.url)
-    epoch.fds_after = await hostile.settled_fds(pids, epoch.fds_before, FDS_SETTLE_S)
+    epoch.fds_after = await server_fds.settled_fds(pids, epoch.fds_before, FDS_SETTLE_S)
     return []
 
 
@@ -231,8 +233,9 @@ def _breakdown(results: list[tuple[HostileCase, Outcome]], key: Any) -> dict[str
     groups: dict[str, list[Outcome]] = {}
     for case, outcome in results:
         groups.setdefault(key(case), []).append(outcome)
-    return {name: {"cases": len(group), **{k: v for k, v in hostile.summarize(group).items()
-                                           if k != "status_counts" and v}}
+    return {name: {"cases": len(group),
+                   **{k: v for k, v in hostile_client.summarize(group).items()
+                      if k != "status_counts" and v}}
             for name, group in sorted(groups.items())}
 
 

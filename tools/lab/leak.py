@@ -12,7 +12,7 @@ limit of 64 (``STREAMSCOPE_MAX_WAITING=64``), so most streams wait for a slot. `
 streams (default 300; the prompts in turn; greedy, ``ignore_eos``, ``max_new_tokens``
 drawn from 48 to 64) are sent from 48 concurrent clients, each on its own raw socket,
 client ``k`` taking streams ``k, k + 48, ...`` one after another. Each stream's behaviour
-is drawn with ``lab.rng``:
+is drawn with ``lab.rng`` (``_leak_streams.py`` draws the plans and runs the streams):
 
 * 25% (``full``) read to the end;
 * 35% (``leave``) leave after 0 to 40 token events (0: right after the start event,
@@ -35,7 +35,8 @@ tokens, so the slots its first-admitted members take stay taken while the rest a
 
 While they run, ``/stats`` is sampled every 0.25 s. Before and afterwards (the server
 idle, its clients' connections closed) the lab counts the open file descriptors of the
-server's processes (``/proc/<pid>/fd``; the processes holding its listening socket).
+server's processes (``/proc/<pid>/fd``; the processes holding its listening socket;
+``tools/server_fds.py``).
 Afterwards it reads ``/stats`` (the last sample) and the ``GET /v1/requests/<id>`` of
 every stream whose id its client read.
 
@@ -65,134 +66,36 @@ For ten thousand streams use the tiny model: ``python -m tools.lab leak --stream
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import time
-from dataclasses import dataclass
 from typing import Any
 
-import h11
 import trio
 
-from tools import hostile
-from tools.lab._raw import RECV_BYTES, RawStream, RawStreamError, host_port
+from tools import server_fds
+from tools.lab._leak_streams import (
+    READ_TO_END,
+    LeakStream,
+    StreamPlan,
+    plan_streams,
+    run_burst_stream,
+    run_stream,
+)
+from tools.lab._raw import host_port
 from tools.lab.common import Lab, Report, experiment
 
 MAX_BATCH = 8
 MAX_WAITING = 64
 SAMPLE_S = 0.25
 SAMPLED = ("blocks_free", "blocks_total", "running", "waiting", "streams_open", "releases")
-EOF_WAIT_S = 2.0  # after a Connection: close stream's end, for the server's EOF
 BURST_EXTRA = 32  # streams beyond the waiting limit in a burst
 BURST_TOKENS = (256, 128)  # a burst stream's max_new_tokens (full, quick)
 STREAMS_PER_BURST = 1000
 FDS_SETTLE_S = 15.0  # for the server to close what its clients closed
-# Each kind's share of the streams, in the order drawn (see the module docstring).
-KINDS = (("full", 0.25), ("leave", 0.35), ("slow", 0.10), ("early", 0.10),
-         ("never_read", 0.08), ("close", 0.12))
-READ_TO_END = ("full", "close")
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--streams", type=int, help="default 300 (quick 40)")
     parser.add_argument("--clients", type=int, help="default 48 (quick 12)")
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What one stream's client does."""
-
-    index: int
-    prompt: str
-    max_new_tokens: int
-    kind: str  # one of KINDS
-    leave_after: int | None  # leave, slow: tokens read before leaving (None: read to the end)
-    way: str | None  # "fin" or "rst"
-    moment: str | None = None  # early: "mid_request", "after_request" or "after_delay"
-    hold_s: float = 0.0  # early after_delay, never_read: how long before leaving
-
-
-class LeakStream(RawStream):
-    """A ``RawStream`` that can send part of its request, or ``Connection: close``."""
-
-    eof_after_end: bool | None = None  # close: the server's EOF came after the body's end
-    unsent: bytes = b""  # what ``send`` held back (a ``fraction`` below 1, ``hold_back``)
-
-    async def send(self, path: str, body: dict[str, Any], *, close: bool = False,
-                   fraction: float = 1.0, hold_back: int = 0) -> None:
-        """Send the request, or its first ``fraction`` of bytes, or all but its last
-        ``hold_back`` bytes (the rest is kept in ``unsent``). Cancellation: the socket
-        stays open; ``close_rst`` it."""
-        if not self._connected:
-            await self.connect()
-        payload = json.dumps(body).encode()
-        headers = [("Host", f"{self.host}:{self.port}"), ("Content-Type", "application/json"),
-                   ("Content-Length", str(len(payload)))]
-        if close:
-            headers.append(("Connection", "close"))
-        data = self.conn.send(h11.Request(method="POST", target=path, headers=headers))
-        data += self.conn.send(h11.Data(data=payload)) + self.conn.send(h11.EndOfMessage())
-        cut = len(data) - hold_back if hold_back else max(1, int(len(data) * fraction))
-        data, self.unsent = data[:cut], data[cut:]
-        await self._send_all(data)
-
-    async def send_unsent(self) -> None:
-        """Send what ``send`` held back: the request is complete from here."""
-        data, self.unsent = self.unsent, b""
-        await self._send_all(data)
-
-    async def _send_all(self, data: bytes) -> None:
-        self.sent_at, self.sent_wall = time.perf_counter(), time.time()
-        while data:
-            data = data[await self.sock.send(data):]
-
-    async def wait_eof(self, timeout_s: float) -> None:
-        """After the body's end: did the server close within ``timeout_s``?"""
-        self.eof_after_end = False
-        with trio.move_on_after(timeout_s):
-            try:
-                while await self.sock.recv(RECV_BYTES):
-                    pass
-            except OSError:
-                pass  # a reset is a close too
-            self.eof_after_end = True
-
-
-def _plans(lab: Lab, count: int) -> list[Plan]:
-    token_range = lab.pick((48, 64), (16, 24))
-    leave_range = lab.pick((0, 40), (0, 12))
-    slow_after = lab.pick((3, 10), (3, 6))
-    hold_range = lab.pick((0.1, 2.0), (0.05, 0.3))
-    prompts = lab.prompts()
-    plans = []
-    for i in range(count):
-        draw = lab.rng.random()
-        tokens = lab.rng.randint(*token_range)
-        way = lab.rng.choice(("fin", "rst"))
-        prompt = prompts[i % len(prompts)]
-        kind = next((k for k, edge in _edges() if draw < edge), KINDS[-1][0])
-        if kind in READ_TO_END:
-            plans.append(Plan(i, prompt, tokens, kind, None, None))
-        elif kind == "leave":
-            plans.append(Plan(i, prompt, tokens, kind, lab.rng.randint(*leave_range), way))
-        elif kind == "slow":
-            plans.append(Plan(i, prompt, tokens, kind, lab.rng.choice(slow_after), way))
-        elif kind == "early":
-            moment = lab.rng.choice(("mid_request", "after_request", "after_delay"))
-            plans.append(Plan(i, prompt, tokens, kind, None, way, moment,
-                              lab.rng.uniform(0, 0.05)))
-        else:
-            plans.append(Plan(i, prompt, tokens, kind, None, way,
-                              hold_s=lab.rng.uniform(*hold_range)))
-    return plans
-
-
-def _edges() -> list[tuple[str, float]]:
-    edges, total = [], 0.0
-    for kind, share in KINDS:
-        total += share
-        edges.append((kind, total))
-    return edges
 
 
 @experiment(
@@ -206,14 +109,14 @@ async def leak(lab: Lab) -> Report:
     count = lab.option("streams", 300, 40)
     clients = lab.option("clients", 48, 12)
     pause_s = lab.pick(0.25, 0.05)
-    plans = _plans(lab, count)
+    plans = plan_streams(lab, count)
     max_waiting = int(str(lab.server_settings.get("max_waiting") or 256))
     burst_tokens = lab.pick(*BURST_TOKENS)
     bursts = max(1, count // STREAMS_PER_BURST)
 
     before = await lab.wait_idle()
-    pids = hostile.server_pids(host_port(lab.url)[1])
-    fds_before = await hostile.settled_fds(pids)
+    pids = server_fds.server_pids(host_port(lab.url)[1])
+    fds_before = await server_fds.settled_fds(pids)
     samples: list[dict[str, Any]] = []
     streams: list[LeakStream | None] = [None] * count
     burst_streams: list[LeakStream] = []
@@ -222,7 +125,7 @@ async def leak(lab: Lab) -> Report:
 
     async def client_task(k: int) -> None:
         for plan in plans[k::clients]:
-            streams[plan.index] = await _one_stream(lab.url, plan, pause_s)
+            streams[plan.index] = await run_stream(lab.url, plan, pause_s)
             done_count[0] += 1
 
     async def burst_task() -> None:
@@ -235,8 +138,8 @@ async def leak(lab: Lab) -> Report:
             async with trio.open_nursery() as burst:
                 for i in range(size):
                     # start() returns once the stream's request, but its last byte, is sent.
-                    await burst.start(_burst_stream, lab.url, plans[i % count], burst_tokens,
-                                      go, burst_streams)
+                    await burst.start(run_burst_stream, lab.url, plans[i % count],
+                                      burst_tokens, go, burst_streams)
                 go.set()
 
     async with trio.open_nursery() as monitor:
@@ -251,7 +154,7 @@ async def leak(lab: Lab) -> Report:
     await lab.wait_idle()
     await trio.sleep(0.2)  # idle by its counts; let the last FinishEvents be routed
     after = await lab.stats()
-    fds_after = await hostile.settled_fds(pids, fds_before, FDS_SETTLE_S)
+    fds_after = await server_fds.settled_fds(pids, fds_before, FDS_SETTLE_S)
     samples.append({"t_s": round(time.perf_counter() - started, 3),
                     **{k: after.get(k) for k in SAMPLED}})
     records: dict[str, dict[str, Any]] = {}
@@ -317,64 +220,6 @@ async def leak(lab: Lab) -> Report:
     return Report(summary, raw, plot=lambda fig: _draw(fig, samples, early))
 
 
-async def _one_stream(url: str, plan: Plan, pause_s: float) -> LeakStream:
-    """One stream, read and left as ``plan`` says. Cancellation: the socket is reset."""
-    stream = LeakStream(url)
-    body = {"prompt": plan.prompt, "ignore_eos": True, "max_new_tokens": plan.max_new_tokens}
-    try:
-        if plan.kind in READ_TO_END:
-            await stream.send("/v1/stream", body, close=plan.kind == "close")
-            await stream.read_to_end()
-            if plan.kind == "close" and stream.terminal == "done":
-                await stream.wait_eof(EOF_WAIT_S)
-            return stream
-        assert plan.way is not None
-        if plan.kind == "early":
-            await stream.send("/v1/stream", body,
-                              fraction=0.5 if plan.moment == "mid_request" else 1.0)
-            if plan.moment == "after_delay":
-                await trio.sleep(plan.hold_s)
-        elif plan.kind == "never_read":
-            await stream.send("/v1/stream", body)
-            await trio.sleep(plan.hold_s)
-        elif plan.kind == "slow":
-            assert plan.leave_after is not None
-            await stream.send("/v1/stream", body)
-            while stream.request_id is None or stream.tokens < plan.leave_after:
-                if not await stream.read_chunk():
-                    break
-                await trio.sleep(pause_s)
-        else:
-            after = plan.leave_after
-            assert after is not None
-            await stream.send("/v1/stream", body)
-            with contextlib.suppress(RawStreamError):  # refused (429) in a burst: it ended
-                await stream.read_until(lambda s: s.request_id is not None and s.tokens >= after)
-        await stream.close(plan.way)
-    finally:
-        if stream.closed_at is None:
-            stream.close_rst()
-    return stream
-
-
-async def _burst_stream(url: str, plan: Plan, tokens: int, go: trio.Event,
-                        out: list[LeakStream], *,
-                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """One stream of a burst: all of the request but its last byte, then (``go``) the last
-    byte; read to the end (or the refusal), then reset."""
-    stream = LeakStream(url)
-    try:
-        body = {"prompt": plan.prompt, "ignore_eos": True, "max_new_tokens": tokens}
-        await stream.send("/v1/stream", body, hold_back=1)
-        task_status.started()
-        await go.wait()
-        await stream.send_unsent()
-        await stream.read_to_end()
-    finally:
-        stream.close_rst()
-        out.append(stream)
-
-
 async def _sample(lab: Lab, samples: list[dict[str, Any]], started: float) -> None:
     """Sample /stats until cancelled."""
     async with lab.client() as client:
@@ -386,7 +231,7 @@ async def _sample(lab: Lab, samples: list[dict[str, Any]], started: float) -> No
 
 
 def _row(
-    plan: Plan, stream: LeakStream | None, records: dict[str, dict[str, Any]]
+    plan: StreamPlan, stream: LeakStream | None, records: dict[str, dict[str, Any]]
 ) -> dict[str, Any]:
     record = records.get(stream.request_id or "") if stream is not None else None
     terminal = None if stream is None else stream.terminal

@@ -1,7 +1,8 @@
-"""Hostile HTTP requests as data, and one raw-socket client that sends one and judges it.
+"""Hostile HTTP requests as data, and the hypothesis strategies that draw them.
 
-Shared by ``tests/test_fuzz_http.py`` (hypothesis draws the cases, a few hundred) and
-``python -m tools.lab fuzz`` (``sample_cases`` draws thousands from the same strategy).
+Why a module of its own: ``tests/test_fuzz_http.py`` (hypothesis draws the cases, a few
+hundred) and ``python -m tools.lab fuzz`` (``sample_cases`` draws thousands from the same
+strategy) must send the same cases; ``tools/hostile_client.py`` sends one and judges it.
 
 A ``HostileCase`` is one request to a JSON route (``ROUTES``): a body of some ``kind``
 (arbitrary bytes, arbitrary JSON, wrong types, huge numbers, deep nesting, NUL, invalid
@@ -15,40 +16,17 @@ hostile ones), a content type (or none, or an odd one), and a ``Framing``:
 * ``SHORT``: ``Content-Length`` larger than what is sent, then FIN;
 * ``SLOWLORIS``: the head sent byte by byte, slowly, then abandoned: FIN, or silence.
 
-``send_case`` sends one over its own connection and returns an ``Outcome``. The verdict
-(the properties the fuzz asserts):
-
-* a whole request (``LENGTH``, ``CHUNKED``, ``CONFLICT``) must be answered: a response
-  head and its body to the framed end, within ``timeout_s``;
-* an incomplete one (``SHORT``, ``SLOWLORIS``) must be answered or the connection closed
-  by the server, within ``timeout_s`` (``silent_timeout_s`` for a slowloris that goes
-  silent without a FIN: only the server's own timeout can end it);
-* never a 5xx, and never an ``internal_error`` in a 200 stream's body.
-
-A request that carried ``Connection: close`` should see EOF after its response (RFC 9112
-section 9.6); hypercorn 0.18's trio worker does not close (pgjones/hypercorn#330), so the
-client waits at most ``eof_wait_s`` for it and records ``close_ignored``, a finding, not
-a hang. The responses are parsed by h11, told of a dummy request of the same framing (the
-real bytes are ours, often not HTTP h11 would send).
+``HostileCase.wire`` is every byte a case sends; ``to_json`` is its reproducer.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import enum
 import json
-import os
-import socket
-import struct
-import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Any
 
-import h11
-import trio
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
@@ -77,8 +55,6 @@ ODD_CONTENT_TYPES = (None, "text/plain", "", "application/x-www-form-urlencoded"
 ODD_TYPE_EVERY = 8
 content_types = st.integers(1, ODD_TYPE_EVERY).flatmap(
     lambda n: st.sampled_from(ODD_CONTENT_TYPES) if n == 1 else st.just(JSON))
-RECV_BYTES = 65536
-MAX_BODY_KEPT = 2048  # of a response body, for the report
 
 
 class Framing(enum.Enum):
@@ -89,6 +65,7 @@ class Framing(enum.Enum):
     SLOWLORIS = "slowloris"  # the head byte by byte, then abandoned
 
 
+# Sent without their end: the server may close instead of answering.
 INCOMPLETE = (Framing.SHORT, Framing.SLOWLORIS)
 
 
@@ -149,28 +126,6 @@ class HostileCase:
         data["framing"] = self.framing.value
         data["body"] = self.body[:200].decode("latin-1")
         data["wire_b64"] = base64.b64encode(self.wire(host)).decode()
-        return data
-
-
-@dataclass
-class Outcome:
-    status: int | None = None
-    answered: bool = False  # a response head and its body to the framed end
-    closed: bool = False  # the server closed (EOF or reset)
-    close_ignored: bool = False  # Connection: close, answered, and no EOF within eof_wait_s
-    hang: bool = False  # see the module docstring
-    internal_error: bool = False  # a 200 body carried an internal_error
-    protocol_error: str | None = None  # the response was not valid HTTP
-    elapsed_s: float = 0.0
-    body: bytes = field(default=b"", repr=False)
-
-    @property
-    def five_xx(self) -> bool:
-        return self.status is not None and self.status >= 500
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["body"] = self.body[:300].decode("utf-8", "replace")
         return data
 
 
@@ -281,179 +236,3 @@ def sample_cases(count: int, seed_value: int, **options: Any) -> list[HostileCas
 
     collect()
     return drawn[:count]
-
-
-# -- the client --------------------------------------------------------------------------------
-
-
-async def send_case(
-    host: str, port: int, case: HostileCase, *, timeout_s: float = 10.0,
-    silent_timeout_s: float = 15.0, eof_wait_s: float = 0.0,
-) -> Outcome:
-    """Send ``case`` on a new connection and judge what comes back (module docstring).
-
-    Cancellation: the socket is reset; the outcome is lost.
-    """
-    outcome = Outcome()
-    sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM)
-    started = time.perf_counter()
-    try:
-        await sock.connect((host, port))
-        reader = _Reader(sock, case, outcome)
-        bound = silent_timeout_s if case.framing is Framing.SLOWLORIS and not case.fin \
-            else timeout_s
-        with trio.move_on_after(bound):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_send, sock, case, f"{host}:{port}")
-                await reader.read()
-                nursery.cancel_scope.cancel(reason="answered, or the server closed")
-        outcome.hang = not (outcome.answered or outcome.closed)
-        if outcome.answered and case.connection_close and not outcome.closed and eof_wait_s:
-            with trio.move_on_after(eof_wait_s):
-                await reader.wait_eof()
-            outcome.close_ignored = not outcome.closed
-    finally:
-        outcome.elapsed_s = round(time.perf_counter() - started, 4)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        sock.close()
-    return outcome
-
-
-async def _send(sock: trio.socket.SocketType, case: HostileCase, host: str) -> None:
-    """Send the case's bytes (slowly for a slowloris), then FIN for an incomplete one."""
-    data = case.wire(host)
-    try:
-        if case.framing is Framing.SLOWLORIS:
-            for i in range(len(data)):
-                await sock.send(data[i : i + 1])
-                await trio.sleep(case.pace_s)
-        else:
-            while data:
-                data = data[await sock.send(data):]
-        if case.framing in INCOMPLETE and case.fin:
-            sock.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass  # the server answered early and closed: the reader sees it
-
-
-class _Reader:
-    """Reads one response with h11, told of a dummy request framed like the case's."""
-
-    def __init__(self, sock: trio.socket.SocketType, case: HostileCase, outcome: Outcome) -> None:
-        self.sock, self.case, self.outcome = sock, case, outcome
-        self.conn = h11.Connection(h11.CLIENT)
-        headers = [("Host", "x"), ("Content-Length", "0")]
-        if case.connection_close:
-            headers.append(("Connection", "close"))
-        self.conn.send(h11.Request(method="POST", target="/", headers=headers))
-        self.conn.send(h11.EndOfMessage())
-
-    async def _recv(self) -> bytes:
-        try:
-            data = await self.sock.recv(RECV_BYTES)
-        except OSError:
-            data = b""
-        if not data:
-            self.outcome.closed = True
-        return data
-
-    async def read(self) -> None:
-        """Until the response's framed end, or the server closes."""
-        while True:
-            try:
-                event = self.conn.next_event()
-            except h11.RemoteProtocolError as exc:
-                if not (self.outcome.closed and self.outcome.status is None):
-                    self.outcome.protocol_error = str(exc)  # not a plain close
-                return
-            if event is h11.NEED_DATA:
-                self.conn.receive_data(await self._recv())
-            elif isinstance(event, h11.Response):
-                self.outcome.status = event.status_code
-            elif isinstance(event, h11.Data):
-                if len(self.outcome.body) < MAX_BODY_KEPT:
-                    self.outcome.body += bytes(event.data)
-                if self.outcome.status == 200 and b'"internal_error"' in bytes(event.data):
-                    self.outcome.internal_error = True
-            elif isinstance(event, h11.EndOfMessage):
-                self.outcome.answered = True
-                return
-            elif isinstance(event, h11.ConnectionClosed):
-                return
-
-    async def wait_eof(self) -> None:
-        while not self.outcome.closed:
-            await self._recv()
-
-
-def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
-    """Counts over outcomes: statuses, and each finding."""
-    status_counts: dict[str, int] = {}
-    for o in outcomes:
-        key = str(o.status) if o.status is not None else ("closed" if o.closed else "none")
-        status_counts[key] = status_counts.get(key, 0) + 1
-
-    def count(finding: Callable[[Outcome], bool]) -> int:
-        return sum(map(finding, outcomes))
-
-    return {
-        "status_counts": dict(sorted(status_counts.items())),
-        "five_xx": count(lambda o: o.five_xx),
-        "hangs": count(lambda o: o.hang),
-        "internal_errors": count(lambda o: o.internal_error),
-        "protocol_errors": count(lambda o: o.protocol_error is not None),
-        "close_ignored": count(lambda o: o.close_ignored),
-    }
-
-
-# -- the server's open files -------------------------------------------------------------------
-
-
-def server_pids(port: int) -> list[int]:
-    """The processes holding the socket that listens on loopback ``port`` (hypercorn's
-    main process and its worker), found through ``/proc/net/tcp``; Linux only."""
-    wanted = f"0100007F:{port:04X}"
-    inodes = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        cols = line.split()
-        if cols[1] == wanted and cols[3] == "0A":  # 0A: LISTEN
-            inodes.add(f"socket:[{cols[9]}]")
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
-                pids.append(int(proc.name))
-        except OSError:
-            continue  # gone, or not ours to read
-    return sorted(pids)
-
-
-def open_fds(pids: list[int]) -> dict[int, int]:
-    """``{pid: number of open file descriptors}``, for the pids still there."""
-    counts = {}
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            counts[pid] = len(os.listdir(f"/proc/{pid}/fd"))
-    return counts
-
-
-FDS_QUIET_S = 0.5  # the lab's own polling connection closes within this
-
-
-async def settled_fds(
-    pids: list[int], baseline: dict[int, int] | None = None, timeout_s: float = 10.0
-) -> dict[int, int]:
-    """``open_fds(pids)`` once the server has closed what its clients closed: after
-    ``FDS_QUIET_S``, and then, given a ``baseline``, as soon as the total is no more than
-    the baseline's (or after ``timeout_s``: what is left open then is a leak).
-
-    Cancellation: nothing to undo.
-    """
-    await trio.sleep(FDS_QUIET_S)
-    with trio.move_on_after(timeout_s):
-        # A process's open files come with no event to wait on.
-        while baseline is not None and sum(open_fds(pids).values()) > sum(baseline.values()):  # noqa: ASYNC110
-            await trio.sleep(0.1)
-    return open_fds(pids)
