@@ -280,9 +280,8 @@ class Scheduler:
         seq.state = SequenceState.FINISHED
         self.inbox.retire(seq.request_id)
         stop = seq.stop_matcher.matched if reason is FinishReason.STOP else None
-        return FinishEvent(seq.request_id, reason, seq.num_prompt_tokens,
-                           len(seq.generated_ids), error, stop,
-                           seq.num_cached_prompt_tokens or 0)
+        return FinishEvent(seq.request_id, reason, seq.num_prompt_tokens, len(seq.generated_ids),
+                           error, stop, seq.num_cached_prompt_tokens or 0)
 
     # -- helpers ---------------------------------------------------------------------
 
