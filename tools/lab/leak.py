@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections import Counter
 from typing import Any
 
 import trio
@@ -193,8 +194,8 @@ async def leak(lab: Lab) -> Report:
         "streams_with_id": sum(r["request_id"] is not None for r in rows),
         "left_early": len(early),
         "finish_records": len(records),
-        "finish_reasons": _count(r["finish_reason"] for r in rows),
-        "kinds": _count(r["kind"] for r in rows),
+        "finish_reasons": dict(Counter(str(r["finish_reason"]) for r in rows)),
+        "kinds": dict(Counter(str(r["kind"]) for r in rows)),
         "never_admitted": sum(r["completion_tokens"] == 0 for r in early),
         "tokens_read_early": read,
         "tokens_generated_early": made,
@@ -253,13 +254,6 @@ def _row(
         "finish_reason": None if record is None else record["finish_reason"],
         "completion_tokens": None if record is None else record["completion_tokens"],
     }
-
-
-def _count(values: Any) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for value in values:
-        counts[str(value)] = counts.get(str(value), 0) + 1
-    return counts
 
 
 def _draw(fig: Any, samples: list[dict[str, Any]], early: list[dict[str, Any]]) -> None:

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+from collections import Counter
 from typing import Any
 
 import trio
@@ -137,7 +138,8 @@ async def slowclient(lab: Lab) -> Report:
         "slow_read_end_s": {
             p: _round(median([s["read_end_s"] for s in slow_streams[p]])) for p in policies
         },
-        "slow_received": {p: _count(s["terminal"] for s in slow_streams[p]) for p in policies},
+        "slow_received": {p: dict(Counter(str(s["terminal"]) for s in slow_streams[p]))
+                          for p in policies},
         "healthy_completion_s": {p: {k: _round(v) for k, v in c.items()}
                                  for p, c in completion.items()},
         "healthy_gap_p99_ms": {
@@ -230,13 +232,6 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
-
-
-def _count(values: Any) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for value in values:
-        counts[str(value)] = counts.get(str(value), 0) + 1
-    return counts
 
 
 def _draw(fig: Any, policies: list[str], levels: list[int], runs: list[dict[str, Any]]) -> None:
