@@ -18,7 +18,7 @@ from pathlib import Path
 import trio
 
 from engine.model import tiny_llama, tiny_tokenizer
-from tools.load import run_load
+from tools.load_runner import run_load
 from tools.peers.sidebyside import compare, targets
 from tools.peers.transformers_serve import open_peer, peer_command
 from tools.records import StreamRequest

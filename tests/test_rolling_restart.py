@@ -37,7 +37,9 @@ from streams import ServerSentEvent, SSEParser
 from tests.http_server import StartServer
 from tests.test_replicas import RESUME_SECRET
 from tools.cluster import Cluster, ClusterError, binary, free_port, open_cluster
-from tools.load import Retries, StreamRequest, run_streams
+from tools.load_runner import run_streams
+from tools.records import StreamRequest
+from tools.stream_client import Retries
 
 # A short drain, of just HANDOVER_LEAD_S: the hand-over (that long before the deadline)
 # comes at the signal, so the long stream read on its owner need not outlast a timer to

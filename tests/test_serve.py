@@ -3,7 +3,7 @@
 The drain tests hold two streams open exactly as ``test_app_drain.py`` does against the
 hypercorn CLI (a short one that finishes with ``done``, a long one cut by the deadline)
 and check the same promises: the same drain. The burst test opens 1,000 streams at the
-same moment (``tools/burst.py``: raw sockets released by one Event, each writing its
+same moment (``tools/burst_clients.py``: raw sockets released by one Event, each writing its
 request's head and then its body, as httpx does) and wants an HTTP answer for every one,
 with no connection left behind. Against ``hypercorn -k trio app:app`` (backlog 100) the
 same burst gets hundreds of connection resets (docs/results.md).
@@ -42,7 +42,8 @@ from tests.test_app_drain import (
     assert_drained_as_promised,
     open_held_streams,
 )
-from tools.burst import SERVER_COMMANDS, burst, open_files, settle_open_files, start_server
+from tools.burst_clients import burst
+from tools.burst_server import SERVER_COMMANDS, open_files, settle_open_files, start_server
 
 STREAMSCOPE = str(Path(sys.executable).parent / "streamscope")  # pip install -e . made it
 _LISTENING = re.compile(

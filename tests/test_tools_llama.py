@@ -18,7 +18,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
-from tools.load import run_load
+from tools.load_runner import run_load
 from tools.peers import llama_build
 from tools.peers.llama_server import llama_command
 from tools.peers.sidebyside import llama_targets

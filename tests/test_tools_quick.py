@@ -20,7 +20,7 @@ import pytest
 
 from streams import ServerSentEvent
 from tools.lab.sse import check_stream
-from tools.load import StreamRecord, StreamRequest
+from tools.records import StreamRecord, StreamRequest
 from tools.server import REPO_ROOT, serve
 from tools.wire import OpenAIWire
 

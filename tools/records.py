@@ -1,15 +1,20 @@
-"""What the load generator asks for and what it records of one stream.
+"""What the load generator asks for, what it records of one stream, and of a whole run.
 
 ``StreamRequest`` is one stream to open; ``StreamRecord`` what it did (tokens, times,
-bytes, retries). ``tools/wire.py`` fills a record from a protocol's events and
-``tools/load.py`` runs the streams; both import these types from here, so neither
-imports the other.
+bytes, retries); ``LoadResult`` every stream of one run, with the aggregate figures
+(``summary()``) that ``tools/load.py`` documents. ``tools/wire.py`` fills a record from
+a protocol's events and ``tools/load_runner.py`` runs the streams; both import these
+types from here, so neither imports the other, and a caller that only reads results
+needs neither.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,4 +113,54 @@ class StreamRecord:
             "finished_ms": ms(self.finished_at),
             "token_ids": self.token_ids,
             "token_ms": [ms(t) for t in self.token_times],
+        }
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (linear interpolation), or None for no values."""
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 2)
+
+
+@dataclass(slots=True)
+class LoadResult:
+    """Every stream of one run; ``summary()`` gives the aggregate figures."""
+
+    protocol: str
+    records: list[StreamRecord]
+    started_at: float  # the barrier opened
+
+    def summary(self) -> dict[str, Any]:
+        sent = [r.sent_at for r in self.records if r.sent_at is not None]
+        ends = [r.finished_at for r in self.records if r.finished_at is not None]
+        makespan = max(ends) - min(sent) if sent and ends else None
+        tokens = sum(r.tokens for r in self.records)
+        ttfts = [t for r in self.records if (t := r.ttft_s) is not None]
+        gaps = [g for r in self.records for g in r.gaps_s()]
+        body_bytes = sum(r.bytes for r in self.records)
+        return {
+            "streams": len(self.records),
+            "streams_ok": sum(r.ok for r in self.records),
+            "errors": sum(r.error is not None for r in self.records),
+            # ok in the end, after a refusal sent again / after a cut resumed
+            "retried_ok": sum(r.ok and r.retries > 0 for r in self.records),
+            "resumed_ok": sum(r.ok and r.resumes > 0 for r in self.records),
+            "tokens": tokens,
+            "makespan_s": None if makespan is None else round(makespan, 4),
+            "tokens_per_s": round(tokens / makespan, 2) if makespan else None,
+            "ttft_p50_ms": _ms(percentile(ttfts, 50)),
+            "ttft_p99_ms": _ms(percentile(ttfts, 99)),
+            "gap_p50_ms": _ms(percentile(gaps, 50)),
+            "gap_p99_ms": _ms(percentile(gaps, 99)),
+            "bytes_per_token": round(body_bytes / tokens, 2) if tokens else None,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "summary": self.summary(),
+            "protocol": self.protocol,
+            "streams": [r.to_json(self.started_at) for r in self.records],
         }

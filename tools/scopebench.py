@@ -52,7 +52,7 @@ from engine import EngineStatistics, TokenEvent
 from streams import PolicyName, ScopeFeed, SSEParser, TokenStream
 from streams.open_streams import OpenStreams
 from streams.policy import Policy
-from tools.load import run_load
+from tools.load_runner import run_load
 from tools.prompts import load_prompts
 from tools.server import open_server
 

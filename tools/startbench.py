@@ -56,7 +56,7 @@ from typing import Any
 import httpx
 import trio
 
-from tools.load import run_load
+from tools.load_runner import run_load
 from tools.prompts import load_prompts
 from tools.server import REPO_ROOT, LoggedProcess, ServerError
 

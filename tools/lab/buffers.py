@@ -39,7 +39,8 @@ import trio
 
 from tools.lab._raw import RawStream
 from tools.lab.common import Lab, LabError, Report, experiment, median, spread
-from tools.load import StreamRequest, run_streams
+from tools.load_runner import run_streams
+from tools.records import StreamRequest
 
 EVENT_SIZES = (133, 1024, 16384, 65536)
 SETTLE_S = 0.3  # after "blocked": the count must stay put this long

@@ -7,7 +7,8 @@ Write ``tools/lab/NAME.py``; ``python -m tools.lab`` imports every module of the
 registration::
 
     from tools.lab.common import Lab, Report, experiment
-    from tools.load import StreamRequest, run_streams
+    from tools.load_runner import run_streams
+    from tools.records import StreamRequest
 
     def arguments(parser):                      # optional: the experiment's own options
         parser.add_argument("--readers", type=int, default=None)

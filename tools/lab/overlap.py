@@ -57,7 +57,8 @@ from tools.lab.common import (
     pct,
     spread,
 )
-from tools.load import LoadResult, StreamRecord, StreamRequest, run_streams
+from tools.load_runner import run_streams
+from tools.records import LoadResult, StreamRecord, StreamRequest
 
 LEVELS = (1, 2, 4, 8, 16, 32)
 Run = dict[str, Any]  # one level's run: its figures, identity counts and streams

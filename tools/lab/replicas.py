@@ -55,7 +55,9 @@ import trio
 
 from tools.cluster import Cluster, open_cluster
 from tools.lab.common import Lab, Report, experiment
-from tools.load import LoadResult, Retries, StreamRequest, run_streams
+from tools.load_runner import run_streams
+from tools.records import LoadResult, StreamRequest
+from tools.stream_client import Retries
 
 RESTART_RETRIES = Retries(refusals=8, resumes=3, max_wait_s=1.0)
 ROUNDS = 4  # streams per client in a throughput run

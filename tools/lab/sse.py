@@ -39,7 +39,8 @@ import httpx_sse
 
 from streams import ServerSentEvent, SSEParser, encode_event
 from tools.lab.common import Lab, Report, experiment
-from tools.load import StreamRecord, StreamRequest, run_streams
+from tools.load_runner import run_streams
+from tools.records import StreamRecord, StreamRequest
 
 CHECKS = (
     "status",

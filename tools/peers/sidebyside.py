@@ -70,8 +70,9 @@ from typing import Any
 
 import trio
 
-from tools.load import LoadResult, run_load
+from tools.load_runner import run_load
 from tools.prompts import load_prompts
+from tools.records import LoadResult
 from tools.server import REPO_ROOT, open_server
 
 LEVELS = (1, 8, 32)
