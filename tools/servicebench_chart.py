@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tools.figures import save_figure
 from tools.servicebench_servers import OURS, PEER
 
 TABLE = (  # (header, figure of a level entry)
@@ -73,11 +74,8 @@ def draw(data: Mapping[str, Any], path: Path) -> None:
         _axes(rate, xs, f"{kind}: tokens/s delivered", log_y=True)
         _axes(cpu, xs, f"{kind}: CPU µs per token", log_y=True)
     meta = data["meta"]
-    fig.suptitle(f"servicebench: {meta['tokens']} tokens a stream, 1 torch thread, "
-                 f"{meta['started']}", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, f"servicebench: {meta['tokens']} tokens a stream, 1 torch thread, "
+                f"{meta['started']}", fontsize=9)
 
 
 def _axes(ax: Any, xs: list[int], title: str, *, log_y: bool) -> None:

@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tools.figures import save_figure
+
 OURS, LLAMA = "streamscope", "llama-server"
 
 
@@ -59,10 +61,8 @@ def chart(runs: list[dict[str, Any]], out: Path, names: list[str] | None = None)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     model = runs[0]["meta"]["model"]
-    fig.suptitle(f"{model}, {runs[0]['meta']['max_new_tokens']} tokens a stream, side by side")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    save_figure(fig, out, f"{model}, {runs[0]['meta']['max_new_tokens']} tokens a stream, "
+                "side by side")
 
 
 def draw(data: Mapping[str, Any], path: Path) -> None:
@@ -97,11 +97,8 @@ def draw(data: Mapping[str, Any], path: Path) -> None:
         ax.set_title(title)
         ax.legend(fontsize=7)
     meta = data["meta"]
-    fig.suptitle(f"{meta['model']}, {meta['max_new_tokens']} tokens, {meta['threads']} torch "
-                 f"thread(s), {meta['started']}", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, f"{meta['model']}, {meta['max_new_tokens']} tokens, "
+                f"{meta['threads']} torch thread(s), {meta['started']}", fontsize=9)
 
 
 def main() -> None:
