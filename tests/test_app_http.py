@@ -41,7 +41,8 @@ async def test_stream_sends_start_tokens_done_with_ids_from_one(server: RunningS
     assert [json.loads(e.data)["index"] for e in events[1:-1]] == list(range(6))
     assert json.loads(events[-1].data) == {
         "finish_reason": "length",
-        "usage": {"prompt_tokens": start["prompt_tokens"], "completion_tokens": 6},
+        "usage": {"prompt_tokens": start["prompt_tokens"], "completion_tokens": 6,
+                  "cached_tokens": 0},
     }
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")

@@ -28,8 +28,11 @@ async def test_whole_completion_matches_generate(server: RunningServer) -> None:
     assert answer["choices"] == [
         {"index": 0, "text": ours["text"], "logprobs": None, "finish_reason": "length"}
     ]
-    usage = ours["usage"]
-    assert answer["usage"] == {**usage, "total_tokens": sum(usage.values())}
+    prompt, made, cached = (ours["usage"][k] for k in ("prompt_tokens", "completion_tokens",
+                                                       "cached_tokens"))
+    assert answer["usage"] == {"prompt_tokens": prompt, "completion_tokens": made,
+                               "total_tokens": prompt + made,
+                               "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 async def test_streamed_chunks_end_with_finish_reason_then_done(server: RunningServer) -> None:

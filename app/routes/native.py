@@ -32,7 +32,7 @@ from ..errors import ApiError, ErrorType
 from ..metrics import Metrics
 from ..runtime import Runtime
 from ..schemas import GenerateBody, RequestLimits, parse_generate_body
-from ..wire import NativeEvents, logprobs_data
+from ..wire import NativeEvents, logprobs_data, usage_data
 from .body import EventStreamBody
 from .health import add_health_routes
 from .resumable import open_resumable
@@ -106,10 +106,7 @@ class NativeViews:
             "text": text,
             "tokens": [t.token_id for t in tokens],
             "finish_reason": finish.reason.value,
-            "usage": {
-                "prompt_tokens": finish.prompt_tokens,
-                "completion_tokens": finish.completion_tokens,
-            },
+            "usage": usage_data(finish),
         }
         if body.logprobs:  # a token's entry as in its token event, one per token
             answer["logprobs"] = [None if t.logprobs is None else logprobs_data(t.logprobs)

@@ -21,6 +21,7 @@ from .native import item_event as item_event
 from .native import logprobs_data as logprobs_data
 from .native import start_event as start_event
 from .native import token_event as token_event
+from .native import usage_data as usage_data
 from .openai_chunks import DONE as DONE
 from .openai_chunks import ErrorEnvelope as ErrorEnvelope
 from .openai_chunks import OpenAIChunks as OpenAIChunks
@@ -68,6 +69,7 @@ __all__ = [
     "token_event",
     "tool_message",
     "usage",
+    "usage_data",
     "whole_answer",
     "whole_message",
 ]

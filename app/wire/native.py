@@ -70,15 +70,16 @@ def item_event(item: StreamItem) -> tuple[str, dict[str, Any]]:
             data["logprobs"] = logprobs_data(item.logprobs)
         return "token", data
     if isinstance(item, FinishEvent):
-        return "done", {
-            "finish_reason": item.reason.value,
-            "usage": {
-                "prompt_tokens": item.prompt_tokens,
-                "completion_tokens": item.completion_tokens,
-                "cached_tokens": item.cached_tokens,
-            },
-        }
+        return "done", {"finish_reason": item.reason.value, "usage": usage_data(item)}
     return "error", error_data(item.type, item.message)
+
+
+def usage_data(finish: FinishEvent) -> dict[str, int]:
+    """The native routes' usage (``done``'s and ``/v1/generate``'s): ``cached_tokens``
+    of the ``prompt_tokens`` were found in the prefix cache."""
+    return {"prompt_tokens": finish.prompt_tokens,
+            "completion_tokens": finish.completion_tokens,
+            "cached_tokens": finish.cached_tokens}
 
 
 def logprobs_data(logprobs: TokenLogprobs) -> dict[str, Any]:
