@@ -163,13 +163,13 @@ GOOD_BODY = (
     b'event: token\nid: 2\ndata: {"index":0,"id":5,"text":"a"}\n\n'
     b'event: token\nid: 3\ndata: {"index":1,"id":6,"text":""}\n\n'
     b'event: done\nid: 4\ndata: {"finish_reason":"length",'
-    b'"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n'
+    b'"usage":{"prompt_tokens":3,"completion_tokens":2,"cached_tokens":1}}\n\n'
 )
 GOOD_ANSWER = {
     "tokens": [5, 6],
     "text": "a",
     "finish_reason": "length",
-    "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "cached_tokens": 1},
 }
 
 
@@ -192,6 +192,12 @@ def test_sse_checks_pass_a_well_formed_stream() -> None:
             {"x-request-id": "r1"},
             {**GOOD_ANSWER, "tokens": [5, 7]},
             {"matches_generate"},
+        ),
+        (  # more tokens found cached than the prompt has
+            GOOD_BODY.replace(b'"cached_tokens":1', b'"cached_tokens":4'),
+            {"x-request-id": "r1"},
+            {**GOOD_ANSWER, "usage": {**GOOD_ANSWER["usage"], "cached_tokens": 4}},
+            {"usage"},
         ),
     ],
 )

@@ -15,9 +15,11 @@ body. Each stream is checked for:
 * ``request_id``: the ``X-Request-ID`` header equals the start event's id;
 * ``order``: start, tokens, done; ``ids``: event ids 1..n, so the last id is the number
   of events; ``indices``: token indices 0..k-1;
-* ``usage``: done's usage agrees with the start event and the number of token events;
+* ``usage``: done's usage agrees with the start event and the number of token events,
+  and its ``cached_tokens`` (found in the prefix cache) are a part of the prompt's;
 * ``live_parse``: the token ids parsed as the bytes arrived equal those of the body;
-* ``matches_generate``: token ids, text, finish reason and usage equal ``/v1/generate``'s.
+* ``matches_generate``: token ids, text, finish reason and usage equal ``/v1/generate``'s
+  (but ``cached_tokens``: the second of the two finds the first's prompt cached).
 
 Empty deltas (token events with ``"text": ""``) are counted, not failed: a character
 split over several tokens gives them (the tiny test tokenizer does often).
@@ -150,16 +152,15 @@ def check_stream(record: StreamRecord, answer: dict[str, Any]) -> dict[str, Any]
         "order": names == ["start"] + ["token"] * k + ["done"],
         "ids": [e.id for e in events] == [str(i) for i in range(1, len(events) + 1)],
         "indices": [d["index"] for d in token_data] == list(range(k)),
-        "usage": done.get("usage")
-        == {"prompt_tokens": start.get("prompt_tokens"), "completion_tokens": k},
+        "usage": _usage_agrees(done.get("usage"), start.get("prompt_tokens"), k),
         "live_parse": record.token_ids == token_ids,
         "matches_generate": (
             answer.get("tokens"),
             answer.get("text"),
             answer.get("finish_reason"),
-            answer.get("usage"),
+            _counted(answer.get("usage")),
         )
-        == (token_ids, text, done.get("finish_reason"), done.get("usage")),
+        == (token_ids, text, done.get("finish_reason"), _counted(done.get("usage"))),
     }
     return {
         "ok": all(checks.values()),
@@ -174,3 +175,18 @@ def check_stream(record: StreamRecord, answer: dict[str, Any]) -> dict[str, Any]
         "finish_reason": done.get("finish_reason"),
         "error": record.error,
     }
+
+
+def _usage_agrees(usage: Any, prompt_tokens: Any, made: int) -> bool:
+    """``done``'s usage: the start event's prompt tokens, ``made`` tokens, and no more
+    cached tokens than the prompt has."""
+    if not isinstance(usage, dict) or not isinstance(prompt_tokens, int):
+        return False
+    return (usage.get("prompt_tokens"), usage.get("completion_tokens")) == (
+        prompt_tokens, made) and 0 <= usage.get("cached_tokens", -1) <= prompt_tokens
+
+
+def _counted(usage: Any) -> Any:
+    """``usage`` but its ``cached_tokens``, which depend on what ran before."""
+    return {k: v for k, v in usage.items() if k != "cached_tokens"} if isinstance(
+        usage, dict) else usage
