@@ -63,7 +63,8 @@ async def test_finish_record_of_a_stream_that_ran_to_its_end(start_server: Start
     record = service.json()
     assert service.status_code == lab.status_code == 200
     assert record == {"id": start["id"], "finish_reason": "length", "error": None,
-                      "prompt_tokens": start["prompt_tokens"], "completion_tokens": 5}
+                      "prompt_tokens": start["prompt_tokens"], "completion_tokens": 5,
+                      "cached_tokens": 0}
     assert lab.json() == {**record, "finished_at": lab.json()["finished_at"]}
     assert before <= lab.json()["finished_at"] <= time.time()
 

@@ -126,8 +126,7 @@ class NativeViews:
         return json_response({
             "id": finish.request_id,
             "finish_reason": finish.reason.value,
-            "prompt_tokens": finish.prompt_tokens,
-            "completion_tokens": finish.completion_tokens,
+            **usage_data(finish),
             "error": finish.error,
         })
 

@@ -55,7 +55,7 @@ from app.routes.body import EventStreamBody
 from app.routes.serving import json_response
 from app.runtime import MakeEngine, Runtime, ServingEngine, load_engine_from_settings
 from app.settings import Settings
-from app.wire import NativeEvents
+from app.wire import NativeEvents, usage_data
 from engine import EngineEvent, FinishEvent, TokenEvent
 from streams import StreamItem, StreamState, TokenStream
 from tools.lab._flood import make_flood_blueprint
@@ -188,8 +188,7 @@ def make_lab_blueprint(runtime: Runtime, clock: FinishClock, watch: QueueWatch) 
         return json_response({
             "id": finish.request_id,
             "finish_reason": finish.reason.value,
-            "prompt_tokens": finish.prompt_tokens,
-            "completion_tokens": finish.completion_tokens,
+            **usage_data(finish),
             "finished_at": at,
             "error": finish.error,
         })
