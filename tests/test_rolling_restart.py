@@ -117,16 +117,18 @@ class RemoteRead:
 async def resume_through(client: httpx.AsyncClient, url: str, request_id: str, last: str,
                          refusals: list[int]) -> list[ServerSentEvent]:
     """The stream after event ``last``, resumed at ``url`` (HAProxy) until a 200 (one
-    response, to its end); 503 and 409 tried again (at most 20), as a client would."""
-    while True:
-        answer = await client.get(f"{url}/v1/stream/{request_id}",
-                                  headers={"Last-Event-ID": last})
-        if answer.status_code in (503, 409) and len(refusals) < 20:
+    response, to its end); 503 and 409 tried again after their ``Retry-After`` (capped at
+    0.2 s), as a client would, for as long as ``WAIT_S`` allows: a deadline, not a count
+    of tries, so that a slower machine's takeover is waited for too."""
+    answer = None
+    with trio.move_on_after(WAIT_S):
+        while (answer := await client.get(f"{url}/v1/stream/{request_id}",
+                                          headers={"Last-Event-ID": last})
+               ).status_code in (503, 409):
             refusals.append(answer.status_code)
             await trio.sleep(min(float(answer.headers.get("Retry-After", 0.1)), 0.2))
-            continue
-        assert answer.status_code == 200, (answer.status_code, answer.text)
-        return parse(answer.content)
+    assert answer is not None and answer.status_code == 200, answer and answer.text
+    return parse(answer.content)
 
 
 class OwnRead:
