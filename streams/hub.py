@@ -1,18 +1,19 @@
 """The hub: the one task that steps the engine and fans its events out to streams.
 
-The hub owns the engine's step loop, the registry of open streams and the stall
-watchdog. It knows the engine only as ``StepEngine`` (a Protocol; plain data in and
-out) and knows nothing of HTTP, SSE or torch.
+The hub runs the engine's step loop (``step_loop.py``) and owns the registry of open
+streams and the stall watchdog. It knows the engine only as ``StepEngine`` (a Protocol;
+plain data in and out) and knows nothing of HTTP, SSE or torch.
 
 Theory of operation
 -------------------
-One Trio task (``run``, started with ``nursery.start``) steps the engine through
-``run_step`` (default ``trio.to_thread.run_sync``, never abandoned: a step is an
-uncancellable critical section that mutates the cache), where a ``Stepper``
-(``stepper.py``) runs steps back to back and posts their events without waiting for the
-loop. Each event goes to its stream through the stream's policy, synchronously: the
-loop never waits for a reader (the lab's ``naive``, which does, is a ``run_step``). The
-open streams, and the hub as they see it, are ``open_streams.py``'s.
+One Trio task (``run``, started with ``nursery.start``) runs the step loop
+(``step_loop.py``: when to step), which steps the engine through ``run_step`` (default
+``trio.to_thread.run_sync``, never abandoned: a step is an uncancellable critical section
+that mutates the cache), where a ``Stepper`` (``stepper.py``) runs steps back to back and
+posts their events without waiting for the loop. Each event goes to its stream through
+the stream's policy, synchronously: the loop never waits for a reader (the lab's
+``naive``, which does, is a ``run_step``). The open streams, and the hub as they see it,
+are ``open_streams.py``'s.
 
     NEW ──run()──> RUNNING ──drain()──> DRAINING ──engine holds nothing──> STOPPED
                       └──────── a step raised ─────────> FAILED
@@ -24,11 +25,9 @@ streams go on; at the deadline ``run``'s deadline task ends the rest with Stream
 holds none of the hub's requests, then ``run`` returns: the cache is whole.
 ``shutdown()`` is ``drain()`` and a wait for that.
 
-The loop sleeps on ``_wake`` while ``engine.has_work()`` is False; after a step that
-produced no event (waiting requests that cannot be admitted while paused sequences
-hold the batch) it sleeps too, for at most ``EMPTY_STEP_BACKOFF_S``. Whatever can
-give it work (open_stream, close, resume, a drop, shutdown) wakes it, and so does the
-next TTFT deadline of a request in the engine (one still waiting then is let go).
+The loop steps while the hub is RUNNING or the engine holds any of its requests, and
+only when there is work: it sleeps otherwise until woken (open_stream, close, resume, a
+drop, drain) or until the next TTFT deadline of a request in the engine.
 
 Deadlines (``deadlines.py``). A request with a ``ttft_deadline`` is refused at
 ``open_stream`` when the engine's estimate of its first token is later; one admitted
@@ -72,13 +71,9 @@ from .open_streams import OpenStreams
 from .policy import Policy, PolicyName
 from .router import EventRouter
 from .scope_feed import ScopeFeed
+from .step_loop import StepLoop
 from .stepper import Stepper
 from .stream import ErrorType, StreamEnd, StreamError, StreamState, TokenStream
-
-# After a step with no event while has_work() is True (e.g. waiting requests that paused
-# sequences keep out), step again when woken or after this long: about one decode step on
-# the reference chapter's machine, so at most about one wasted step per step time.
-EMPTY_STEP_BACKOFF_S = 0.01
 
 
 class Hub:
@@ -101,19 +96,19 @@ class Hub:
     ) -> None:
         self.settings = settings
         self._engine = engine
-        self._run_step = run_step
         # A stream opened with no policy of its own has this very object (``open_stream``).
         self.default_policy = self._policy(settings.policy)  # validates the policy's limits
         self.scope = ScopeFeed(self.default_policy, streams=lambda: self._streams,
                                steps=lambda: self._stepper.steps)  # the live view
-        self._streams = OpenStreams(engine, wake=self._wake_up, closed=self.scope.closed,
+        self._streams = OpenStreams(engine, wake=lambda: self._loop.wake(),
+                                    closed=self.scope.closed,
                                     caught_up=lambda: self._stepper.caught_up())
         self._deadlines = TtftDeadlines(engine)
         self._router = EventRouter(self._streams, self._deadlines)
         self._stepper = Stepper(engine, self._router.route, watch=self.scope,
                                 hold=lambda: self._streams.any_writing)
+        self._loop = StepLoop(engine, self._stepper, run_step, self._deadlines)
         self._state = HubState.NEW
-        self._wake = trio.Event()
         self._stopped = trio.Event()
         self._draining = trio.Event()  # set by drain(); _drain_deadline is then valid
         self._drain_deadline = math.inf
@@ -147,10 +142,12 @@ class Hub:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_stalls)
                 nursery.start_soon(self._end_at_drain_deadline)
-                nursery.start_soon(self._stop_stepping_when_cancelled)
+                nursery.start_soon(self._loop.stop_stepping_when_cancelled)
                 self._state = HubState.RUNNING
                 task_status.started()
-                failure = await self._step_loop()
+                failure = await self._loop.run(self._keep_stepping)
+                if failure is not None:
+                    self._record_failure(failure)
                 nursery.cancel_scope.cancel(reason="the hub's step loop ended")
         finally:
             if self._state is not HubState.FAILED:
@@ -172,7 +169,7 @@ class Hub:
             self._state = HubState.DRAINING
             self._drain_deadline = trio.current_time() + self.settings.shutdown_grace_s
             self._draining.set()
-            self._wake.set()
+            self._loop.wake()
 
     async def shutdown(self) -> None:
         """``drain()``, then wait until ``run()`` returned: every open stream finished or
@@ -234,7 +231,7 @@ class Hub:
         self._router.submitted(request_id)
         self._deadlines.submitted(request)
         self._opened += 1
-        self._wake.set()
+        self._loop.wake()
         return stream
 
     def finished(self, request_id: str) -> FinishEvent | None:
@@ -271,47 +268,7 @@ class Hub:
             loop_wait_s=self._stepper.loop_wait_s,
         )
 
-    # -- the step loop -------------------------------------------------------------
-
-    async def _step_loop(self) -> Exception | None:
-        """Step while there is work; return a step's exception, or None after shutdown.
-
-        Cancellation: raised at the wake-up wait or once the stepping thread returned
-        (``_stop_stepping_when_cancelled`` makes it return after its step in flight).
-        """
-        idle = False  # the last step produced no event
-        while self._state is HubState.RUNNING or self._router.in_engine:
-            has_work = self._engine.has_work()
-            if idle or not has_work:
-                wait_s = EMPTY_STEP_BACKOFF_S if has_work else self._deadlines.until_next()
-                with trio.move_on_after(wait_s):
-                    await self._wake.wait()
-                if self._wake.is_set():
-                    self._wake = trio.Event()
-                idle = False
-                continue
-            try:
-                try:
-                    idle = await self._run_step(self._stepper.run_steps)
-                finally:
-                    self._stepper.release()  # what it still holds: the thread is done
-                if self._stepper.failure is not None:
-                    raise self._stepper.failure
-            except Exception as exc:  # Cancelled is a BaseException: it passes
-                self._record_failure(exc)
-                return exc
-        return None
-
-    async def _stop_stepping_when_cancelled(self) -> None:
-        """Sleep; when cancelled (the hub's task is, or its loop ended), tell the stepping
-        thread to return after its step in flight, so that the loop sees the cancel.
-
-        Cancellation: the point of it; the stop is synchronous.
-        """
-        try:
-            await trio.sleep_forever()
-        finally:
-            self._stepper.stop()
+    # -- the hub's own tasks --------------------------------------------------------
 
     async def _end_at_drain_deadline(self) -> None:
         """Once ``drain()`` was called, wait for its deadline, then end every open
@@ -350,8 +307,10 @@ class Hub:
         step; without ``prompt_token_ids``, a lower bound). ``open_stream`` checks again."""
         self._deadlines.check(request)
 
-    def _wake_up(self) -> None:
-        self._wake.set()
+    def _keep_stepping(self) -> bool:
+        """Whether the step loop goes on: until a drain, and after it while the engine
+        holds any of the hub's requests (its cache is not whole yet)."""
+        return self._state is HubState.RUNNING or bool(self._router.in_engine)
 
     def _record_failure(self, exc: Exception) -> None:
         self._state = HubState.FAILED
