@@ -28,8 +28,9 @@ Who does what: the ``Scheduler`` (pure Python) owns the inbox, admission (by an
 Python); the runner (``ModelRunner``, the only torch) owns the cache tensors, builds
 the batches, runs the forward passes and samples; ``StepPasses`` runs a step's passes
 through it and contains their failures; text (detokenizer, stop strings) runs in the
-scheduler's per-sequence error boundary; ``StepTiming`` clocks the steps
-and ``TtftEstimator`` turns costs and the queue into a first-token estimate. This
+scheduler's per-sequence error boundary; ``StepTiming`` clocks the steps,
+``TtftEstimator`` turns costs and the queue into a first-token estimate and
+``step_statistics`` builds what ``statistics()`` returns. This
 module only wires them, so it imports no torch: tests drive it with a scripted runner.
 
 A sequence is therefore never removed while its tensors are in use, and its
@@ -70,8 +71,9 @@ from .inbox import Op
 from .intake import Intake
 from .logprobs import TokenTexts
 from .model_side import ModelSource, Runner
-from .passes import StepPasses, plan_statistics
+from .passes import StepPasses
 from .scheduler import Scheduler, StepPlan
+from .step_statistics import boundary_statistics
 from .step_timing import StepTiming
 from .ttft import TtftEstimator
 from .types import Constraint, EngineEvent, EngineStatistics, GenerationRequest
@@ -178,7 +180,8 @@ class Engine:
         self.timing = StepTiming()
         self.start_phases_s: dict[str, float] = {}  # load_engine's (engine.startup)
         self._ttft = TtftEstimator(self.scheduler, self.timing)
-        self._snapshot = self._take_snapshot()
+        self._ttft.observe_boundary()
+        self._snapshot = boundary_statistics(self.scheduler, self.timing)
         if max_step_ms is not None:
             self.calibrate()
 
@@ -336,7 +339,8 @@ class Engine:
         """Give ``events`` (if any) to ``on_prefill`` with the statistics brought up to
         date first: whoever sees a finish then also sees its blocks released."""
         if events:
-            self._snapshot = self._take_snapshot()
+            self._ttft.observe_boundary()
+            self._snapshot = boundary_statistics(self.scheduler, self.timing)
             on_prefill(events)
 
     def calibrate(self) -> None:
@@ -354,27 +358,5 @@ class Engine:
         )
         if plan.planned_ms is not None:
             self.costs.observe_step(plan.planned_ms, elapsed_ms)
-        self._snapshot = self._take_snapshot(plan)
-
-    def _take_snapshot(self, plan: StepPlan | None = None) -> EngineStatistics:
-        scheduler = self.scheduler
-        self._ttft.observe_boundary()
-        return EngineStatistics(
-            blocks_total=self.allocator.num_blocks,
-            blocks_free=self.allocator.num_free,
-            blocks_reserved=self.allocator.num_reserved,
-            blocks_filled=scheduler.num_blocks_filled,
-            preemptions=scheduler.num_preemptions,
-            recomputed_tokens=scheduler.num_recomputed_tokens,
-            step_margin=self.costs.margin(),
-            **self.scheduler.prefix.statistics(),  # the prefix cache's counters
-            running=len(scheduler.running),
-            waiting=len(scheduler.waiting),
-            paused=scheduler.num_paused,
-            admitted=scheduler.num_admitted,
-            releases=self.allocator.num_releases,
-            steps=self.timing.steps,
-            last_step_ms=self.timing.last_step_ms,
-            median_decode_step_ms=self.timing.median_decode_step_ms(),
-            step_target_ms=scheduler.max_step_ms, **({} if plan is None else plan_statistics(plan)),
-        )
+        self._ttft.observe_boundary()  # the estimate's view and the statistics: one boundary
+        self._snapshot = boundary_statistics(self.scheduler, self.timing, plan)

@@ -13,11 +13,10 @@ Either way the step goes on. The stepping thread only; no torch.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from .costs import cost_tokens, timed
 from .model_side import Runner
-from .scheduler import Scheduler, StepPlan
+from .scheduler import Scheduler
 from .sequence import Chunk, Sequence
 from .types import EngineEvent, FinishReason
 
@@ -76,10 +75,3 @@ class StepPasses:
             return [self._scheduler.finish(s, FinishReason.ERROR, error=error) for s in seqs]
         record = self._scheduler.record_token
         return [e for s, out in zip(seqs, outcomes, strict=True) for e in record(s, out)]
-
-
-def plan_statistics(plan: StepPlan) -> dict[str, Any]:
-    """What a step's passes ran, as ``EngineStatistics`` names it (``last_step_*``)."""
-    return {"last_step_decoded": len(plan.decode),
-            "last_step_prefilled": sum(c.end - c.start for c in plan.prefill),
-            "last_step_prefill_ids": tuple(c.seq.request_id for c in plan.prefill)}
