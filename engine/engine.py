@@ -180,8 +180,7 @@ class Engine:
         self.timing = StepTiming()
         self.start_phases_s: dict[str, float] = {}  # load_engine's (engine.startup)
         self._ttft = TtftEstimator(self.scheduler, self.timing)
-        self._ttft.observe_boundary()
-        self._snapshot = boundary_statistics(self.scheduler, self.timing)
+        self._publish_boundary()
         if max_step_ms is not None:
             self.calibrate()
 
@@ -339,8 +338,7 @@ class Engine:
         """Give ``events`` (if any) to ``on_prefill`` with the statistics brought up to
         date first: whoever sees a finish then also sees its blocks released."""
         if events:
-            self._ttft.observe_boundary()
-            self._snapshot = boundary_statistics(self.scheduler, self.timing)
+            self._publish_boundary()
             on_prefill(events)
 
     def calibrate(self) -> None:
@@ -358,5 +356,10 @@ class Engine:
         )
         if plan.planned_ms is not None:
             self.costs.observe_step(plan.planned_ms, elapsed_ms)
-        self._ttft.observe_boundary()  # the estimate's view and the statistics: one boundary
+        self._publish_boundary(plan)
+
+    def _publish_boundary(self, plan: StepPlan | None = None) -> None:
+        """A step boundary, as other threads see it: the TTFT estimate's view of the
+        queue and the statistics, replaced together (``plan``: the step that ended)."""
+        self._ttft.observe_boundary()
         self._snapshot = boundary_statistics(self.scheduler, self.timing, plan)
