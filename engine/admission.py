@@ -1,11 +1,11 @@
 """How much of the KV cache a sequence takes when it is admitted: the engine's seam.
 
-The scheduler admits a waiting sequence when its table's blocks fit (beside the
+The residency admits a waiting sequence when its table's blocks fit (beside the
 watermark while others run); how many positions that table covers at admission is the
 policy's to say. The product's policy is ``OnDemandAdmission``: the positions its
 prefill writes (prompt, or prompt plus tokens for a recompute), then a block more each
 time decoding crosses into one, with preemption by recompute when none is free (see
-``scheduler``). A policy that covers every position a sequence can ever need at once
+``residency``). A policy that covers every position a sequence can ever need at once
 (``seq.max_tokens``) never runs out while it runs, so it is never preempted: that
 reservation is kept for comparison by the lab (``tools/lab/reservation.py``), which
 passes it to ``Engine(admission=...)``; the service has no setting for it.

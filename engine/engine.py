@@ -106,7 +106,7 @@ class Engine:
             int a number of bytes.
         admission: how many positions a sequence's table covers when it is admitted:
             by default ``OnDemandAdmission`` (blocks as sequences write, preemption by
-            recompute when they run out). See ``admission`` and ``scheduler``.
+            recompute when they run out). See ``admission`` and ``residency``.
         watermark: share of the blocks an on-demand admission leaves free while
             others run.
         eos_token_ids: override the model's end-of-sequence ids.

@@ -1,4 +1,4 @@
-"""Who waits, who runs, what a step carries, and when a sequence ends.
+"""A step's phases: the wishes applied, deadlines, what the step carries, its records.
 
 Theory of operation. Other threads only post wishes into the ``inbox.Inbox``; the
 stepping thread applies them at the start of a step (``apply_inbox``): submits join
@@ -7,47 +7,31 @@ one, pauses and resumes flip a flag. Then ``expire_deadlines`` finishes (DEADLIN
 each sequence past its ``ttft_deadline`` whose prefill has not begun: a deadline
 never ends a sequence that has a token.
 
-``schedule`` first gives every decode row the block its next position falls in (blocks
-on demand, ``admission.OnDemandAdmission``): a sequence holds the blocks of the
-positions it has written plus the one it writes next. When a row needs a block and none
-is free, the scheduler preempts by recompute: the victim is the most recently admitted
-running sequence (the one that has had the least service, as vLLM does; possibly the row
-itself), its blocks are released through the one release path, and it goes back to the
-head of the waiting queue holding its tokens; readmitted, it prefills its prompt plus
-the tokens it generated but the last (``Sequence.forget_cache``) and then decodes on,
-sampling nothing twice. In a step that preempted, nobody is admitted (the victim would
-only be evicted again). Then it admits waiting sequences in arrival order while there is
-a batch slot and free blocks for a sequence's prefill, with ``watermark`` of the blocks
-left over when others run (so that a new arrival does not at once cause a preemption);
-how many positions a table covers at admission is the admission policy's
-(``admission.AdmissionPolicy``: an injected one that covers all a sequence can need is
-never preempted). Admission stops at the first one that does not fit, so a long request
-is never overtaken forever by short ones, or (``PrefixCache.waits_for``) that would
-compute a block another's prefill is computing: it shares it once committed. It takes
-the decode rows (every running, unpaused sequence whose prefill is done) and then the
-prefills (fresh prompts and recomputes) of this step, in arrival order, within the
-step's prefill budget: ``max_prefill_tokens``, or fewer with a step-time target
-(``max_step_ms``), what the measured costs (``costs.StepCosts``) say fits beside this
-step's decode rows (a step with nothing to decode keeps the whole budget: no stream
-waits for it). A prompt that fits the budget's room is prefilled whole; one that does
-not waits for the next step, unless it is the first: then it is cut (chunked prefill),
-its first chunk fills the budget, and the rest follows in the next steps, so a long
-prompt never stalls the running streams for longer than the budget. Its first token
-comes with its last chunk. With a step-time target a chunk counts its cached prefix too
-(``costs.cost_tokens``), so a long prompt's late chunks, which attend over more
-positions, are cut shorter, and the budget is planned within the target over the
-measured margin (``costs.StepCosts.margin``): such a step's plan
-(``StepPlan.planned_ms``) is compared with what it took.
+``schedule`` first has the ``residency.Residency`` (who holds blocks: ``waiting`` and
+``running`` are its own) give out this step's blocks: each decode row's next one,
+preempting by recompute while none is free, then, in a step that preempted nobody,
+admission in arrival order (its docstring tells how). Then it takes the decode rows
+(every running, unpaused sequence whose prefill is done) and then the prefills (fresh
+prompts and recomputes) of this step, in arrival order, within the step's prefill
+budget: ``max_prefill_tokens``, or fewer with a step-time target (``max_step_ms``), what
+the measured costs (``costs.StepCosts``) say fits beside this step's decode rows (a step
+with nothing to decode keeps the whole budget: no stream waits for it). A prompt that
+fits the budget's room is prefilled whole; one that does not waits for the next step,
+unless it is the first: then it is cut (chunked prefill), its first chunk fills the
+budget, and the rest follows in the next steps, so a long prompt never stalls the
+running streams for longer than the budget. Its first token comes with its last chunk.
+With a step-time target a chunk counts its cached prefix too (``costs.cost_tokens``), so
+a long prompt's late chunks, which attend over more positions, are cut shorter, and the
+budget is planned within the target over the measured margin
+(``costs.StepCosts.margin``): such a step's plan (``StepPlan.planned_ms``) is compared
+with what it took.
 
 ``record_token`` is the per-sequence error boundary: it turns one sampled token
 (or the exception its sampling raised) into events through the ``token_record.
 TokenRecorder`` (text, stop, eos, length, log-probabilities); any exception there
-finishes that sequence alone with ``ERROR``.
-``finish`` is the only way out, and it releases the blocks through the
-allocator, the one place they are freed; ``_preempt`` releases them the same way
-and drops the table (a readmitted sequence gets a new one), so whatever mix of
-preemption, cancel and finish, every table is released exactly once. Pure Python:
-no torch.
+finishes that sequence alone with ``ERROR``. ``finish`` is the only way out: the
+residency takes the sequence out and releases its blocks (``Residency.remove``), as it
+does a preempted one's, so every table is released exactly once. Pure Python: no torch.
 """
 
 from __future__ import annotations
@@ -63,6 +47,7 @@ from .costs import StepCosts, cost_tokens, tokens_within
 from .inbox import Inbox, Op
 from .logprobs import Outcome
 from .prefix_cache import PrefixCache
+from .residency import Residency
 from .sequence import Chunk, Sequence, SequenceState
 from .token_record import TokenRecorder
 from .types import EngineEvent, FinishEvent, FinishReason, TokenEvent
@@ -86,7 +71,8 @@ class StepPlan:
 
 
 class Scheduler:
-    """Admission, the per-step prefill budget and finishing, over one allocator.
+    """A step's phases over one allocator: the inbox, deadlines, the step's plan and its
+    prefill budget, tokens recorded, finishing; who holds blocks is its ``residency``.
 
     Args:
         allocator: the block pool.
@@ -121,10 +107,11 @@ class Scheduler:
             )
         if max_step_ms is not None and not max_step_ms > 0:
             raise ValueError(f"max_step_ms must be positive, got {max_step_ms}")
-        if not 0 <= watermark < 1:
-            raise ValueError(f"watermark must be in [0, 1), got {watermark}")
         self.allocator = allocator
         self.prefix = PrefixCache(allocator)
+        self.residency = Residency(allocator, self.prefix, max_batch=max_batch,
+                                   max_prefill_tokens=max_prefill_tokens,
+                                   admission=admission, watermark=watermark)
         self.clock = clock
         self.max_batch = max_batch
         self.max_prefill_tokens = max_prefill_tokens
@@ -132,13 +119,10 @@ class Scheduler:
         self.costs = costs or StepCosts()
         self.mixed_step = False  # the engine's: a step's prefill and decode share one pass
         self.recorder = TokenRecorder(eos_token_ids)  # token -> text, end, logprobs
-        self.admission = admission
-        self.watermark_blocks = int(watermark * allocator.num_blocks)
-        self.num_preemptions = 0
         self.num_recomputed_tokens = 0  # positions prefilled again after a preemption
-        self.waiting: deque[Sequence] = deque()
-        self.running: dict[str, Sequence] = {}  # insertion order = admission order
-        self.num_admitted = 0
+        # The residency's queue and set themselves (never rebound): who waits, who runs.
+        self.waiting: deque[Sequence] = self.residency.waiting
+        self.running: dict[str, Sequence] = self.residency.running  # in admission order
         self.inbox = Inbox()  # the wishes of other threads: Engine.submit, cancel, ...
         self._resumed: list[Sequence] = []  # replayed by apply_inbox: see take_resumed
 
@@ -148,7 +132,8 @@ class Scheduler:
             return True
         if any(_expired(s, self.clock()) for s in (*self.waiting, *self.running.values())):
             return True  # the next step finishes it (expire_deadlines): once, no spin
-        if self.waiting and len(self.running) < self.max_batch and self._fits(self.waiting[0]):
+        if (self.waiting and len(self.running) < self.max_batch
+                and self.residency.fits(self.waiting[0])):
             return True
         return any(not s.is_paused for s in self.running.values())
 
@@ -200,8 +185,7 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         """Admit what fits, then choose this step's decode rows and prompt chunks."""
-        if not self._grow_decoding():
-            self._admit()
+        self.residency.grant()  # decode rows' blocks (preempting), then admission
         decode = [s for s in self.running.values() if not s.is_paused and not s.needs_prefill]
         budget = self.prefill_budget(len(decode))
         prefill: list[Chunk] = []
@@ -271,12 +255,7 @@ class Scheduler:
 
     def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> FinishEvent:
         """Take a sequence out for good, releasing its blocks if it held any."""
-        if seq.state is SequenceState.RUNNING:
-            del self.running[seq.request_id]
-            assert seq.block_table is not None
-            self.allocator.release(seq.block_table)
-        elif seq.state is SequenceState.WAITING:
-            self.waiting.remove(seq)
+        self.residency.remove(seq)
         seq.state = SequenceState.FINISHED
         self.inbox.retire(seq.request_id)
         stop = seq.stop_matcher.matched if reason is FinishReason.STOP else None
@@ -310,59 +289,17 @@ class Scheduler:
     def num_paused(self) -> int:
         return sum(s.is_paused for s in self.running.values())
 
-    def _fits(self, seq: Sequence) -> bool:
-        """Whether ``seq`` fits now (the watermark only while others run: alone, one
-        that fits the cache at all is admitted)."""
-        headroom = self.watermark_blocks if self.running else 0
-        return self.prefix.fits(seq, self.admission.positions_at_admission(seq), headroom)
+    @property
+    def admission(self) -> AdmissionPolicy:
+        return self.residency.admission
 
-    def _admit(self) -> None:
-        pending = self.prefix.in_flight(self.running.values())  # prefix cache: shared
-        while self.waiting and len(self.running) < self.max_batch:
-            head = self.waiting[0]
-            if (not self._fits(head) or self.prefix.waits_for(head, pending)
-                    or self.prefix.defer(self.running, self.max_prefill_tokens)):
-                break
-            self.waiting.popleft()
-            positions = self.admission.positions_at_admission(head)
-            # Invariant: a new table each time (never reused after its release).
-            head.block_table = self.prefix.admit(head, positions)  # + a cached prefix
-            head.state = SequenceState.RUNNING
-            self.running[head.request_id] = head
-            self.num_admitted += 1
-            pending |= self.prefix.in_flight([head])  # the next waits for these
+    @property
+    def num_admitted(self) -> int:
+        return self.residency.num_admitted
 
-    def _grow_decoding(self) -> bool:
-        """Give every decode row the block its next position falls in, preempting the
-        most recently admitted sequence while none is free; whether any was preempted."""
-        preempted = False
-        for seq in list(self.running.values()):
-            if seq.state is not SequenceState.RUNNING or seq.is_paused or seq.needs_prefill:
-                continue  # preempted just now, or writes nothing this step
-            table, positions = seq.block_table, seq.num_cached + 1
-            assert table is not None
-            while self.allocator.blocks_to_grow(table, positions) > self.allocator.num_free:
-                victim = next(reversed(self.running.values()))  # the newest: see above
-                self._preempt(victim)
-                preempted = True
-                if victim is seq:
-                    break
-            else:
-                self.allocator.grow(table, positions)
-        return preempted
-
-    def _preempt(self, seq: Sequence) -> None:
-        """Take a running sequence's blocks (released once, the table dropped) and put
-        it at the head of the waiting queue; it keeps its tokens and its generator."""
-        del self.running[seq.request_id]
-        assert seq.block_table is not None
-        self.allocator.release(seq.block_table)
-        seq.block_table = None
-        seq.state = SequenceState.WAITING
-        seq.forget_cache()
-        seq.num_preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+    @property
+    def num_preemptions(self) -> int:
+        return self.residency.num_preemptions
 
 
 def _expired(seq: Sequence, now: float) -> bool:
