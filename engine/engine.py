@@ -3,25 +3,10 @@
 Theory of operation. The rest of the program talks to the engine through four
 thread-safe methods, ``submit``, ``cancel``, ``pause`` and ``resume``, which
 only record a wish in the scheduler's inbox. Everything that changes a sequence
-or the cache happens inside ``step()``, which one caller runs repeatedly:
-
-1. apply the inbox: submits join the waiting queue (one resumed from tokens made
-   elsewhere replays them silently and its generator is advanced past their draws),
-   cancels finish a waiting sequence (never admitted) or a running one (blocks
-   released), pauses and resumes flip a flag; a request past its ``ttft_deadline``
-   whose prefill has not begun finishes with DEADLINE; with ``on_prefill``, the
-   finishes go out at once;
-2. schedule: admit waiting sequences in arrival order while there are batch
-   slots and blocks, and choose the admitted prompts to prefill, in arrival
-   order, up to ``max_prefill_tokens`` prompt tokens (the rest next step);
-3. prefill the chosen prompts in ONE forward pass and sample each first token;
-   with ``on_prefill`` these events go out as soon as that pass is done;
-4. decode one token for every other running, unpaused sequence in ONE batched
-   forward pass; with ``mixed_step`` (the default), steps 3 and 4 are ONE forward
-   pass, the prompt chunks packed and then one row per decoding sequence (as
-   vLLM and Sarathi-Serve do), so a step pays the model's per-pass cost once, and
-   with ``on_prefill`` all of that pass's events go out as soon as it is done;
-5. return the events: tokens, and finishes with a reason.
+or the cache happens inside ``step()``, which one caller runs repeatedly: one round
+(``step_round.StepRound``: apply the inbox, schedule, prefill and decode, in ONE
+forward pass with ``mixed_step``, then return the events; its docstring says how,
+and what a failure inside it ends).
 
 Who does what: the ``Scheduler`` (pure Python) owns the inbox, admission (by an
 ``AdmissionPolicy``), the budget and every finish, over the ``BlockAllocator`` (pure
@@ -36,17 +21,7 @@ module only wires them, so it imports no torch: tests drive it with a scripted r
 A sequence is therefore never removed while its tensors are in use, and its
 blocks are released in one place (``BlockAllocator.release``, which raises on
 a second release). ``statistics()`` is a snapshot taken at the last step
-boundary (and before events are handed to ``on_prefill``, so a finish its reader
-has seen is always counted), so reading it never waits for a step.
-
-Failures. A failure tied to one sequence (its sampling, its detokenizer or stop
-matcher) finishes that sequence alone with ``ERROR`` and a message. A failed
-packed prefill is retried one prompt at a time, so it ends only the prompts that
-fail alone; a failed decode pass finishes the sequences in that batch. Either
-way the step goes on and returns normally. Every event is handed out exactly
-once, in ``on_prefill`` or in the return value: if ``on_prefill`` raises, the
-step stops there and the exception propagates, and every event made until then
-was already handed to it (the rest of the step runs next time).
+boundary, so reading it never waits for a step.
 
 Prompts are encoded with ``tokenize`` (any thread, the tokenizer's own copy:
 ``text.PromptEncoder``) or in ``submit``, which makes a request a sequence in the
@@ -56,29 +31,22 @@ detokenizing happens only in the stepping thread: no tokenizer is shared by two 
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
-from contextlib import contextmanager
-from functools import partial
 
 from .admission import DEFAULT_WATERMARK, ON_DEMAND, AdmissionPolicy
 from .block_allocator import BlockAllocator
 from .costs import StepCosts, calibrate
-from .errors import StepReentered
 from .inbox import Op
 from .intake import Intake
 from .logprobs import TokenTexts
 from .model_side import ModelSource, Runner
-from .passes import StepPasses
-from .scheduler import Scheduler, StepPlan
-from .step_statistics import boundary_statistics
+from .scheduler import Scheduler
+from .step_round import PrefillCallback, StepRound
 from .step_timing import StepTiming
 from .ttft import TtftEstimator
 from .types import Constraint, EngineEvent, EngineStatistics, GenerationRequest
-
-PrefillCallback = Callable[[list[EngineEvent]], None]
 
 # Prompt tokens prefilled in one step. A prefill costs time roughly in proportion to
 # its tokens, and every running stream waits for the whole step: a budget of about six
@@ -175,12 +143,10 @@ class Engine:
         self._intake = Intake(loaded, runner, min(loaded.max_context, num_blocks * block_size),
                               self.scheduler.recorder.eos_token_ids)
         self.vocab_size = self._intake.vocab_size  # token ids given to submit are below it
-        self._step_lock = threading.Lock()  # one step at a time
-        self._passes = StepPasses(runner, self.scheduler)
         self.timing = StepTiming()
         self.start_phases_s: dict[str, float] = {}  # load_engine's (engine.startup)
         self._ttft = TtftEstimator(self.scheduler, self.timing)
-        self._publish_boundary()
+        self._round = StepRound(self.scheduler, runner, self.timing, self._ttft)
         if max_step_ms is not None:
             self.calibrate()
 
@@ -191,7 +157,7 @@ class Engine:
     @property
     def num_mixed_steps(self) -> int:
         """Steps whose prefill and decode ran in one forward pass."""
-        return self._passes.num_mixed
+        return self._round.passes.num_mixed
 
     # -- the thread-safe entry points: they only record a wish ---------------
 
@@ -277,7 +243,7 @@ class Engine:
 
     def statistics(self) -> EngineStatistics:
         """The state at the last step boundary."""
-        return self._snapshot
+        return self._round.statistics
 
     def estimate_ttft_ms(self, prompt_tokens: int, prompt_ids: Seq[int] = (),
                          cache_namespace: bytes = b"") -> float | None:
@@ -307,39 +273,7 @@ class Engine:
                 was handed to ``on_prefill`` by then; no other event was made, and the
                 prefills and decode not run yet run at the next step.
         """
-        with self._stepping() as started:
-            events: list[EngineEvent] = []
-            early = (events.extend if on_prefill is None
-                     else partial(self._pass_prefill_events, on_prefill))
-            early(self.scheduler.apply_inbox())
-            for seq in self.scheduler.take_resumed():  # their tokens' draws, once
-                self.runner.advance_generator(seq.generator, seq.generated_ids)
-            early(self.scheduler.expire_deadlines(self.scheduler.clock()))
-            plan = self.scheduler.schedule()
-            if self.mixed_step and plan.prefill and plan.decode:
-                early(self._passes.mixed(plan.prefill, plan.decode))  # all out at once
-            else:
-                early(self._passes.prefill(plan.prefill))
-                events += self._passes.decode(plan.decode)
-            self._record_step(started, plan)
-            return events
-
-    @contextmanager
-    def _stepping(self) -> Iterator[float]:
-        """Hold the step lock (StepReentered if taken); give the step's start time."""
-        if not self._step_lock.acquire(blocking=False):
-            raise StepReentered("step() is already running in another thread")
-        try:
-            yield time.perf_counter()
-        finally:
-            self._step_lock.release()
-
-    def _pass_prefill_events(self, on_prefill: PrefillCallback, events: list[EngineEvent]) -> None:
-        """Give ``events`` (if any) to ``on_prefill`` with the statistics brought up to
-        date first: whoever sees a finish then also sees its blocks released."""
-        if events:
-            self._publish_boundary()
-            on_prefill(events)
+        return self._round.run(on_prefill)
 
     def calibrate(self) -> None:
         """Time a few dummy forward passes before any request (see ``costs.calibrate``)."""
@@ -348,18 +282,3 @@ class Engine:
         calibrate(self.runner, self.costs, num_blocks=self.allocator.num_blocks,
                   positions=min(self.loaded.max_context, cached),
                   max_batch=self.scheduler.max_batch, mixed=self.mixed_step)
-
-    def _record_step(self, started: float, plan: StepPlan) -> None:
-        elapsed_ms = self.timing.record(
-            started, decode_only=bool(plan.decode and not plan.prefill),
-            sequences_left=self.scheduler.num_decoding > 0,
-        )
-        if plan.planned_ms is not None:
-            self.costs.observe_step(plan.planned_ms, elapsed_ms)
-        self._publish_boundary(plan)
-
-    def _publish_boundary(self, plan: StepPlan | None = None) -> None:
-        """A step boundary, as other threads see it: the TTFT estimate's view of the
-        queue and the statistics, replaced together (``plan``: the step that ended)."""
-        self._ttft.observe_boundary()
-        self._snapshot = boundary_statistics(self.scheduler, self.timing, plan)
