@@ -6,7 +6,7 @@ can load by name (it reads the module's namespace, so a module ``__getattr__`` w
 do): its first ASGI call, the lifespan's startup, builds the service's app
 (``factory.create_app``) from the ``STREAMSCOPE_*`` environment variables, draining on
 SIGTERM (``edge/signals.py``); building it installs the HTTP fixes in hypercorn
-(``edge/http_fixes.py``) before hypercorn builds its first TCP server, which it does only
+(``edge/hypercorn_patches.py``) before hypercorn builds its first TCP server, which it does only
 once the startup is over. Settings that cannot be read fail that startup with their
 message, so hypercorn exits rather than serve without the app. The model loads when the
 server starts, not here.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import streams
 
 from .auth import register_auth
-from .edge import http_fixes
+from .edge import hypercorn_patches
 from .edge.connection import StreamingConnection
 from .edge.h2_retire import goaway_on_drain
 from .edge.signals import watch_for_stop
@@ -58,8 +58,9 @@ def create_app(
     """
     settings = Settings.from_env() if settings is None else settings
     # Before any server serves it: hypercorn 0.18's trio worker must build our TCPServer
-    # (``edge/http_fixes.py``: Connection: close, HTTP/1.0, keep-alive after an unread body).
-    http_fixes.install()
+    # (``edge/closing_server.py``: Connection: close, HTTP/1.0, keep-alive after an unread
+    # body; installed by ``edge/hypercorn_patches.py``).
+    hypercorn_patches.install()
     app = StreamscopeApp("app")
     app.asgi_http_class = StreamingConnection  # its connections follow edge/connection.py
     app.config.update(

@@ -71,7 +71,7 @@ from .hub_types import StepEngine
 # Measured with ``python -m tools.servicebench`` (docs/results.md, "The serving path").
 DEFAULT_STEPS_AHEAD = 4
 # A wave may take at most this share of the engine time of the steps it writes. Once a
-# write cost no schedule point (app/edge/http_fixes.py) the loop kept up at stride 1
+# write cost no schedule point (app/edge/body_hot_path.py) the loop kept up at stride 1
 # and paid its per-write cost (the send system call, most of it) once a token: 0.25
 # makes the stride larger. Tiny model, 128 streams, alternated runs on a busy machine:
 # loop CPU a token 46-52 us at 0.5, 33-39 at 0.25, 38-41 at 0.15, gap p99 alike.

@@ -5,7 +5,7 @@ writer the last routing gave items has come back for more, so that a lagging loo
 coalesces: a writer then finds several tokens queued and writes them in one go. This
 module is the stream's part of that chain, which reaches from the socket to the stepper:
 
-    socket full (app/edge/http_fixes.py, h2_protocol.py) ──write_blocks.write_blocked()──>
+    socket full (app/edge/body_hot_path.py, h2_protocol.py) ──write_blocks.write_blocked()──>
     the request's streams, found through a context variable (app/edge/write_blocks.py)
     ──TokenStream.write_blocked()──> WriteMarks ──writing()/written()──> the hub's
     OpenStreams (any_writing: the stepper's ``hold``; none left: its ``caught_up``)

@@ -78,7 +78,8 @@ def test_importing_the_app_reads_no_environment_builds_nothing_and_patches_nothi
     # A variable the settings refuse: reading the environment would raise.
     statement = (
         "import os; os.environ['STREAMSCOPE_NO_SUCH_SETTING'] = '1'\n"
-        "import app, app.settings, app.runtime, app.edge.http_fixes, app.edge.h2_protocol\n"
+        "import app, app.settings, app.runtime, app.edge.hypercorn_patches, app.edge.h2_protocol\n"
+        "import app.edge.closing_server, app.edge.request_drain, app.edge.body_hot_path\n"
         "import hypercorn.trio.run, hypercorn.trio.tcp_server, hypercorn.protocol\n"
         "import hypercorn.protocol.h2 as h2p\n"
         "RESULT = [hypercorn.trio.run.TCPServer is hypercorn.trio.tcp_server.TCPServer,\n"

@@ -5,7 +5,8 @@ Over raw sockets against the real hypercorn server (``http_server.py``) and, onc
 their response (RFC 9112 section 9.6); a keep-alive connection whose response left the
 request body unread either is reused (the body drained) or says ``Connection: close``
 and closes; a next request on a reused connection is always answered. The fix is in
-``app/edge/http_fixes.py`` (hypercorn 0.18, pgjones/hypercorn#330).
+``app/edge/closing_server.py`` and ``request_drain.py`` (hypercorn 0.18,
+pgjones/hypercorn#330), installed by ``hypercorn_patches.py``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 from app import ServedApp
-from app.edge import cli, http_fixes
+from app.edge import cli, hypercorn_patches
 from tests.http_clients import parse_sse
 from tests.http_server import RunningServer
 
@@ -414,9 +415,9 @@ def test_the_fixes_are_known_for_exactly_the_versions_pyproject_pins() -> None:
     pins = {(r := Requirement(line)).name.lower(): r.specifier
             for line in pyproject["project"]["dependencies"]}
 
-    assert {name: pins[name] for name in http_fixes.SUPPORTED_VERSIONS} == {
-        name: SpecifierSet(spec) for name, spec in http_fixes.SUPPORTED_VERSIONS.items()}
-    http_fixes.check_versions()  # the installed ones are within them
+    assert {name: pins[name] for name in hypercorn_patches.SUPPORTED_VERSIONS} == {
+        name: SpecifierSet(spec) for name, spec in hypercorn_patches.SUPPORTED_VERSIONS.items()}
+    hypercorn_patches.check_versions()  # the installed ones are within them
 
 
 @pytest.mark.parametrize(("name", "version"), OUTSIDE_THE_PINS)
@@ -426,11 +427,11 @@ def test_install_refuses_a_version_outside_the_pins_naming_the_range_and_patches
     monkeypatch.setattr(hypercorn.trio.run, "TCPServer", TCPServer)  # as before any install
     pretend_installed(monkeypatch, name, version)
 
-    with pytest.raises(http_fixes.UnsupportedVersion) as refused:
-        http_fixes.install()
+    with pytest.raises(hypercorn_patches.UnsupportedVersion) as refused:
+        hypercorn_patches.install()
 
     assert f"{name} {version} is installed" in str(refused.value)
-    assert f"{name}{http_fixes.SUPPORTED_VERSIONS[name]}" in str(refused.value)
+    assert f"{name}{hypercorn_patches.SUPPORTED_VERSIONS[name]}" in str(refused.value)
     assert hypercorn.trio.run.TCPServer is TCPServer
 
 

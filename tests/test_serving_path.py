@@ -17,7 +17,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.edge import http_fixes
+from app.edge import body_hot_path
 from app.routes.body import EventStreamBody
 from app.wire import NativeEvents, encode_json_event, item_event, token_event
 from engine import FinishEvent, TokenEvent
@@ -111,8 +111,8 @@ async def test_a_streamed_body_is_written_the_direct_way_in_valid_chunks(
     server: RunningServer,
 ) -> None:
     # httpx reads the body through h11, which refuses a malformed chunk; every event is
-    # there and in order, and the hot path wrote the body's messages (app/edge/http_fixes.py).
-    before = http_fixes.direct_writes
+    # there and in order, and the hot path wrote the body's messages (app/edge/body_hot_path.py).
+    before = body_hot_path.direct_writes
     async with server.client() as client:
         response = await client.post("/v1/stream", json=stream_body(max_new_tokens=12,
                                                                     ignore_eos=True))
@@ -120,7 +120,7 @@ async def test_a_streamed_body_is_written_the_direct_way_in_valid_chunks(
 
     assert [e.event for e in events] == ["start"] + ["token"] * 12 + ["done"]
     assert [e.id for e in events] == [str(n) for n in range(1, 15)]
-    assert http_fixes.direct_writes - before >= 2  # the start event, then token writes
+    assert body_hot_path.direct_writes - before >= 2  # the start event, then token writes
 
 
 async def test_a_chunk_the_socket_takes_only_in_part_still_goes_out_whole_and_in_order(
@@ -131,12 +131,12 @@ async def test_a_chunk_the_socket_takes_only_in_part_still_goes_out_whole_and_in
     # in part and its rest goes by send_all; h11 parses every chunk of the body (a cut
     # or repeated chunk would break its framing).
     server = await start_server(create=partial(create_lab_app, lab=LabSettings(pad_bytes=65536)))
-    before = http_fixes.partial_writes
+    before = body_hot_path.partial_writes
     client = RawClient(server.host, server.port)
     client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     await client.post("/v1/stream", stream_body(max_new_tokens=120, ignore_eos=True))
     with trio.fail_after(60):
-        while http_fixes.partial_writes == before:  # noqa: ASYNC110  (a counter, no event)
+        while body_hot_path.partial_writes == before:  # noqa: ASYNC110  (a counter, no event)
             await trio.sleep(0.01)
     await client.read_until(lambda events: count_tokens(events) >= 1)
     await client.read_to_end()

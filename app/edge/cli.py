@@ -7,7 +7,7 @@
     streamscope serve --certfile cert.pem --keyfile key.pem   # https://, h2 and http/1.1
 
 The same app as ``hypercorn -k trio app:app`` (``create_app``, the ``STREAMSCOPE_*``
-settings from the environment, ``http_fixes`` installed as it is built), served in this
+settings from the environment, ``hypercorn_patches`` installed as it is built), served in this
 process by ``hypercorn.trio.serve``. Why a command of our own: hypercorn's defaults
 are a web server's, and one of them loses clients here. Its listen backlog of 100 is
 what a burst of clients opening streams at the same moment overflows: of 1,000 clients at
@@ -60,7 +60,7 @@ from ..factory import StreamscopeApp, create_app
 from ..runtime import Phase, Runtime
 from ..settings import Settings, SettingsError
 from .h2_retire import goaway_on_drain
-from .http_fixes import UnsupportedVersion
+from .hypercorn_patches import UnsupportedVersion
 from .signals import DRAIN_MARGIN_S, drain_on_signals
 
 log = logging.getLogger("streamscope.app")
@@ -331,7 +331,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``streamscope`` console script. Exit status: 0 after a drain, 2 when it
     cannot start as asked (a setting, an option, or a hypercorn or h11 outside the
-    versions ``http_fixes`` is known for)."""
+    versions ``hypercorn_patches`` is known for)."""
     args = parse_args(argv)
     configure_logging()
     try:

@@ -2,7 +2,7 @@
 
 Known for hypercorn 0.18 with h2 4 (it overrides ``H2Protocol``'s private
 ``_handle_events`` and reads its ``connection``, ``streams`` and ``_flush``;
-``http_fixes.check_versions`` holds the hypercorn pin). ``install`` makes hypercorn's
+``hypercorn_patches.check_versions`` holds the hypercorn pin). ``install`` makes hypercorn's
 ``ProtocolWrapper`` build ``GuardedH2Protocol`` for every HTTP/2 connection (ALPN ``h2``
 under TLS, prior knowledge or an ``h2c`` upgrade in the clear), and a
 ``h2_flow.FlowBuffer`` for each of its streams (per-stream backpressure).
@@ -325,7 +325,7 @@ def install() -> None:
     """Make hypercorn build ``GuardedH2Protocol`` for HTTP/2 (``ProtocolWrapper`` looks
     ``H2Protocol`` up in ``hypercorn.protocol`` when a connection starts) and a
     ``FlowBuffer`` for each of its streams (``_create_stream`` looks ``StreamBuffer`` up
-    in ``hypercorn.protocol.h2``). Idempotent; ``http_fixes.install`` calls it, after
+    in ``hypercorn.protocol.h2``). Idempotent; ``hypercorn_patches.install`` calls it, after
     checking hypercorn's version."""
     hypercorn.protocol.H2Protocol = GuardedH2Protocol  # type: ignore[misc]
     hypercorn.protocol.h2.StreamBuffer = FlowBuffer  # type: ignore[misc]

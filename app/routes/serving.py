@@ -43,7 +43,7 @@ async def read_body() -> bytes:
     ``Content-Type`` says JSON (``require_json``).
 
     The body is read first, refused or not: a response that went out before its request
-    body arrived would leave the connection to a race (``app/edge/http_fixes.py``), and a
+    body arrived would leave the connection to a race (``app/edge/request_drain.py``), and a
     malformed chunked body, left unread, would get no answer at all.
 
     Raises: RequestEntityTooLarge (413); ApiError unsupported_media_type (415).
