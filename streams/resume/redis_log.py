@@ -1,24 +1,17 @@
 """The resumable-stream log in Redis, shared by replicas (``STREAMSCOPE_RESUME_STORE``).
 
 Layout: ``redis_keys.py`` (a Redis stream of events per resumable stream, its leases, its
-spec). A reader's lease is a token with PX ``lease_s``: a new reader takes it over (a
-plain SET of its token), and the old one finds at its next renewal (a compare-and-renew)
-that it is not its own any more.
+spec). The leases (a stream's one reader, the replica that generates it, the takeover)
+are ``redis_leases.py``'s: ``StoreLeases``, which this log extends.
 
 Failover: the stream's spec (what a rebuild needs; time to live ``ttl_s``, refreshed with
-the events) and its writer lease (the token of the replica whose engine generates it,
-PX ``writer_lease_s``), both queued by ``publish`` before the first event, so a stream in
-the store always has both. ``run`` renews the writer leases (compare-and-renew, after a
-flush, so never before their SET) every ``refresh_s``, a third of the shortest of the
-three times, so a lease survives two missed renewals; at the stream's last event the
-writer lease gets the events' time to live instead, refreshed with them, and ``expire``
-deletes a stream's keys only while the writer lease is this replica's (or gone): a
-writer that stalled, was taken over, and finished before a renewal could tell it leaves
-the new writer's log alone. A renewal that fails (this replica stalled past its lease and
-another took the stream over) tells ``on_lost``, and the registry stops the stream here
-and ``disown``s it: local copy only, the store's keys are the new writer's.
-``take_over`` is one Lua script: the lease is SET (PX) only if it is absent, the spec is
-there and the last event does not end the stream; of replicas racing, exactly one wins.
+the events) and its writer lease, both queued by ``publish`` before the first event, so a
+stream in the store always has both. ``run`` renews the writer leases every
+``refresh_s``, a third of the shortest of the three times, so a lease survives two missed
+renewals; ``expire`` deletes a stream's keys only while the writer lease is this
+replica's (or gone): a writer that stalled, was taken over, and finished before a renewal
+could tell it leaves the new writer's log alone. A stream another replica took over is
+``disown``ed: local copy only, the store's keys are the new writer's.
 
 Writes: ``append`` and ``expire`` are sync and never a checkpoint. They change a local
 ``MemoryEventLog`` (the writer replays its own streams from memory) and queue the Redis
@@ -35,10 +28,9 @@ Cancel from another replica: ``cancel_remote`` leaves a cancel mark (``cancel.lu
 which the writer finds at its next renewal (every ``refresh_s``) and tells ``on_cancelled``.
 
 Reads: any replica's calls to the store run in reader threads (``redis_reads.StoreReads``,
-which this log extends). What a cancel does: a read is abandoned (nothing changes); the
-take-over is not (a lease Redis granted always reaches its caller, which owns it); a
-reader lease claimed by a cancelled call lapses unrenewed within ``lease_s``; ``run``
-cancelled writes nothing more, and the leases it renewed lapse (``redis_writer.py``).
+which this log extends through ``StoreLeases``). What a cancel does: a read is abandoned
+(nothing changes); the take-over is not (``redis_leases.py``); ``run`` cancelled writes
+nothing more, and the leases it renewed lapse (``redis_writer.py``).
 """
 
 from __future__ import annotations
@@ -46,8 +38,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import secrets
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -56,9 +46,9 @@ import trio
 
 from . import redis_reads
 from .errors import StoreFull
-from .log import MemoryEventLog, StoreStatistics, StoreUnavailable
-from .redis_keys import events_key, lua, reader_key, spec_key, stream_keys, writer_key
-from .redis_reads import StoreReads
+from .log import MemoryEventLog, StoreStatistics
+from .redis_keys import events_key, lua, spec_key, stream_keys, writer_key
+from .redis_leases import StoreLeases
 from .redis_writer import RedisBatchWriter
 from .signing import StoreSigner
 
@@ -69,7 +59,7 @@ STORE_FULL = ("the shared resume store (STREAMSCOPE_RESUME_STORE) does not keep 
               "queue is full, and this stream cannot be kept in it")
 
 
-class RedisEventLog(StoreReads):
+class RedisEventLog(StoreLeases):
     """``SharedEventLog`` in Redis Streams (see the module docstring).
 
     Args:
@@ -93,29 +83,17 @@ class RedisEventLog(StoreReads):
                 and 0 < writer_lease_s < math.inf):
             raise ValueError("need 0 < ttl_s < inf, 0 < follow_wait_s < lease_s < inf "
                              "and 0 < writer_lease_s < inf")
-        super().__init__(client, StoreSigner(secret), ttl_s=ttl_s, max_readers=max_readers)
-        self.lease_s = lease_s
+        writer = RedisBatchWriter(client, ttl_ms=self._ms(ttl_s), max_pending=max_pending)
+        super().__init__(client, StoreSigner(secret), writer, ttl_s=ttl_s, lease_s=lease_s,
+                         writer_lease_s=writer_lease_s, max_readers=max_readers)
         self.follow_wait_s = follow_wait_s
-        self.writer_lease_s = writer_lease_s
         # A third of the shortest: a lease outlives two missed renewals (a long step, a
         # Redis blip of up to RETRY_PAUSE_S) before anyone takes it for dead.
         self.refresh_s = min(ttl_s, lease_s, writer_lease_s) / 3
-        self.writer_token = secrets.token_hex(8)  # this replica, as a stream's writer
-        self._writing: set[str] = set()  # streams it generates: their writer lease is renewed
-        # Told (sync) of a stream whose writer lease another replica took (see run), and
-        # of one a DELETE on another replica cancelled.
-        self.on_lost: Callable[[str], None] | None = None
-        self.on_cancelled: Callable[[str], None] | None = None
         self._local = MemoryEventLog()
         self._last: dict[str, bool] = {}  # stream id -> its last event is logged
-        self._local_leases: dict[str, str] = {}  # stream id -> token of a reader here
         self._cut: dict[str, bool] = {}  # streams the store takes no more of -> told
-        self._writer = RedisBatchWriter(client, ttl_ms=self._ms(ttl_s), max_pending=max_pending)
         self._cut_streams = 0
-        self._renew = client.register_script(lua("renew"))
-        self._renew_longer = client.register_script(lua("renew_longer"))
-        self._release = client.register_script(lua("release"))
-        self._take_over = client.register_script(lua("take_over"))
         self._expire = client.register_script(lua("expire"))
 
     @classmethod
@@ -199,8 +177,7 @@ class RedisEventLog(StoreReads):
 
     def _forget(self, stream_id: str) -> None:
         self._last.pop(stream_id, None)
-        self._local_leases.pop(stream_id, None)
-        self._writing.discard(stream_id)
+        self._forget_leases(stream_id)
         self._cut.pop(stream_id, None)
 
     # -- the writer task ---------------------------------------------------------------
@@ -220,7 +197,7 @@ class RedisEventLog(StoreReads):
                 next_refresh = trio.current_time() + self.refresh_s
             await self.flush()
             if renew:
-                await self._renew_and_look()
+                await self._renew_and_look(self._last)  # writer leases, cancel marks
 
     async def flush(self) -> None:
         """Write everything queued now, in order (``RedisBatchWriter.flush``).
@@ -238,117 +215,25 @@ class RedisEventLog(StoreReads):
         """
         await self._writer.stored()
 
-    async def _renew_and_look(self) -> None:
-        """Renew (compare-and-renew) the writer lease of each stream this replica
-        generates, after a flush (so never before its SET), and look for cancel marks
-        on each it holds: one whose lease another replica took (this one stalled past
-        it) is let go (``on_lost``; nothing of it is touched in the store again), one
-        marked is cancelled (``on_cancelled``; ``expire`` then deletes its keys).
-        Without an answer from the store, nothing changes. Cancellation: the same."""
-        writing, held = list(self._writing), list(self._last)
-        if not (writing or held) or self._writer.stopped:
-            return
-        try:
-            renewed, marked = await self._read(
-                redis_reads.renew_and_look, self._client, self._renew_longer,
-                self.writer_token, writing, held, self._ms(self.writer_lease_s))
-        except StoreUnavailable:
-            return
-        for stream_id, still in zip(writing, renewed, strict=True):
-            if not still and stream_id in self._writing:
-                self._writing.discard(stream_id)
-                log.warning("resume log: another replica took stream %s over", stream_id)
-                if self.on_lost is not None:
-                    self.on_lost(stream_id)
-        for stream_id, cancelled in zip(held, marked, strict=True):
-            if cancelled and stream_id in self._last and self.on_cancelled is not None:
-                self.on_cancelled(stream_id)
-
     def _queue_refresh(self) -> None:
         """The held streams' time to live (an ended one's writer lease too), and the
         leases of this replica's readers."""
         keys = [k for s in self._last for k in (events_key(s), spec_key(s))]
         ended = [s for s, last in self._last.items() if last]
         ttl_ms = self._ms(self.ttl_s)
-        leases, lease_ms = list(self._local_leases.items()), self._ms(self.lease_s)
+        leases = list(self._local_leases.items())
 
         def op(pipe: Any) -> None:
             for key in keys:
                 pipe.pexpire(key, ttl_ms)
             for stream_id in ended:
                 self._keep_writer_lease(stream_id, ttl_ms, pipe)
-            for stream_id, token in leases:
-                self._renew(keys=[reader_key(stream_id)], args=[token, lease_ms], client=pipe)
+            self._renew_readers(leases, pipe)
 
         if keys or leases:
             self._writer.queue(op)
 
-    def _keep_writer_lease(self, stream_id: str, ttl_ms: int, pipe: Any) -> None:
-        """An ended stream's writer lease lives as long as its events, if it is still
-        this replica's (compare-and-renew): so ``expire`` can tell whose keys they are."""
-        self._renew(keys=[writer_key(stream_id)], args=[self.writer_token, ttl_ms],
-                    client=pipe)
-
-    # -- SharedEventLog: any replica's readers' leases (its reads: ``StoreReads``) -------
-
-    async def claim_reader(self, stream_id: str, token: str) -> None:
-        """``SharedEventLog.claim_reader``: a plain SET of ``token``.
-
-        Cancellation: abandoned; the SET may still land, unknown to the caller, who
-        lets ``token`` go (``release_reader``) on its way out, or else it lapses
-        unrenewed within ``lease_s``.
-        """
-        await self._read(self._client.set, reader_key(stream_id), token,
-                         px=self._ms(self.lease_s))
-
-    async def renew_reader(self, stream_id: str, token: str) -> bool:
-        """``SharedEventLog.renew_reader`` (compare-and-renew).
-
-        Cancellation: abandoned; the lease may be renewed once more, and lapses within
-        ``lease_s`` unless its reader's close lets it go first.
-        """
-        if self._writer.is_setting(stream_id, token):
-            await trio.lowlevel.checkpoint()
-            return True  # its SET is on its way
-        return bool(await self._read(self._renew, keys=[reader_key(stream_id)],
-                                     args=[token, self._ms(self.lease_s)]))
-
-    def hold_local_reader(self, stream_id: str, token: str, *, claimed: bool) -> None:
-        key, lease_ms = reader_key(stream_id), self._ms(self.lease_s)
-        self._local_leases[stream_id] = token
-        if not claimed and self._writer.queue(  # a new stream: nobody else knows its id yet
-                lambda pipe: pipe.set(key, token, px=lease_ms)):
-            self._writer.setting(stream_id, token)
-
-    def release_local_reader(self, stream_id: str) -> None:
-        token = self._local_leases.pop(stream_id, None)
-        if token is not None:
-            self.release_reader(stream_id, token)
-
-    def release_reader(self, stream_id: str, token: str) -> None:
-        key = reader_key(stream_id)
-        self._writer.queue(lambda pipe: self._release(keys=[key], args=[token], client=pipe))
-
-    # -- failover: a stream whose writer died ---------------------------------------
-
-    async def take_over(self, stream_id: str) -> bool:
-        """``SharedEventLog.take_over`` (``take_over.lua``); a won lease is renewed by
-        ``run`` from then on.
-
-        Cancellation: not abandoned (issue 34, D1): a lease Redis granted while the call
-        was cancelled (a client gone, a wait run out) would be held with nobody writing
-        the stream or renewing it, and the stream would stall until it lapsed. The cancel
-        waits for Redis's answer (the client's socket timeout bounds it) and the call
-        returns it: the caller owns a won lease (``Failover.continue_here`` lets it go
-        if cancelled before the stream opens).
-        """
-        lease_ms = self._ms(self.writer_lease_s)
-        won = bool(await self._call(partial(self._take_over, keys=stream_keys(stream_id),
-                                            args=[self.writer_token, lease_ms]),
-                                    abandon=False))  # a granted lease is never lost
-        if won:
-            self._writing.add(stream_id)  # renewed from now on
-        return won
+    # -- failover: a stream whose writer died (its leases: ``StoreLeases``) -------------
 
     def adopt(self, stream_id: str, events: list[tuple[int, bytes, bool]]) -> None:
         self._cut.pop(stream_id, None)
@@ -360,8 +245,3 @@ class RedisEventLog(StoreReads):
     def disown(self, stream_id: str) -> int:
         self._forget(stream_id)
         return self._local.expire(stream_id)  # the store's keys are the new writer's
-
-    def release_writer(self, stream_id: str) -> None:
-        self._writing.discard(stream_id)
-        key, token = writer_key(stream_id), self.writer_token
-        self._writer.queue(lambda pipe: self._release(keys=[key], args=[token], client=pipe))

@@ -3,8 +3,8 @@
 ``StoreReads`` runs each call in a worker thread (``trio.to_thread.run_sync``) under a
 CapacityLimiter of ``max_readers``: a follower's XREAD BLOCK holds a thread and a
 connection for at most its wait. No maintained Trio-native Redis client exists; redis-py's
-asyncio client would need trio-asyncio. ``RedisEventLog`` (``redis_log.py``) is a
-``StoreReads`` with the writer's side added.
+asyncio client would need trio-asyncio. ``StoreLeases`` (``redis_leases.py``) adds the
+leases, and ``RedisEventLog`` (``redis_log.py``) the writer's side.
 
 Cancellation: a read that changes nothing is abandoned to its thread when cancelled (the
 caller returns at once; the thread gives its limiter token and its connection back when
