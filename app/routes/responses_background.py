@@ -1,11 +1,12 @@
 """Background responses (``background: true``): a resumable stream under the Responses API.
 
 A background response runs as the resumable streams of ``POST /v1/requests`` do
-(``resumable.py``): the resume registry owns its stream from the moment it opens, logs
-its items as native events (memory, or the shared Redis with its failover), and holds it
-with no reader; it counts against ``max_detached_streams`` and, with API keys, against
-its key's ``max_streams`` until it ends, and against its key's fair share of
-``max_detached_streams`` (``app.key_shares``), as the other resumable streams do. A client that reads it (``stream: true`` at
+(``resumable.py``): the resume registry owns its stream from the moment it opens,
+logs its items as native events (memory, or the shared Redis with its failover), and
+holds it with no reader; it counts against ``max_detached_streams`` and, with API keys,
+against its key's fair share of that cap (``app.key_shares``, as the other resumable
+streams) and its key's ``max_streams``, until it ends. A client that reads it
+(``stream: true`` at
 creation, or ``GET /v1/responses/<id>?stream=true``) is a reader of that stream: its
 disconnect hands the stream back to the registry and cancels nothing: it generates
 with no reader for ``STREAMSCOPE_RESPONSES_BACKGROUND_S`` at most (the registry's
