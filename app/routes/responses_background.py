@@ -6,9 +6,8 @@ logs its items as native events (memory, or the shared Redis with its failover),
 holds it with no reader; it counts against ``max_detached_streams`` and, with API keys,
 against its key's fair share of that cap (``app.key_shares``, as the other resumable
 streams) and its key's ``max_streams``, until it ends. A client that reads it
-(``stream: true`` at
-creation, or ``GET /v1/responses/<id>?stream=true``) is a reader of that stream: its
-disconnect hands the stream back to the registry and cancels nothing: it generates
+(``stream: true`` at creation, or ``GET /v1/responses/<id>?stream=true``) is a reader
+of that stream: its disconnect hands the stream back to the registry and cancels nothing: it generates
 with no reader for ``STREAMSCOPE_RESPONSES_BACKGROUND_S`` at most (the registry's
 ``hold_s``; a failover's new writer holds it for the grace period). Its Responses
 events are made again from the log for every reader (``app.wire.responses_replay``),
