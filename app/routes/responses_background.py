@@ -7,9 +7,9 @@ holds it with no reader; it counts against ``max_detached_streams`` and, with AP
 against its key's fair share of that cap (``app.key_shares``, as the other resumable
 streams) and its key's ``max_streams``, until it ends. A client that reads it
 (``stream: true`` at creation, or ``GET /v1/responses/<id>?stream=true``) is a reader
-of that stream: its disconnect hands the stream back to the registry and cancels nothing: it generates
-with no reader for ``STREAMSCOPE_RESPONSES_BACKGROUND_S`` at most (the registry's
-``hold_s``; a failover's new writer holds it for the grace period). Its Responses
+of that stream: its disconnect hands the stream back to the registry and cancels
+nothing: it generates with no reader for ``STREAMSCOPE_RESPONSES_BACKGROUND_S`` at most
+(the registry's ``hold_s``; a failover's new writer holds it for the grace period). Its Responses
 events are made again from the log for every reader (``app.wire.responses_replay``),
 skipping those up to ``starting_after``.
 
