@@ -10,7 +10,8 @@ Before: the Responses body had no message or part cap (1,024 input items were re
 then refused as too long), a previous response's turns were added uncounted, a
 ``limit`` of 5,000 digits on ``input_items`` was a 500 with a traceback (``int()`` past
 Python's int max str digits), and an unknown ``tool_choice`` function was named by its
-template, ``{name!r}``, not by its name.
+template, ``{name!r}``, not by its name; a past call's ``arguments`` of 5,000 digits
+came back as the interpreter's message (``json.loads`` raised a plain ValueError).
 """
 
 from __future__ import annotations
@@ -115,3 +116,25 @@ async def test_an_unknown_tool_choice_function_is_named_in_the_message(
 
     assert_invalid(answer, None, "tool_choice names the function 'nope', which is not")
     assert "{name" not in answer.json()["error"]["message"]
+
+
+async def test_a_past_calls_arguments_of_thousands_of_digits_are_read_as_text(
+    start_server: StartServer, tiny_model: Callable[[str], LoadedModel],
+) -> None:
+    """A client's ``function_call`` item carries ``arguments`` as it likes: JSON, or not
+    (then the string itself, rendered as text). 5,000 digits are JSON that ``json.loads``
+    cannot read: a ValueError that is no JSONDecodeError, so before, the interpreter's
+    own message came back ("Exceeds the limit (4300 digits) for integer string
+    conversion"); now they are text like any other, here too long for the tiny model's
+    context (the prompt's tokens counted as always)."""
+    server = await serve(start_server, tiny_model, max_body_bytes=64 * 1024,
+                         max_prompt_chars=16_000)
+    call = {"type": "function_call", "call_id": "c1", "name": "wx", "arguments": "9" * 5000}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "sunny"}
+    async with server.client() as client:
+        answer = await create(client, input=[turn("user", "Hi"), call, output])
+
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "prompt_too_long", error
+    assert "digits" not in error["message"]
