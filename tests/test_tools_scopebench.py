@@ -31,3 +31,13 @@ def test_scopebench_measures_watched_and_unwatched_runs_side_by_side(tmp_path: P
     assert all("frames" not in r for r in data["runs"] if r["kind"] == "none")
     assert data["ratio"] > 0 and data["within_goal"] == (data["ratio"] >= data["goal"])
     assert data["none_server_cpu_ms_per_token"] > 0 and data["cpu_ratio"] > 0
+
+
+def test_watchers_cost_times_both_ways_of_encoding_for_every_watcher() -> None:
+    from tools.scopebench import watchers_cost
+
+    data = watchers_cost(streams=2, watchers=3, frames=5)
+
+    assert (data["streams"], data["watchers"], data["frames"]) == (2, 3, 5)
+    assert data["unshared_cpu_us_per_frame"] > 0 and data["shared_cpu_us_per_frame"] > 0
+    assert abs(data["shared_cpu_us_per_watcher"] - data["shared_cpu_us_per_frame"] / 3) < 0.1
