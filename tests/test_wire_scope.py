@@ -108,7 +108,7 @@ def test_a_frame_is_encoded_once_per_view_for_any_number_of_watchers() -> None:
     """Issue 43, item 5: each watcher encoded each frame itself (30 µs of the loop a
     watcher and step); now the watchers of one view share one encode's bytes, and a
     key's bytes are never another view's."""
-    shared, counts = SharedFrames(), {}
+    shared, counts = SharedFrames(), dict[str | None, int]()
     views = ["alice"] * 10 + [None] * 5 + ["bob"] * 3
     watchers = [CountingEvents(v, shared, counts) for v in views]
     live = frame()
@@ -127,7 +127,7 @@ def test_a_frame_is_encoded_once_per_view_for_any_number_of_watchers() -> None:
 
 
 def test_the_shared_bytes_are_bounded_to_the_latest_frames() -> None:
-    shared, counts = SharedFrames(keep=2), {}
+    shared, counts = SharedFrames(keep=2), dict[str | None, int]()
     first, second = CountingEvents("alice", shared, counts), CountingEvents("alice", shared,
                                                                             counts)
     for seq in range(5):

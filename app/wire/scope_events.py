@@ -66,8 +66,9 @@ class SharedFrames:
         self._events: OrderedDict[str, dict[str | None, bytes]] = OrderedDict()
 
     def event(self, frame: ScopeFrame, viewer: str | None,
-              encode: Callable[[], bytes]) -> bytes:
-        """``frame``'s event for ``viewer``: the bytes made before, or ``encode()``'s."""
+              encode: Callable[[ScopeFrame], bytes]) -> bytes:
+        """``frame``'s event for ``viewer``: the bytes made before, or
+        ``encode(frame)``'s."""
         views = self._events.get(frame.event_id)
         if views is None:
             views = self._events[frame.event_id] = {}
@@ -75,7 +76,7 @@ class SharedFrames:
                 self._events.popitem(last=False)
         data = views.get(viewer)
         if data is None:
-            data = views[viewer] = encode()
+            data = views[viewer] = encode(frame)
         return data
 
 
@@ -106,8 +107,7 @@ class ScopeEvents:
                 if item.snapshot or self.shared is None:
                     out.append(self.frame_event(item))
                 else:
-                    out.append(self.shared.event(item, self.viewer,
-                                                 lambda f=item: self.frame_event(f)))
+                    out.append(self.shared.event(item, self.viewer, self.frame_event))
             else:  # the watcher's StreamError (it lives beside the stream, with Trio)
                 out.append(self.error(item.type, item.message))
         return b"".join(out)
