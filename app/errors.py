@@ -34,6 +34,7 @@ STATUS: dict[ErrorType, int] = {
     ErrorType.TOO_MANY_STREAMS: 429,
     ErrorType.TOO_MANY_DETACHED: 429,
     ErrorType.KEY_LIMIT: 429,
+    ErrorType.TOO_MANY_WATCHERS: 429,
     ErrorType.TOO_MANY_STORED: 429,
     ErrorType.DEADLINE_UNMEETABLE: 429,
     ErrorType.DEADLINE_MISSED: 503,  # a whole answer's status; a stream's SSE error

@@ -61,7 +61,9 @@ def create_app(
     # (``edge/closing_server.py``: Connection: close, HTTP/1.0, keep-alive after an unread
     # body; installed by ``edge/hypercorn_patches.py``).
     hypercorn_patches.install()
-    app = StreamscopeApp("app")
+    # No static_folder: Quart's default /static/<path> route would serve app/static, whose
+    # pages have their own routes (routes/page.py, routes/scope.py) and headers.
+    app = StreamscopeApp("app", static_folder=None)
     app.asgi_http_class = StreamingConnection  # its connections follow edge/connection.py
     app.config.update(
         MAX_CONTENT_LENGTH=settings.max_body_bytes,  # checked on Content-Length and as read

@@ -10,7 +10,9 @@ still names ``evil.example``. So, with no key set, only ``localhost``, ``127.0.0
 or ``name:port``, that port only; ``*``: any) for a keyless server behind a proxy or
 reached by another name. Anything else is 400 ``bad_request`` before any view runs.
 
-Not checked: a request without a ``Host`` (HTTP/1.0; a browser always sends one), and
+A request that names no host (an empty ``Host:``, or none at all, as HTTP/1.0 allows) is
+refused too (400): no browser sends one, and a check that lets a blank name through is
+one a client can step around (``STREAMSCOPE_ALLOWED_HOSTS=*`` answers it). Not checked:
 ``/health`` and ``/ready``, which show no request data and which orchestrators probe by
 the pod's address. With a key set the check is off: the key, which a rebinding page
 does not have, is the protection, and servers with keys are reached by any name.
@@ -41,7 +43,7 @@ def host_allowed(host: str, allowed: frozenset[str]) -> bool:
     """Whether a keyless server answers a request with this ``Host`` value."""
     value = host.strip().lower()
     name = host_name(value)
-    if not value or "*" in allowed:
+    if "*" in allowed:
         return True
     return bool(name) and (name in LOOPBACK_HOSTS or name in allowed or value in allowed)
 
@@ -59,6 +61,12 @@ def register_host_check(app: Quart, settings: Settings) -> None:
         if request.path in PROBE_PATHS:
             return
         host = request.headers.get("Host", "")
+        if not host.strip() and "*" not in allowed:
+            raise ApiError(
+                ErrorType.BAD_REQUEST,
+                "this server has no API key and answers only requests whose Host names "
+                "it (localhost, 127.0.0.1, [::1] or STREAMSCOPE_ALLOWED_HOSTS); this one "
+                "names none")
         if not host_allowed(host, allowed):
             raise ApiError(
                 ErrorType.BAD_REQUEST,

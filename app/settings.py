@@ -312,6 +312,20 @@ class Settings(EngineSettings):
         "/scope's rows carry each stream's latest generated text (its last 80 "
         "characters); off: no text of any request appears on /scope")
 
+    # Each watcher costs every step a write of each frame (its bytes are encoded once per
+    # view and shared): a GET takes no stream slot, so these caps bound what watching
+    # costs the streams (docs/security.md, What a watcher costs).
+    scope_max_watchers: PositiveInt = _setting(64,
+        "most /scope/events watchers open at once, server-wide; past it a new one is "
+        "refused with 429 too_many_watchers before the stream")
+    scope_key_watchers: PositiveInt = _setting(4,
+        "most /scope/events watchers one API key may hold open (a key named in "
+        "STREAMSCOPE_SCOPE_OPERATOR_KEYS: STREAMSCOPE_SCOPE_OPERATOR_WATCHERS); past it "
+        "429 too_many_watchers")
+    scope_operator_watchers: PositiveInt = _setting(16,
+        "most /scope/events watchers an operator key (STREAMSCOPE_SCOPE_OPERATOR_KEYS) "
+        "may hold open; past it 429 too_many_watchers")
+
     @field_validator("scope_operator_keys", mode="before")
     @classmethod
     def _key_names(cls, value: object) -> object:

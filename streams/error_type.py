@@ -29,6 +29,7 @@ class ErrorType(enum.StrEnum):
     TOO_MANY_STREAMS = "too_many_streams"  # the API key holds its max_streams open already
     TOO_MANY_DETACHED = "too_many_detached"  # MAX_DETACHED_STREAMS generate with no reader
     KEY_LIMIT = "key_limit"  # the API key holds its fair share of a server-wide cap
+    TOO_MANY_WATCHERS = "too_many_watchers"  # /scope/events: the key's or the server's cap
     TOO_MANY_STORED = "too_many_stored"  # the API key's stored responses are at their bound
     DEADLINE_UNMEETABLE = "deadline_unmeetable"  # the first token is estimated past deadline_ms
     DEADLINE_MISSED = "deadline_missed"  # waited past deadline_ms, never run (SSE error)

@@ -111,10 +111,12 @@ class ScopeFeed:
 
     # -- watchers --------------------------------------------------------------------
 
-    def subscribe(self, last_event_id: str | None = None) -> ScopeWatcher:
+    def subscribe(self, last_event_id: str | None = None, *,
+                  tag: str | None = None) -> ScopeWatcher:
         """A new watcher: the frames after ``last_event_id`` if the ring still holds
-        them all, else a snapshot first. The caller closes it."""
-        watcher = ScopeWatcher(self.policy, self.snapshot, self._unsubscribe)
+        them all, else a snapshot first; ``tag`` names whose it is (the app's key name),
+        for ``watching``. The caller closes it."""
+        watcher = ScopeWatcher(self.policy, self.snapshot, self._unsubscribe, tag=tag)
         missed = self._since(last_event_id)
         if missed is None:
             watcher.start_with_snapshot()
@@ -135,9 +137,17 @@ class ScopeFeed:
     def watchers(self) -> int:
         return len(self._watchers)
 
+    def watching(self, tag: str | None) -> int:
+        """How many watchers subscribed with ``tag`` are still subscribed (the app caps
+        them per key: a watcher costs each step an encode and a write)."""
+        return sum(1 for w in self._watchers if w.tag == tag)
+
     def _since(self, last_event_id: str | None) -> list[ScopeFrame] | None:
         epoch, _, seq = (last_event_id or "").partition("-")
-        if epoch != self._epoch or not seq.isdigit() or int(seq) > self._seq:
+        # ``len`` first: a seq of thousands of digits is no id of ours (and ``int`` of
+        # it raises past Python's int max str digits).
+        if epoch != self._epoch or not (seq.isascii() and seq.isdigit()) \
+                or len(seq) > len(str(self._seq)) or int(seq) > self._seq:
             return None
         frames = [f for f in self._frames if _seq_of(f) > int(seq)]
         if len(frames) != self._seq - int(seq):

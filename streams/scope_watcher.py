@@ -36,11 +36,14 @@ class ScopeWatcher:
         policy: the hub's: ``queue_limit`` and, if it drops, ``stall_timeout_s``.
         snapshot: builds a snapshot frame that reports ``missed`` frames.
         unsubscribe: called once, at close or when the watcher is dropped.
+        tag: whose watcher it is (the app's key name), counted by ``ScopeFeed.watching``.
     """
 
     def __init__(self, policy: Policy, snapshot: Callable[[int], ScopeFrame],
-                 unsubscribe: Callable[[ScopeWatcher], None]) -> None:
+                 unsubscribe: Callable[[ScopeWatcher], None], *,
+                 tag: str | None = None) -> None:
         self.policy = policy
+        self.tag = tag
         self._snapshot = snapshot
         self._unsubscribe = unsubscribe
         self._items: deque[ScopeItem] = deque()

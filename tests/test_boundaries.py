@@ -210,9 +210,9 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
         "RETRY_MS", "TAKEN_OVER_EVENT", "AnthropicEvents", "ChatShape", "ChoiceShape",
         "CompletionShape",
         "Encoder", "ErrorEnvelope", "NativeEvents", "OpenAIChunks", "ResumableEvents",
-        "ScopeEvents", "encode_json_event", "error_data", "event_without_id", "item_event",
-        "logprobs_data", "start_event", "token_event", "tool_message", "usage", "usage_data",
-        "whole_answer", "whole_message",
+        "ScopeEvents", "SharedFrames", "encode_json_event", "error_data", "event_without_id",
+        "item_event", "logprobs_data", "start_event", "token_event", "tool_message", "usage",
+        "usage_data", "whole_answer", "whole_message",
     ],
     "engine": [
         "MAX_SEED", "MAX_TEMPERATURE", "MAX_TOP_LOGPROBS", "MAX_TOP_P", "MIN_SEED",

@@ -251,7 +251,7 @@ async def test_a_keyless_server_refuses_another_host_but_its_probes(
 @pytest.mark.parametrize(("host", "allowed"), [
     ("localhost", True), ("127.0.0.1:8000", True), ("[::1]", True), ("[::1]:1", True),
     ("proxy.example", True), ("proxy.example:443", True), ("other.example:8443", True),
-    ("", True), ("localhost.evil.example", False), ("127.0.0.1.nip.io", False),
+    ("", False), ("  ", False), ("localhost.evil.example", False), ("127.0.0.1.nip.io", False),
     ("[::1]evil.example", False), ("localhost:80:80", False), ("other.example", False),
     ("evil.example:443", False), ("[::2]", False),
 ])

@@ -31,3 +31,27 @@ def test_scopebench_measures_watched_and_unwatched_runs_side_by_side(tmp_path: P
     assert all("frames" not in r for r in data["runs"] if r["kind"] == "none")
     assert data["ratio"] > 0 and data["within_goal"] == (data["ratio"] >= data["goal"])
     assert data["none_server_cpu_ms_per_token"] > 0 and data["cpu_ratio"] > 0
+
+
+def test_watchers_cost_times_both_ways_of_encoding_for_every_watcher() -> None:
+    from tools.scopebench import watchers_cost
+
+    data = watchers_cost(streams=2, watchers=3, frames=5)
+
+    assert (data["streams"], data["watchers"], data["frames"]) == (2, 3, 5)
+    assert data["unshared_cpu_us_per_frame"] > 0 and data["shared_cpu_us_per_frame"] > 0
+    assert abs(data["shared_cpu_us_per_watcher"] - data["shared_cpu_us_per_frame"] / 3) < 0.1
+
+
+def test_scopewatchers_times_requests_for_each_count_of_watchers(tmp_path: Path) -> None:
+    out = tmp_path / "watchers.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMSCOPE_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.scopewatchers", "--watchers", "0,3", "--runs", "2",
+         "--tokens", "4", "--json", str(out)],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert [c["watchers"] for c in data["counts"]] == [0, 3]
+    assert all(len(c["seconds"]) == 2 and c["median_s"] > 0 for c in data["counts"])
+    assert all(c["server_cpu_ms_per_token"] > 0 for c in data["counts"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from app.wire import ScopeEvents
+from app.wire import ScopeEvents, SharedFrames
 from app.wire.scope_events import SHORT_ID
 from streams import (
     ErrorType,
@@ -89,3 +89,51 @@ def test_the_opening_sets_the_retry_and_dispatches_nothing() -> None:
     assert parser.feed(ScopeEvents().opening()) == []
     assert parser.retry == 1000
     assert ScopeEvents().keepalive().startswith(b":")
+
+
+class CountingEvents(ScopeEvents):
+    """An encoder that counts the frames it turns into JSON itself (``frame_data``)."""
+
+    def __init__(self, viewer: str | None, shared: SharedFrames | None,
+                 counts: dict[str | None, int]) -> None:
+        super().__init__(viewer, shared)
+        self.counts = counts
+
+    def frame_data(self, frame: ScopeFrame) -> dict:
+        self.counts[self.viewer] = self.counts.get(self.viewer, 0) + 1
+        return super().frame_data(frame)
+
+
+def test_a_frame_is_encoded_once_per_view_for_any_number_of_watchers() -> None:
+    """Issue 43, item 5: each watcher encoded each frame itself (30 µs of the loop a
+    watcher and step); now the watchers of one view share one encode's bytes, and a
+    key's bytes are never another view's."""
+    shared, counts = SharedFrames(), dict[str | None, int]()
+    views = ["alice"] * 10 + [None] * 5 + ["bob"] * 3
+    watchers = [CountingEvents(v, shared, counts) for v in views]
+    live = frame()
+    out = {v: {w.encode([live]) for w in watchers if w.viewer == v} for v in set(views)}
+    again = CountingEvents("alice", shared, counts).encode([live])  # a late watcher
+
+    assert counts == {"alice": 1, None: 1, "bob": 1}
+    assert all(len(data) == 1 for data in out.values())  # one view: the same bytes
+    assert {again} == out["alice"]
+    assert [r["key"] for r in parse(again)[0][2]["rows"]] == ["alice"]
+    assert [r["key"] for r in parse(next(iter(out[None])))[0][2]["rows"]] == ["alice", "bob"]
+    # a snapshot is one watcher's own (its missed count): encoded by each
+    for watcher in watchers[:3]:
+        watcher.encode([frame(snapshot=True)])
+    assert counts["alice"] == 4
+
+
+def test_the_shared_bytes_are_bounded_to_the_latest_frames() -> None:
+    shared, counts = SharedFrames(keep=2), dict[str | None, int]()
+    first, second = CountingEvents("alice", shared, counts), CountingEvents("alice", shared,
+                                                                            counts)
+    for seq in range(5):
+        first.encode([frame(seq=seq)])
+    second.encode([frame(seq=0)])  # fell off: encoded again, the same bytes
+    second.encode([frame(seq=4)])  # still there
+
+    assert counts["alice"] == 6
+    assert second.encode([frame(seq=0)]) == first.encode([frame(seq=0)])

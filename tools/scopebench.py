@@ -28,6 +28,12 @@ streams (``ScopeFeed.stepped``, ``routed``: the frame built and queued) and the 
 (``ScopeEvents.encode``), in CPU microseconds a frame over many frames. Divided by the
 server's median decode step (``/stats``), it bounds what watching adds to each step,
 apart from the write of the frame's bytes.
+
+What many watchers cost (``watchers_cost``, ``--watchers`` of one view, in this process):
+the loop's CPU a frame for all of them to take it and turn it into bytes, each encoding
+it itself (``unshared``, as before issue 43) or sharing one encode's bytes per view
+(``shared``: ``app.wire.SharedFrames``, as ``/scope/events`` does now); the writes to
+their sockets come on top of either.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from urllib.parse import urlsplit
 import httpx
 import trio
 
-from app.wire import ScopeEvents
+from app.wire import ScopeEvents, SharedFrames
 from engine import EngineStatistics, TokenEvent
 from streams import PolicyName, ScopeFeed, SSEParser, TokenStream
 from streams.open_streams import OpenStreams
@@ -210,6 +216,42 @@ def frame_cost(streams: int, frames: int = 2000) -> dict[str, Any]:
     return {"streams": streams, "frames": frames, "cpu_us_per_frame": round(trio.run(measure), 1)}
 
 
+def watchers_cost(streams: int, watchers: int, frames: int = 200) -> dict[str, Any]:
+    """CPU microseconds a frame for ``watchers`` watchers of one view to take it and
+    encode it, each its own encode (``unshared``) or one encode shared (``shared``)."""
+
+    async def measure(shared: SharedFrames | None) -> float:
+        open_streams = OpenStreams(_NoEngine(), wake=lambda: None,  # type: ignore[arg-type]
+                                   caught_up=lambda: None)
+        policy = Policy(PolicyName.PAUSE_DROP)
+        for i in range(streams):
+            stream = TokenStream(f"{i:032x}", 20, policy, open_streams)
+            open_streams.add(stream)
+            stream.deliver(TokenEvent(stream.request_id, 0, 1, "x"))
+        feed = ScopeFeed(policy, streams=lambda: open_streams, steps=lambda: 0)
+        pairs = [(feed.subscribe(), ScopeEvents(None, shared)) for _ in range(watchers)]
+        for watcher, _ in pairs:
+            watcher.take_ready(1)
+        events: list[Any] = [TokenEvent(s.request_id, 1, 1, "y") for s in open_streams.all()]
+        spent = 0.0
+        for _ in range(frames):
+            feed.routed(events)  # the frame is built once whatever the watchers: not timed
+            started = time.process_time()
+            for watcher, encoder in pairs:
+                encoder.encode(watcher.take_ready(64))
+            spent += time.process_time() - started
+        for watcher, _ in pairs:
+            watcher.close()
+        return spent / frames * 1e6
+
+    unshared, shared = trio.run(measure, None), trio.run(measure, SharedFrames())
+    return {"streams": streams, "watchers": watchers, "frames": frames,
+            "unshared_cpu_us_per_frame": round(unshared, 1),
+            "shared_cpu_us_per_frame": round(shared, 1),
+            "unshared_cpu_us_per_watcher": round(unshared / watchers, 2),
+            "shared_cpu_us_per_watcher": round(shared / watchers, 2)}
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     prompts = load_prompts()
     settings = {"model": args.model, "max_batch": max(args.streams, 1)}
@@ -273,11 +315,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch's intra-op threads")
     parser.add_argument("--json", type=Path, help="write the figures here too")
     parser.add_argument("--screenshot", type=Path, help="a PNG of /scope mid-run")
+    parser.add_argument("--watchers", type=int, default=64,
+                        help="watchers of one view for watchers_cost")
     parser.add_argument("--frame-cost-only", action="store_true",
                         help="measure what a frame costs alone, without a server")
     args = parser.parse_args(argv)
     data = {} if args.frame_cost_only else trio.run(run, args)
     data["frame_cost"] = cost = frame_cost(args.streams)
+    data["watchers_cost"] = watchers_cost(args.streams, args.watchers)
     if data.get("median_decode_step_ms"):
         cost["share_of_a_step"] = round(
             cost["cpu_us_per_frame"] / 1000 / data["median_decode_step_ms"], 5)

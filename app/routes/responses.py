@@ -27,6 +27,7 @@ import time
 import uuid
 from typing import Any, cast
 
+from pydantic_core import PydanticCustomError
 from quart import Blueprint, Quart, Response, current_app, request
 from quart_trio import QuartTrio
 
@@ -130,6 +131,12 @@ class ResponsesViews:
         context = items
         if body.previous_response_id is not None:
             context = [*await self.stored().previous(body.previous_response_id), *items]
+            try:  # the stored turns count too, before the template renders them all
+                body.check_conversation(context, self.limits)
+            except PydanticCustomError as exc:
+                raise OpenAIError(ApiError(
+                    ErrorType.INVALID_REQUEST, f"the conversation (previous_response_id's "
+                    f"turns and this input): {exc}"), param="input") from None
         constraint = body.constraint()
         new_tokens = body.new_tokens(self.limits.default_max_new_tokens)
         shared = self.runtime.settings.resume_store is not None

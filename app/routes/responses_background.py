@@ -1,14 +1,15 @@
 """Background responses (``background: true``): a resumable stream under the Responses API.
 
 A background response runs as the resumable streams of ``POST /v1/requests`` do
-(``resumable.py``): the resume registry owns its stream from the moment it opens, logs
-its items as native events (memory, or the shared Redis with its failover), and holds it
-with no reader; it counts against ``max_detached_streams`` and, with API keys, against
-its key's ``max_streams`` until it ends. A client that reads it (``stream: true`` at
-creation, or ``GET /v1/responses/<id>?stream=true``) is a reader of that stream: its
-disconnect hands the stream back to the registry and cancels nothing: it generates
-with no reader for ``STREAMSCOPE_RESPONSES_BACKGROUND_S`` at most (the registry's
-``hold_s``; a failover's new writer holds it for the grace period). Its Responses
+(``resumable.py``): the resume registry owns its stream from the moment it opens,
+logs its items as native events (memory, or the shared Redis with its failover), and
+holds it with no reader; it counts against ``max_detached_streams`` and, with API keys,
+against its key's fair share of that cap (``app.key_shares``, as the other resumable
+streams) and its key's ``max_streams``, until it ends. A client that reads it
+(``stream: true`` at creation, or ``GET /v1/responses/<id>?stream=true``) is a reader
+of that stream: its disconnect hands the stream back to the registry and cancels
+nothing: it generates with no reader for ``STREAMSCOPE_RESPONSES_BACKGROUND_S`` at most
+(the registry's ``hold_s``; a failover's new writer holds it for the grace period). Its Responses
 events are made again from the log for every reader (``app.wire.responses_replay``),
 skipping those up to ``starting_after``.
 
@@ -119,7 +120,10 @@ async def start_background(
     try:
         registry = runtime.resume_registry()
         check_detached(runtime, registry)
-        opened = runtime.open(prepared)
+        # resumable: the key's share of max_detached_streams is checked and counted, as
+        # for the registry's other streams (key_shares.py); else one key's background
+        # responses could take every place of the cap from the other keys.
+        opened = runtime.open(prepared, resumable=True)
     except Exception:  # refused: no response was made
         writer.forget(document)
         raise

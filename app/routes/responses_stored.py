@@ -239,6 +239,8 @@ def _starting_after(value: str | None) -> int:
 def _limit(value: str | None) -> int:
     if value is None:
         return 20
-    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_LIST_LIMIT:
+    # the length first: ``int`` of thousands of digits raises (Python's int max str digits)
+    if not (value.isascii() and value.isdigit()) or len(value) > len(str(MAX_LIST_LIMIT)) \
+            or not 1 <= int(value) <= MAX_LIST_LIMIT:
         raise ApiError(ErrorType.INVALID_REQUEST, f"limit must be 1 to {MAX_LIST_LIMIT}")
     return int(value)

@@ -18,10 +18,22 @@ A watcher is a stream like any other: its queue is bounded by the hub's policy, 
 misses frames (and gets a snapshot) when behind, and a dropping policy drops it with
 ``slow_client``; the engine never waits for it (``streams/scope_watcher.py``). A page
 that reconnects sends ``Last-Event-ID`` (or ``?last_event_id=``) and gets what it
-missed, or a snapshot.
+missed, or a snapshot. A ``Last-Event-ID`` that names no frame of this server's life
+(another life's, malformed, or thousands of digits) is ignored, as an SSE client would
+ignore a bad id: the page starts again from a snapshot (never a 4xx, which an
+EventSource would not retry).
+
+A GET takes no stream slot, yet each watcher costs every step a write of each frame (its
+bytes are encoded once per view and shared: ``app.wire.SharedFrames``), so watchers are
+capped (``check_watchers``): ``scope_key_watchers`` per key (``scope_operator_watchers``
+for an operator key) and ``scope_max_watchers`` in all; past a cap, 429
+``too_many_watchers`` with ``Retry-After``, before the stream (docs/security.md, What a
+watcher costs).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from quart import Blueprint, Response, request
 
@@ -32,14 +44,44 @@ from ..auth import SCOPE_EVENTS_PATH, key_name, scope_query
 from ..edge.connection import own
 from ..errors import ApiError, ErrorType
 from ..runtime import Runtime
-from ..wire import ScopeEvents
+from ..settings import Settings
+from ..wire import ScopeEvents, SharedFrames
 from .body import EventStreamBody
 from .page import CACHE_CONTROL, CONTENT_SECURITY_POLICY, STATIC_DIR
 from .serving import json_response, sse_response
 
+if TYPE_CHECKING:
+    from streams import ScopeFeed
+
 PAGE_PATH = "/scope"
 SCRIPT_PATH = "/scope.js"
 TOKEN_PATH = "/scope/token"
+# A page closed gives its watcher back at once; one left open holds it until it is.
+WATCHERS_RETRY_AFTER_S = 5.0
+
+
+def check_watchers(feed: ScopeFeed, settings: Settings, name: str | None) -> None:
+    """Refuse a new watcher of key ``name`` (None: a server without keys) past its
+    key's cap or the server's. Sync: call it right before the subscribe.
+
+    Raises: ApiError 429 too_many_watchers (``Retry-After``).
+    """
+    if feed.watchers >= settings.scope_max_watchers:
+        raise ApiError(ErrorType.TOO_MANY_WATCHERS,
+                       f"{settings.scope_max_watchers} scope watchers are open, this "
+                       f"server's limit (STREAMSCOPE_SCOPE_MAX_WATCHERS); close a page "
+                       f"or try again later", retry_after_s=WATCHERS_RETRY_AFTER_S)
+    if name is None:
+        return
+    operator = name in settings.scope_operator_keys
+    limit = settings.scope_operator_watchers if operator else settings.scope_key_watchers
+    held = feed.watching(name)
+    if held >= limit:
+        variable = "OPERATOR_WATCHERS" if operator else "KEY_WATCHERS"
+        raise ApiError(ErrorType.TOO_MANY_WATCHERS,
+                       f"the API key {name!r} holds {held} scope watchers, its limit "
+                       f"(STREAMSCOPE_SCOPE_{variable}); close a page or try again later",
+                       retry_after_s=WATCHERS_RETRY_AFTER_S)
 
 
 def make_scope_blueprint(runtime: Runtime) -> Blueprint:
@@ -47,6 +89,7 @@ def make_scope_blueprint(runtime: Runtime) -> Blueprint:
     bp = Blueprint("scope", __name__)
     settings = runtime.settings
     credentials = [Credential(k) for k in all_keys(settings.api_key, settings.api_keys)]
+    shared = SharedFrames()  # every watcher's frames, encoded once per view
     page = (STATIC_DIR / "scope.html").read_bytes()
     script = (STATIC_DIR / "scope.js").read_bytes()
     headers = {"Cache-Control": CACHE_CONTROL, "Content-Security-Policy":
@@ -84,7 +127,7 @@ def make_scope_blueprint(runtime: Runtime) -> Blueprint:
     async def scope_events() -> Response:
         """Subscribe a watcher and answer its frames as ``text/event-stream``.
 
-        Raises: ApiError 503 unavailable before the hub runs.
+        Raises: ApiError 503 unavailable before the hub runs; 429 too_many_watchers.
         Cancellation: no checkpoint before the body, which (or the connection's
         backstop) closes the watcher.
         """
@@ -92,15 +135,17 @@ def make_scope_blueprint(runtime: Runtime) -> Blueprint:
         if hub is None:
             raise ApiError(ErrorType.UNAVAILABLE, "the model is not loaded yet")
         feed = hub.scope
+        name = key_name()
+        check_watchers(feed, settings, name)
         feed.key_of = key_of
         registry = runtime.resumption
         if registry is not None:
             feed.detached = lambda i: registry.holding(i) is Holding.DETACHED
         feed.show_text = settings.scope_show_text
         last = request.headers.get("Last-Event-ID") or request.args.get("last_event_id")
-        watcher = feed.subscribe(last)
+        watcher = feed.subscribe(last, tag=name)
         own(request.scope, watcher)
-        body = EventStreamBody(watcher, ScopeEvents(viewer()),
+        body = EventStreamBody(watcher, ScopeEvents(viewer(), shared),
                                keepalive_s=settings.keepalive_s, keepalives=runtime.keepalives)
         return sse_response(body, None)
 

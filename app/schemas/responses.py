@@ -43,16 +43,18 @@ from engine import MAX_TOP_LOGPROBS, Constraint, ConstraintKind
 from .limits import (
     DeadlineMs,
     NewTokens,
+    RequestLimits,
     Seed,
     Temperature,
     TopP,
+    check_chat_size,
     check_new_tokens,
     check_prompt_chars,
     check_schema_bytes,
     check_tool_count,
     limits_of,
 )
-from .responses_items import InputItem, template_messages
+from .responses_items import InputItem, content_parts, template_messages
 from .tools import (
     ToolSpec,
     ToolUse,
@@ -228,14 +230,29 @@ class ResponsesBody(BaseModel):
             raise PydanticCustomError("tools", "two tools have the same name", {})
         choice = self.tool_choice
         if isinstance(choice, NamedFunction) and choice.name not in names:
+            # pydantic fills {name} only (no conversion): the quotes are the template's
             raise PydanticCustomError("tool_choice", "tool_choice names the function "
-                                      "{name!r}, which is not in tools", {"name": choice.name})
+                                      "'{name}', which is not in tools", {"name": choice.name})
         if choice == "required" and not names:
             raise PydanticCustomError("tool_choice", "tool_choice required needs tools", {})
-        chars = len(self.instructions or "") + sum(
-            len(m["content"]) for m in template_messages(self.input_items()))
-        check_prompt_chars(chars, limits)
+        self.check_conversation(self.input_items(), limits)
         return self
+
+    def check_conversation(self, context: list[dict[str, Any]], limits: RequestLimits) -> None:
+        """The chat routes' caps on what the template would render: the messages (the
+        ``instructions`` turn counts as one), their text parts and their characters, over
+        the whole conversation (``context``: a previous response's stored turns, then
+        this input). The body's validation checks its own input; the route checks again
+        with the stored turns, before rendering (each costs the template's work on the
+        one tokenizer slot).
+
+        Raises: PydanticCustomError over_limit.
+        """
+        turns = template_messages(context)
+        system = bool(self.instructions)
+        check_chat_size(len(turns) + system, content_parts(context) + system, limits)
+        check_prompt_chars(len(self.instructions or "") + sum(len(m["content"]) for m in turns),
+                           limits)
 
     def _format_schema(self) -> dict[str, Any] | None:
         """The answer's schema (``text.format``): None for text, any object for

@@ -104,6 +104,18 @@ InputItem = Annotated[
 ]
 
 
+def content_parts(items: list[dict[str, Any]]) -> int:
+    """How many text parts ``items`` (``template_messages``' form) carry, as the chat
+    routes count them for ``max_content_parts``: a message's parts, a call output's parts
+    (a string is one), a call is one."""
+    count = 0
+    for item in items:
+        kind = item.get("type", "message")
+        content = item.get("output") if kind == "function_call_output" else item.get("content")
+        count += 1 if kind == "function_call" or isinstance(content, str) else len(content or ())
+    return count
+
+
 def template_messages(items: list[dict[str, Any]]) -> list[dict[str, str]]:
     """Input items (``ResponsesBody.input_items``' form, or a stored response's output
     items) as chat-template turns: messages as they are (``developer`` as ``system``),

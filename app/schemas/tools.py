@@ -157,10 +157,12 @@ def result_text(tool_call_id: str | None, name: str | None, content: str,
 
 def arguments_value(arguments: str) -> Any:
     """A past call's ``arguments`` string (OpenAI's) as JSON, or the string itself if it
-    is not JSON (a client may send anything there)."""
+    is not JSON (a client may send anything there). ValueError, not JSONDecodeError
+    alone: a number of thousands of digits raises a plain ValueError (Python's int max
+    str digits)."""
     try:
         return json.loads(arguments)
-    except json.JSONDecodeError:
+    except ValueError:
         return arguments
 
 

@@ -40,6 +40,7 @@ from .resumable import TAKEN_OVER_EVENT as TAKEN_OVER_EVENT
 from .resumable import ResumableEvents as ResumableEvents
 from .resumable import event_without_id as event_without_id
 from .scope_events import ScopeEvents as ScopeEvents
+from .scope_events import SharedFrames as SharedFrames
 
 __all__ = [
     "CHAT",
@@ -60,6 +61,7 @@ __all__ = [
     "OpenAIChunks",
     "ResumableEvents",
     "ScopeEvents",
+    "SharedFrames",
     "encode_json_event",
     "error_data",
     "event_without_id",

@@ -147,7 +147,7 @@ def whole_message(request_id: str, model: str, text: str, finish: FinishEvent,
 def _input(arguments: str) -> Any:
     try:
         return json.loads(arguments)
-    except json.JSONDecodeError:
+    except ValueError:  # a JSONDecodeError, or a number past Python's int max str digits
         return {}
 
 

@@ -22,10 +22,19 @@ Who sees what: an encoder made for a key name (``viewer``) keeps only that key's
 and moments; the steps and the pool are the server's, without any request in them. An
 encoder for every row (``viewer=None``) is for an operator, or a server without keys.
 A row's text is there only when the operator's setting put it in the frame.
+
+One encode per frame and view, not per watcher (``SharedFrames``): every watcher gets
+the same live frame object from the feed, and the watchers of one view (the same key
+name, or ``ALL``) get the same bytes, so the first of them to write the frame encodes
+it and the others reuse its bytes. A key sees only its own rows, so bytes are never
+shared across views. Snapshots are made for one watcher (``missed`` is its own) and
+encoded by it alone.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from streams import ScopeFrame
@@ -41,15 +50,48 @@ RETRY_MS = 1000  # EventSource's reconnection delay
 ALL = None  # the viewer who sees every row
 
 
+SHARED_FRAMES = 32  # the latest live frames whose bytes are kept, per view
+
+
+class SharedFrames:
+    """The event bytes of the latest live frames, per view, made once and shared by
+    every watcher of that view (module docstring). One per app; the Trio thread only.
+
+    A watcher more than ``keep`` frames behind finds its frame's bytes gone and encodes
+    them again (the same bytes): the cache is bounded, and only costs time then.
+    """
+
+    def __init__(self, keep: int = SHARED_FRAMES) -> None:
+        self._keep = keep
+        self._events: OrderedDict[str, dict[str | None, bytes]] = OrderedDict()
+
+    def event(self, frame: ScopeFrame, viewer: str | None,
+              encode: Callable[[ScopeFrame], bytes]) -> bytes:
+        """``frame``'s event for ``viewer``: the bytes made before, or
+        ``encode(frame)``'s."""
+        views = self._events.get(frame.event_id)
+        if views is None:
+            views = self._events[frame.event_id] = {}
+            while len(self._events) > self._keep:
+                self._events.popitem(last=False)
+        data = views.get(viewer)
+        if data is None:
+            data = views[viewer] = encode(frame)
+        return data
+
+
 class ScopeEvents:
     """One watcher's events (module docstring).
 
     Args:
         viewer: the key name whose rows it shows; ``ALL`` (None) for every row.
+        shared: the app's ``SharedFrames``, whose bytes every watcher of a view shares;
+            None: this watcher encodes each frame itself.
     """
 
-    def __init__(self, viewer: str | None = ALL) -> None:
+    def __init__(self, viewer: str | None = ALL, shared: SharedFrames | None = None) -> None:
         self.viewer = viewer
+        self.shared = shared
         self._last_id = ""
 
     def opening(self) -> bytes:
@@ -62,11 +104,18 @@ class ScopeEvents:
         for item in items:
             if isinstance(item, ScopeFrame):
                 self._last_id = item.event_id
-                name = "snapshot" if item.snapshot else "frame"
-                out.append(encode_json_event(name, item.event_id, self.frame_data(item)))
+                if item.snapshot or self.shared is None:
+                    out.append(self.frame_event(item))
+                else:
+                    out.append(self.shared.event(item, self.viewer, self.frame_event))
             else:  # the watcher's StreamError (it lives beside the stream, with Trio)
                 out.append(self.error(item.type, item.message))
         return b"".join(out)
+
+    def frame_event(self, frame: ScopeFrame) -> bytes:
+        """``frame`` as one event of this viewer's (its JSON encoded here)."""
+        name = "snapshot" if frame.snapshot else "frame"
+        return encode_json_event(name, frame.event_id, self.frame_data(frame))
 
     def error(self, error_type: Any, message: str) -> bytes:
         """The last event: the watcher was dropped, or the server stops."""
