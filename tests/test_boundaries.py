@@ -215,7 +215,8 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
         "whole_answer", "whole_message",
     ],
     "engine": [
-        "MAX_SEED", "MAX_TEMPERATURE", "MAX_TOP_LOGPROBS", "MAX_TOP_P", "MIN_SEED",
+        "MAX_LOGIT_BIAS", "MAX_LOGIT_BIAS_ENTRIES", "MAX_PENALTY", "MAX_SEED",
+        "MAX_TEMPERATURE", "MAX_TOP_LOGPROBS", "MAX_TOP_P", "MIN_SEED",
         "MIN_TEMPERATURE", "MIN_TOP_K",
         "MIN_TOP_P", "ChatTemplateError", "Constraint", "ConstraintKind", "DoubleRelease",
         "DuplicateRequestId", "EmptyPrompt",
