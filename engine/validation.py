@@ -85,20 +85,23 @@ def validate_penalties(params: SamplingParams) -> None:
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(params, name)
         if not (_number(value) and -MAX_PENALTY <= value <= MAX_PENALTY):
-            raise InvalidSampling(f"{name} must be a number in [-2, 2], got {value!r}")
+            raise InvalidSampling(f"{name} must be a number in [-2, 2], got {value!r}",
+                                  param=name)
     repetition = params.repetition_penalty
     if not (_number(repetition) and repetition > 0):
-        raise InvalidSampling(f"repetition_penalty must be a number > 0, got {repetition!r}")
+        raise InvalidSampling(f"repetition_penalty must be a number > 0, got {repetition!r}",
+                              param="repetition_penalty")
     bias = params.logit_bias
     if not isinstance(bias, tuple) or len(bias) > MAX_LOGIT_BIAS_ENTRIES:
-        raise InvalidSampling(f"logit_bias may name at most {MAX_LOGIT_BIAS_ENTRIES} tokens")
+        raise InvalidSampling(f"logit_bias may name at most {MAX_LOGIT_BIAS_ENTRIES} tokens",
+                              param="logit_bias")
     for pair in bias:
         if not (isinstance(pair, tuple) and len(pair) == 2 and type(pair[0]) is int
                 and _number(pair[1]) and -MAX_LOGIT_BIAS <= pair[1] <= MAX_LOGIT_BIAS):
             raise InvalidSampling("logit_bias must pair token ids with numbers in "
-                                  f"[-100, 100], got {pair!r}")
+                                  f"[-100, 100], got {pair!r}", param="logit_bias")
     if len({token for token, _ in bias}) != len(bias):
-        raise InvalidSampling("logit_bias names a token id twice")
+        raise InvalidSampling("logit_bias names a token id twice", param="logit_bias")
 
 
 def vocab_size_of(loaded: Any) -> int | None:
@@ -133,14 +136,16 @@ def validate_token_ids(ids: Sequence[int], vocab_size: int | None, what: str) ->
         return
     if set(map(type, ids)) != {int}:
         bad = next(n for n, i in enumerate(ids) if type(i) is not int)
-        raise InvalidTokenId(f"{what}[{bad}] is not an integer token id: {ids[bad]!r}")
+        raise InvalidTokenId(f"{what}[{bad}] is not an integer token id: {ids[bad]!r}",
+                             param=what)
     low, high = min(ids), max(ids)
     if low >= 0 and (vocab_size is None or high < vocab_size):
         return
     bad = next(n for n, i in enumerate(ids) if i < 0 or (vocab_size is not None
                                                           and i >= vocab_size))
     bound = "" if vocab_size is None else f", below the vocabulary's size {vocab_size}"
-    raise InvalidTokenId(f"{what}[{bad}] is {ids[bad]}: a token id must be >= 0{bound}")
+    raise InvalidTokenId(f"{what}[{bad}] is {ids[bad]}: a token id must be >= 0{bound}",
+                         param=what)
 
 
 def validate_given_ids(

@@ -7,7 +7,9 @@ Three kinds of field:
 * honoured: ``model``, ``max_tokens`` (chat also ``max_completion_tokens``, which wins),
   ``temperature``, ``top_p``, ``stop``, ``seed``, ``stream``,
   ``stream_options.include_usage``, and the extensions vLLM accepts ``ignore_eos`` and
-  ``top_k`` (``-1`` or ``0``: no cut), and streamscope's ``deadline_ms`` (a TTFT deadline,
+  ``top_k`` (``-1`` or ``0``: no cut), ``frequency_penalty``, ``presence_penalty``,
+  ``logit_bias`` and vLLM's ``repetition_penalty`` (``penalties.py``), and streamscope's
+  ``deadline_ms`` (a TTFT deadline,
   as on ``/v1/stream``); chat also ``messages``, ``add_generation_prompt``, ``logprobs``
   (a boolean) and ``top_logprobs`` (0 to 20, with ``logprobs``); completions also
   ``logprobs`` (0 to 5: the chosen token's and that many likeliest tokens'); both
@@ -15,7 +17,7 @@ Three kinds of field:
   tool turns (``openai_tools.py``, ``openai_messages.py``), which constrain the answer
   (``tools.py``);
 * unsupported (``UNSUPPORTED``, in ``unsupported.py``): accepted at their neutral value
-  (``n: 1``, ``frequency_penalty: 0``, ``logit_bias: {}``, null, ...), refused otherwise
+  (``n: 1``, ``best_of: 1``, null, ...), refused otherwise
   with a 400 whose ``param`` names the field. ``min_tokens`` is one: the engine has no
   minimum length (it would need the end-of-sequence token masked until then);
 * any other field is ignored, as OpenAI's clients send many (``user``, ``metadata``).
@@ -64,6 +66,7 @@ from .openai_tools import (
     check_tool_choice,
     openai_tool_use,
 )
+from .penalties import LogitBias, Penalty, RepetitionPenalty, bias_pairs
 from .tools import ToolUse, output_constraint, system_text, with_system_text
 from .unsupported import (
     CHAT_UNSUPPORTED,
@@ -106,11 +109,13 @@ class OpenAIBody(BaseModel):
     # The answer's form (openai_tools.py): JSON, or a document of a schema.
     response_format: ResponseFormat | None = None
     # Unsupported: see UNSUPPORTED; checked by the subclasses' _neutral.
+    # The logits' changes (penalties.py, engine.penalties): OpenAI's, and vLLM's
+    # repetition_penalty.
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None  # vLLM
+    logit_bias: LogitBias | None = None
     n: Any = None
-    frequency_penalty: Any = None
-    presence_penalty: Any = None
-    repetition_penalty: Any = None
-    logit_bias: Any = None
     min_tokens: Any = None
     best_of: Any = None
 
@@ -173,6 +178,11 @@ class OpenAIBody(BaseModel):
                 ignore_eos=bool(self.ignore_eos),
                 logprobs=logprobs,
                 top_logprobs=top_logprobs,
+                presence_penalty=self.presence_penalty or 0.0,
+                frequency_penalty=self.frequency_penalty or 0.0,
+                repetition_penalty=(1.0 if self.repetition_penalty is None
+                                    else self.repetition_penalty),
+                logit_bias=bias_pairs(self.logit_bias),
             ),
             prompt_token_ids=prompt_ids,
             ttft_deadline=ttft_deadline,
