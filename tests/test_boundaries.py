@@ -207,10 +207,10 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
     ],
     "app.wire": [
         "CHAT", "COMPLETION", "DONE", "FINISH_REASONS", "KEEPALIVE_COMMENT", "RETRY_LINE",
-        "RETRY_MS", "TAKEN_OVER_EVENT", "AnthropicEvents", "ChatShape", "ChoiceShape",
+        "RETRY_MS", "TAKEN_OVER_EVENT", "AnthropicEvents", "ChatShape", "ChoiceFinish", "ChoiceShape",
         "CompletionShape",
         "Encoder", "ErrorEnvelope", "NativeEvents", "OpenAIChunks", "ResumableEvents",
-        "ScopeEvents", "encode_json_event", "error_data", "event_without_id", "item_event",
+        "ScopeEvents", "choices_usage", "encode_json_event", "error_data", "event_without_id", "item_event",
         "logprobs_data", "start_event", "token_event", "tool_message", "usage", "usage_data",
         "whole_answer", "whole_message",
     ],

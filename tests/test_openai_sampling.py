@@ -14,12 +14,13 @@ from typing import Any
 import openai
 import pytest
 
-from engine import GenerationRequest, SamplingParams, TokenEvent
+from app.settings import Settings
+from engine import FinishReason, GenerationRequest, SamplingParams, TokenEvent
 from engine.engine import Engine
 from engine.model import LoadedModel
 from tests import test_openai_sdk
-from tests.http_server import RunningServer
-from tests.test_openai_sdk import MODEL, QUESTION
+from tests.http_server import TEST_SETTINGS, RecordingEngine, RunningServer, StartServer
+from tests.test_openai_sdk import MODEL, QUESTION, with_chat_template
 
 chat_server = test_openai_sdk.chat_server  # the fixtures: a ChatML tiny model, the SDK client
 sdk = test_openai_sdk.sdk
@@ -100,3 +101,136 @@ async def test_native_generate_takes_the_penalties(
     assert response.status_code == 200, response.text
     assert response.json()["tokens"] == engine_ids(tiny_model(MODEL), PROMPT, 16, params)
     assert refused.status_code == 422 and "repetition_penalty" in refused.text
+
+
+# -- n: several choices ---------------------------------------------------------------------
+
+
+def streamed_texts(chunks: list[Any]) -> dict[int, str]:
+    """Each choice's text from a stream's chunks, by index."""
+    texts: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            delta = getattr(choice, "delta", None)
+            text = (delta.content if delta is not None else choice.text) or ""
+            texts[choice.index] = texts.get(choice.index, "") + text
+    return texts
+
+
+async def test_n_3_gives_three_greedy_choices_all_the_same(
+    chat_server: RunningServer, sdk: Any
+) -> None:
+    client, _ = sdk(chat_server)
+
+    answer = await client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=6, temperature=0, n=3,
+        extra_body={"ignore_eos": True})
+    one = await client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=6, temperature=0,
+        extra_body={"ignore_eos": True})
+
+    assert [c.index for c in answer.choices] == [0, 1, 2]
+    assert {c.message.content for c in answer.choices} == {one.choices[0].message.content}
+    assert [c.finish_reason for c in answer.choices] == ["length"] * 3
+    assert answer.usage is not None and one.usage is not None
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (
+        one.usage.prompt_tokens, 18)
+
+
+async def test_seeded_n_streams_its_choices_interleaved_as_the_whole_answer_has_them(
+    chat_server: RunningServer, sdk: Any
+) -> None:
+    client, _ = sdk(chat_server)
+    fields: dict[str, Any] = {"model": MODEL, "messages": QUESTION, "max_tokens": 8,
+                              "temperature": 1.0, "seed": 1234, "extra_body": {"ignore_eos": True}}
+
+    whole = await client.chat.completions.create(**fields, n=3)
+    chunks = [c async for c in await client.chat.completions.create(
+        **fields, n=3, stream=True, stream_options={"include_usage": True})]
+    alone = await client.chat.completions.create(**fields)
+
+    texts = [c.message.content for c in whole.choices]
+    assert streamed_texts(chunks) == dict(enumerate(texts))
+    assert texts[0] == alone.choices[0].message.content  # choice 0 is the seed's own answer
+    assert len(set(texts)) == 3  # seed + i: three different draws
+    roles = [c.choices[0].index for c in chunks if c.choices and c.choices[0].delta.role]
+    finishes = sorted(c.choices[0].index for c in chunks
+                      if c.choices and c.choices[0].finish_reason == "length")
+    assert roles == [0, 1, 2] and finishes == [0, 1, 2]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 24
+    assert len({c.id for c in chunks}) == 1
+
+
+async def test_completions_n_streams_each_choice_by_its_index(
+    server: RunningServer, sdk: Any
+) -> None:
+    client, _ = sdk(server)
+    fields: dict[str, Any] = {"model": MODEL, "prompt": PROMPT, "max_tokens": 5,
+                              "temperature": 0.9, "seed": 7, "n": 2,
+                              "extra_body": {"ignore_eos": True}}
+
+    whole = await client.completions.create(**fields)
+    chunks = [c async for c in await client.completions.create(**fields, stream=True)]
+
+    assert streamed_texts(chunks) == {c.index: c.text for c in whole.choices}
+    assert [c.index for c in whole.choices] == [0, 1]
+
+
+async def test_the_later_choices_find_the_prompt_in_the_prefix_cache(
+    start_server: StartServer, tiny_model: Callable[[str], LoadedModel], sdk: Any
+) -> None:
+    loaded = with_chat_template(tiny_model(MODEL))
+
+    def make_engine(s: Settings) -> RecordingEngine:
+        return RecordingEngine(Engine(loaded, max_batch=s.max_batch, num_blocks=s.cache_blocks,
+                                      block_size=s.block_size, prefix_cache=True))
+
+    server = await start_server(make_engine=make_engine)
+    client, _ = sdk(server)
+    messages = [{"role": "system", "content": "Answer in one word, and never more. " * 4},
+                {"role": "user", "content": "Name a colour."}]
+
+    answer = await client.chat.completions.create(model=MODEL, messages=messages, n=3,
+                                                  max_tokens=2, temperature=0)
+
+    assert answer.usage is not None
+    prompt = answer.usage.prompt_tokens
+    block = TEST_SETTINGS.block_size
+    shared = (prompt - 1) // block * block  # full blocks, never the last position
+    assert shared > 0
+    assert server.recorder.statistics().prefix_cache_hits == 2 * shared
+
+
+@pytest.mark.parametrize("n", [0, 9])
+async def test_n_out_of_range_is_a_400_naming_it(
+    chat_server: RunningServer, sdk: Any, n: int
+) -> None:
+    client, _ = sdk(chat_server)
+
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(model=MODEL, messages=QUESTION, n=n)
+
+    assert caught.value.param == "n"
+    assert chat_server.recorder.submitted == []
+
+
+async def test_a_client_gone_from_an_n_stream_cancels_every_choice(
+    chat_server: RunningServer, sdk: Any
+) -> None:
+    client, _ = sdk(chat_server)
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=QUESTION, n=3, max_tokens=400, temperature=0, stream=True,
+        extra_body={"ignore_eos": True})
+    seen = 0
+    async for chunk in stream:
+        seen += bool(chunk.choices and chunk.choices[0].delta.content is not None)
+        if seen == 6:
+            break
+    await stream.close()
+
+    ids = list(chat_server.recorder.submitted)
+    finishes = [await chat_server.wait_finished(rid) for rid in ids]
+    assert len(ids) == 3
+    assert [f.reason for f in finishes] == [FinishReason.CANCELLED] * 3
+    await chat_server.assert_settled()

@@ -369,7 +369,7 @@ async def test_failure_mid_stream_raises_api_error_after_the_tokens(
 
 @pytest.mark.parametrize(("fields", "param"), [
     ({"frequency_penalty": 2.5}, "frequency_penalty"),
-    ({"n": 2}, "n"),
+    ({"n": 9}, "n"),
     ({"logit_bias": {"42": 101}}, "logit_bias"),
     ({"logit_bias": {"-1": 5}}, "logit_bias"),
     ({"presence_penalty": -3}, "presence_penalty"),

@@ -8,7 +8,8 @@ Three kinds of field:
   ``temperature``, ``top_p``, ``stop``, ``seed``, ``stream``,
   ``stream_options.include_usage``, and the extensions vLLM accepts ``ignore_eos`` and
   ``top_k`` (``-1`` or ``0``: no cut), ``frequency_penalty``, ``presence_penalty``,
-  ``logit_bias`` and vLLM's ``repetition_penalty`` (``penalties.py``), and streamscope's
+  ``logit_bias`` and vLLM's ``repetition_penalty`` (``penalties.py``), ``n`` (1 to
+  ``MAX_CHOICES``: several choices, ``app/routes/choices.py``), and streamscope's
   ``deadline_ms`` (a TTFT deadline,
   as on ``/v1/stream``); chat also ``messages``, ``add_generation_prompt``, ``logprobs``
   (a boolean) and ``top_logprobs`` (0 to 20, with ``logprobs``); completions also
@@ -17,7 +18,7 @@ Three kinds of field:
   tool turns (``openai_tools.py``, ``openai_messages.py``), which constrain the answer
   (``tools.py``);
 * unsupported (``UNSUPPORTED``, in ``unsupported.py``): accepted at their neutral value
-  (``n: 1``, ``best_of: 1``, null, ...), refused otherwise
+  (``best_of: 1``, ``echo: false``, null, ...), refused otherwise
   with a 400 whose ``param`` names the field. ``min_tokens`` is one: the engine has no
   minimum length (it would need the end-of-sequence token masked until then);
 * any other field is ignored, as OpenAI's clients send many (``user``, ``metadata``).
@@ -77,6 +78,9 @@ from .unsupported import (
 
 OPENAI_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for completions
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions' logprobs
+# The most choices (``n``) one request may ask for: each is a sequence of its own, in the
+# batch and the cache (vLLM bounds it by its batch; 8 keeps one request from filling ours).
+MAX_CHOICES = 8
 
 _HOW = "validate an OpenAI body with the request limits as its context"
 
@@ -115,7 +119,7 @@ class OpenAIBody(BaseModel):
     presence_penalty: Penalty | None = None
     repetition_penalty: RepetitionPenalty | None = None  # vLLM
     logit_bias: LogitBias | None = None
-    n: Any = None
+    n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)  # choices: routes/choices.py
     min_tokens: Any = None
     best_of: Any = None
 
@@ -145,6 +149,11 @@ class OpenAIBody(BaseModel):
     def constraint(self) -> Constraint | None:
         """The engine's constraint on the answer, or None for free text."""
         return None if self.response_format is None else self.response_format.constraint()
+
+    @property
+    def choices(self) -> int:
+        """How many choices (``n``), each a stream of its own."""
+        return self.n or 1
 
     @property
     def include_usage(self) -> bool:
