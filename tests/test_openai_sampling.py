@@ -20,7 +20,7 @@ from engine.engine import Engine
 from engine.model import LoadedModel
 from tests import test_openai_sdk
 from tests.http_server import TEST_SETTINGS, RecordingEngine, RunningServer, StartServer
-from tests.test_openai_sdk import MODEL, QUESTION, with_chat_template
+from tests.test_openai_sdk import CHATML, MODEL, QUESTION, with_chat_template
 
 chat_server = test_openai_sdk.chat_server  # the fixtures: a ChatML tiny model, the SDK client
 sdk = test_openai_sdk.sdk
@@ -234,3 +234,54 @@ async def test_a_client_gone_from_an_n_stream_cancels_every_choice(
     assert len(ids) == 3
     assert [f.reason for f in finishes] == [FinishReason.CANCELLED] * 3
     await chat_server.assert_settled()
+
+
+# -- reasoning_effort ------------------------------------------------------------------------
+
+
+async def test_reasoning_effort_is_accepted_and_changes_nothing_where_the_template_ignores_it(
+    chat_server: RunningServer, sdk: Any
+) -> None:
+    client, _ = sdk(chat_server)
+    fields: dict[str, Any] = {"model": MODEL, "messages": QUESTION, "max_tokens": 6,
+                              "temperature": 0}
+
+    plain = await client.chat.completions.create(**fields)
+    effort = await client.chat.completions.create(**fields, reasoning_effort="low")
+
+    assert effort.choices[0].message.content == plain.choices[0].message.content
+
+
+async def test_reasoning_effort_is_refused_where_the_template_reads_it(
+    start_server: StartServer, tiny_model: Callable[[str], LoadedModel], sdk: Any
+) -> None:
+    reading = ("{% if reasoning_effort %}Reasoning: {{ reasoning_effort }}\n{% endif %}"
+               + CHATML)
+    loaded = with_chat_template(tiny_model(MODEL), reading)
+
+    def make_engine(s: Settings) -> RecordingEngine:
+        return RecordingEngine(Engine(loaded, max_batch=s.max_batch, num_blocks=s.cache_blocks,
+                                      block_size=s.block_size))
+
+    server = await start_server(make_engine=make_engine)
+    client, _ = sdk(server)
+
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(model=MODEL, messages=QUESTION,
+                                             reasoning_effort="high")
+    answer = await client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2)
+
+    assert caught.value.param == "reasoning_effort"
+    assert server.recorder.submitted == [answer.id.removeprefix("chatcmpl-")]
+
+
+async def test_an_unknown_reasoning_effort_is_a_400_naming_it(
+    chat_server: RunningServer, sdk: Any
+) -> None:
+    client, _ = sdk(chat_server)
+
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(model=MODEL, messages=QUESTION,
+                                             extra_body={"reasoning_effort": "extreme"})
+
+    assert caught.value.param == "reasoning_effort"

@@ -103,6 +103,7 @@ class OpenAIViews:
 
         text, prompt_ids = await self.runtime.render_chat(body.template_input(),
                                                           body.add_generation_prompt)
+        self.refuse_unused_field(body)
         generation = body.generation_request(text, self.limits, prompt_ids,
                                              ttft_deadline=self.deadline_of(timer, body))
         with refused_constraint(body):
@@ -112,6 +113,17 @@ class OpenAIViews:
             return await self.answer_choices(choices_prepared(prepared, generation, body.choices),
                                              timer, body, model, CHAT, tools=tools)
         return await self.answer(prepared, timer, body, model, CHAT, tools=tools)
+
+    def refuse_unused_field(self, body: ChatBody) -> None:
+        """``reasoning_effort`` is accepted, and changes nothing, where the model's chat
+        template has no use for it (as vLLM does); a template that reads it would be
+        rendered without it, so there it is refused (400 naming it). Sync."""
+        engine = self.runtime.engine
+        if (body.reasoning_effort is not None and engine is not None
+                and engine.chat_template_uses("reasoning_effort")):
+            raise OpenAIError(ApiError(
+                ErrorType.INVALID_REQUEST, "this model's chat template reads reasoning_effort, "
+                "which this server does not pass to it"), param="reasoning_effort")
 
     async def answer(self, prepared: Prepared, timer: RequestTimer, body: OpenAIBody,
                      model: str, shape: ChoiceShape, *, tools: bool = False) -> Response:

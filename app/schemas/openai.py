@@ -12,7 +12,8 @@ Three kinds of field:
   ``MAX_CHOICES``: several choices, ``app/routes/choices.py``), and streamscope's
   ``deadline_ms`` (a TTFT deadline,
   as on ``/v1/stream``); chat also ``messages``, ``add_generation_prompt``, ``logprobs``
-  (a boolean) and ``top_logprobs`` (0 to 20, with ``logprobs``); completions also
+  (a boolean), ``top_logprobs`` (0 to 20, with ``logprobs``) and ``reasoning_effort``
+  (ignored: refused by the route for a template that would use it); completions also
   ``logprobs`` (0 to 5: the chosen token's and that many likeliest tokens'); both
   ``response_format``, and chat ``tools``, ``tool_choice``, ``parallel_tool_calls`` and
   tool turns (``openai_tools.py``, ``openai_messages.py``), which constrain the answer
@@ -32,7 +33,7 @@ and the server's limits are the native body's (``limits.py``).
 from __future__ import annotations
 
 import uuid
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
@@ -240,7 +241,9 @@ class ChatBody(OpenAIBody):
     modalities: Any = None
     audio: Any = None
     prediction: Any = None
-    reasoning_effort: Any = None
+    # Accepted where the model's chat template has no use for it (it changes nothing
+    # there, as vLLM has it); the route refuses it for a template that reads it.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     web_search_options: Any = None
     store: Any = None
 

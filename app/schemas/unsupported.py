@@ -32,7 +32,6 @@ CHAT_UNSUPPORTED = {
     "modalities": (["text"],),
     "audio": (),
     "prediction": (),
-    "reasoning_effort": (),
     "web_search_options": (),
     "store": (False,),
 }
