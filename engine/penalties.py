@@ -16,12 +16,16 @@ the uninterrupted run counted.
 
 The fast path. A batch whose rows change no logits (``SamplingParams.changes_logits``
 false for each) costs one attribute check per row and no tensor work; only the rows that
-ask are gathered, changed in float32 and written back.
+ask are gathered, changed in float32 and written back, and in them only the tokens their
+histories hold (the distinct (row, token) pairs, ``token_pairs``), never a dense count
+over the vocabulary (``python -m tools.bench penalties``).
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
+from itertools import chain
 
 import torch
 
@@ -38,28 +42,40 @@ def penalize(logits: torch.Tensor, rows: Sequence[Row]) -> None:
     if not chosen:
         return
     every = len(chosen) == logits.shape[0]
-    scores = logits.float() if every else logits[chosen].float()  # a copy: written back
+    # float32 and contiguous (flat indices): logits itself where it is both, else a copy
+    scores = (logits if every else logits[chosen]).float().contiguous()
     asking = [rows[row] for row in chosen]
     _bias(scores, [params.logit_bias for params, _, _ in asking])
     _repetition(scores, asking)
     _frequency_and_presence(scores, asking)
     if every:
-        logits.copy_(scores)
+        if scores is not logits:
+            logits.copy_(scores)
     else:
         logits[chosen] = scores.to(logits.dtype)
 
 
-def token_counts(histories: Sequence[Sequence[int]], vocab: int,
-                 device: torch.device) -> torch.Tensor:
-    """(rows, vocab) float32: how many times each token occurs in each row's history,
-    by one ``scatter_add`` over the histories padded with a column past the vocabulary."""
-    width = max((len(h) for h in histories), default=0)
-    counts = torch.zeros(len(histories), vocab + 1, device=device)
-    if width:
-        ids = torch.tensor([list(h) + [vocab] * (width - len(h)) for h in histories],
-                           device=device, dtype=torch.long)
-        counts.scatter_add_(1, ids, torch.ones(ids.shape, device=device))
-    return counts[:, :vocab]
+def token_pairs(histories: Sequence[Sequence[Sequence[int]]], rows: Sequence[int], vocab: int,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct (row, token) pairs of the histories (each given as its parts: the
+    prompt's ids, the generated ones) as flat indices into a contiguous (batch, vocab)
+    tensor (``rows``: each history's row there), and how many times each token occurs
+    in its history. Only the tokens that occur are touched (a few hundred a row, where a
+    dense count would be the whole vocabulary's row)."""
+    ids = torch.frombuffer(array("q", chain.from_iterable(chain.from_iterable(histories))),
+                           dtype=torch.int64)
+    lengths = torch.tensor([sum(len(part) for part in parts) for parts in histories])
+    owners = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int64), lengths)
+    flat, counts = (owners * vocab + ids).unique(return_counts=True)
+    return flat.to(device), counts.to(device=device, dtype=torch.float32)
+
+
+def _per_pair(values: list[float], flat: torch.Tensor, rows: list[int], vocab: int
+              ) -> torch.Tensor:
+    """Each pair's value of its row (``values`` in ``rows``' order; ``rows`` ascending)."""
+    table = torch.tensor(values, device=flat.device)
+    owners = torch.searchsorted(torch.tensor(rows, device=flat.device), flat // vocab)
+    return table[owners]
 
 
 def _bias(scores: torch.Tensor, biases: list[tuple[tuple[int, float], ...]]) -> None:
@@ -79,13 +95,12 @@ def _repetition(scores: torch.Tensor, asking: list[Row]) -> None:
     picked = [i for i, (params, _, _) in enumerate(asking) if params.repetition_penalty != 1.0]
     if not picked:
         return
-    seen = token_counts([list(asking[i][1]) + list(asking[i][2]) for i in picked],
-                        scores.shape[1], scores.device) > 0
-    penalty = torch.tensor([asking[i][0].repetition_penalty for i in picked],
-                           device=scores.device).unsqueeze(1)
-    part = scores[picked]
-    penalised = torch.where(part > 0, part / penalty, part * penalty)
-    scores[picked] = torch.where(seen, penalised, part)
+    vocab = scores.shape[1]
+    flat, _ = token_pairs([asking[i][1:] for i in picked], picked, vocab, scores.device)
+    penalty = _per_pair([asking[i][0].repetition_penalty for i in picked], flat, picked, vocab)
+    cells = scores.view(-1)
+    values = cells[flat]
+    cells[flat] = torch.where(values > 0, values / penalty, values * penalty)
 
 
 def _frequency_and_presence(scores: torch.Tensor, asking: list[Row]) -> None:
@@ -95,9 +110,9 @@ def _frequency_and_presence(scores: torch.Tensor, asking: list[Row]) -> None:
               if (params.frequency_penalty or params.presence_penalty) and generated]
     if not picked:
         return
-    counts = token_counts([asking[i][2] for i in picked], scores.shape[1], scores.device)
-    frequency = torch.tensor([asking[i][0].frequency_penalty for i in picked],
-                             device=scores.device).unsqueeze(1)
-    presence = torch.tensor([asking[i][0].presence_penalty for i in picked],
-                            device=scores.device).unsqueeze(1)
-    scores[picked] -= frequency * counts + presence * (counts > 0).float()
+    vocab = scores.shape[1]
+    flat, counts = token_pairs([asking[i][2:] for i in picked], picked, vocab, scores.device)
+    frequency = _per_pair([asking[i][0].frequency_penalty for i in picked], flat, picked, vocab)
+    presence = _per_pair([asking[i][0].presence_penalty for i in picked], flat, picked, vocab)
+    cells = scores.view(-1)
+    cells[flat] -= frequency * counts + presence

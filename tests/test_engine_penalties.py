@@ -121,6 +121,19 @@ def test_a_bfloat16_row_is_changed_in_its_own_dtype_the_same_alone_as_in_a_batch
     assert logits.dtype is torch.bfloat16 and torch.equal(logits[1:2], alone)
 
 
+def test_a_strided_view_of_logits_is_changed_in_place_like_a_contiguous_one() -> None:
+    base = torch.randn(3, 2, 11)
+    logits = base[:, -1, :]  # the last position of each row, as a forward pass keeps it
+    assert not logits.is_contiguous()
+    contiguous, before = logits.clone(), logits.clone()
+    rows = [(SamplingParams(repetition_penalty=1.5, frequency_penalty=0.5), [1, 2], [2, 3, 3])
+            for _ in range(3)]
+    penalize(logits, rows)
+    penalize(contiguous, rows)
+    assert torch.equal(base[:, -1, :], contiguous)
+    assert not torch.equal(contiguous, before)
+
+
 # -- per row on the tiny models ------------------------------------------------------------
 
 
