@@ -112,8 +112,9 @@ class TokenLogprobs:
     """A generated token's log-probability, and the likeliest tokens' at its position.
 
     Natural logs of the distribution the token was drawn from: ``log_softmax`` of the
-    step's logits divided by the request's temperature (a greedy request's: of the
-    logits themselves), before its top-k and top-p cut, so every token has one and it
+    step's logits (after the request's penalties and logit bias, if any) divided by the
+    request's temperature (a greedy request's: of the logits themselves), before its
+    top-k and top-p cut, so every token has one and it
     does not depend on the cut. A token the model rules out is reported at
     ``MIN_LOGPROB`` (-9999.0, as OpenAI does), so every value is a finite number. Texts
     are each token decoded alone by the tokenizer: special tokens as their text, a
