@@ -285,3 +285,19 @@ async def test_an_unknown_reasoning_effort_is_a_400_naming_it(
                                              extra_body={"reasoning_effort": "extreme"})
 
     assert caught.value.param == "reasoning_effort"
+
+
+async def test_choices_over_the_waiting_limit_are_refused_and_the_opened_ones_closed(
+    start_server: StartServer, sdk: Any
+) -> None:
+    server = await start_server(max_waiting=2)
+    server.recorder.hold()  # the choices stay waiting for their first token
+    client, _ = sdk(server)
+
+    with pytest.raises(openai.RateLimitError) as caught:
+        await client.completions.create(model=MODEL, prompt=PROMPT, n=3, max_tokens=2)
+
+    assert caught.value.code == "too_many_waiting"
+    stats = server.hub.statistics()
+    assert (stats.opened, stats.refused_waiting) == (2, 1)
+    await server.assert_settled()  # the two opened were closed, their blocks back
