@@ -301,3 +301,21 @@ async def test_choices_over_the_waiting_limit_are_refused_and_the_opened_ones_cl
     stats = server.hub.statistics()
     assert (stats.opened, stats.refused_waiting) == (2, 1)
     await server.assert_settled()  # the two opened were closed, their blocks back
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),  # OpenAI's 300 at most
+    ({"logit_bias": {"12": "high"}}, "logit_bias"),
+    ({"frequency_penalty": -2.5}, "frequency_penalty"),
+    ({"presence_penalty": True}, "presence_penalty"),
+])
+async def test_penalties_out_of_range_are_400s_naming_them(
+    server: RunningServer, sdk: Any, fields: dict[str, Any], param: str
+) -> None:
+    client, _ = sdk(server)
+
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.completions.create(model=MODEL, prompt=PROMPT, extra_body=fields)
+
+    assert caught.value.param == param
+    assert server.recorder.submitted == []

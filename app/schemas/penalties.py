@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
 from pydantic_core import PydanticCustomError
@@ -23,7 +23,7 @@ Penalty = Annotated[float, Field(ge=-MAX_PENALTY, le=MAX_PENALTY, allow_inf_nan=
 RepetitionPenalty = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
-def _checked(value: dict[str, float]) -> dict[str, float]:
+def _checked(value: dict[str, Any]) -> dict[str, float]:
     """At most ``MAX_LOGIT_BIAS_ENTRIES`` entries; every key a token id (decimal digits,
     no sign, no space: OpenAI's form), named once; every bias a finite number in
     [-100, 100]. Checked on the whole map, so that the error's place is ``logit_bias``."""
@@ -34,15 +34,18 @@ def _checked(value: dict[str, float]) -> dict[str, float]:
         if not (key.isascii() and key.isdigit() and len(key) <= 18):
             raise PydanticCustomError("logit_bias", "logit_bias keys are token ids, got {key}",
                                       {"key": json.dumps(key)})
-        if not (math.isfinite(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
-            raise PydanticCustomError("logit_bias", "logit_bias values lie in [-100, 100], "
-                                      "got {bias} for token {key}", {"bias": bias, "key": key})
+        if (isinstance(bias, bool) or not isinstance(bias, int | float)
+                or not (math.isfinite(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS)):
+            raise PydanticCustomError("logit_bias", "logit_bias values are numbers in "
+                                      "[-100, 100], got {bias} for token {key}",
+                                      {"bias": json.dumps(bias)[:40], "key": key})
     if len({int(key) for key in value}) != len(value):
         raise PydanticCustomError("logit_bias", "logit_bias names a token id twice")
     return value
 
 
-LogitBias = Annotated[dict[str, float], AfterValidator(_checked)]
+# The values are typed by ``_checked`` too, so that every error's place is ``logit_bias``.
+LogitBias = Annotated[dict[str, Any], AfterValidator(_checked)]
 
 
 def bias_pairs(value: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
