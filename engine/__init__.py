@@ -33,6 +33,9 @@ from .types import GenerationRequest as GenerationRequest
 from .types import SamplingParams as SamplingParams
 from .types import TokenEvent as TokenEvent
 from .types import TokenLogprobs as TokenLogprobs
+from .validation import MAX_LOGIT_BIAS as MAX_LOGIT_BIAS
+from .validation import MAX_LOGIT_BIAS_ENTRIES as MAX_LOGIT_BIAS_ENTRIES
+from .validation import MAX_PENALTY as MAX_PENALTY
 from .validation import MAX_SEED as MAX_SEED
 from .validation import MAX_TEMPERATURE as MAX_TEMPERATURE
 from .validation import MAX_TOP_LOGPROBS as MAX_TOP_LOGPROBS
@@ -85,6 +88,9 @@ def load_engine(
 
 
 __all__ = [
+    "MAX_LOGIT_BIAS",
+    "MAX_LOGIT_BIAS_ENTRIES",
+    "MAX_PENALTY",
     "MAX_SEED",
     "MAX_TEMPERATURE",
     "MAX_TOP_LOGPROBS",

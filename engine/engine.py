@@ -188,6 +188,13 @@ class Engine:
         """
         return self._intake.render_chat(messages, add_generation_prompt)
 
+    def chat_template_uses(self, name: str) -> bool:
+        """Whether the chat template names ``name`` (a variable such as
+        ``reasoning_effort``): the app accepts such a request field, and ignores it,
+        only where the template has no use for it. Any thread; no tokenizer call."""
+        template = getattr(self._intake.tokenizer, "chat_template", None)
+        return bool(template) and name in str(template)
+
     def submit(self, request: GenerationRequest, resume_from: Seq[int] = ()) -> int:
         """Validate and queue a request; return its prompt's token count.
 

@@ -21,7 +21,14 @@ class EngineError(Exception):
 
 
 class InvalidRequest(EngineError, ValueError):
-    """The request can never be served as given; nothing was admitted."""
+    """The request can never be served as given; nothing was admitted.
+
+    ``param``: the request's field at fault where one is (``logit_bias``), so that an
+    API answers with it (OpenAI's error ``param``); None otherwise."""
+
+    def __init__(self, message: str = "", *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class EmptyPrompt(InvalidRequest):

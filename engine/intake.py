@@ -51,7 +51,7 @@ class Intake:
         """The checked request as a new sequence (see ``Engine.submit``)."""
         validate_request(request)
         given = request.prompt_token_ids
-        validate_given_ids(given, resume_from, self.vocab_size)
+        validate_given_ids(request, resume_from, self.vocab_size)
         prompt_ids = list(given) if given is not None else self.encoder.encode(request.prompt)
         if not prompt_ids:
             raise EmptyPrompt("the prompt is empty")

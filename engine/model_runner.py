@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from . import cpu_linear, sampling
+from . import cpu_linear, penalties, sampling
 from .attention import ATTENTION_NAME, register_paged_attention
 from .constraints import ConstraintDeadEnd
 from .kv_cache import PagedKVCache
@@ -192,8 +192,11 @@ class ModelRunner:
         """Each row's next token (with its log-probabilities if its request asked: the
         same logits, ``sampling.logprobs``), or the exception sampling that row raised;
         a constrained row's from the logits its grammar allows (``sampling.constrain``),
-        a row whose grammar allows none gets ``ConstraintDeadEnd``."""
+        a row whose grammar allows none gets ``ConstraintDeadEnd``; a row with penalties
+        or a logit bias has them applied next, from its own tokens (``penalties``)."""
         dead = sampling.constrain(logits, [seq.matcher for seq in seqs])
+        penalties.penalize(logits, [
+            (seq.request.sampling, seq.prompt_ids, seq.generated_ids) for seq in seqs])
         outcomes = sampling.sample(logits, [
             (seq.request.sampling, cast("torch.Generator | None", seq.generator))
             for seq in seqs])

@@ -30,6 +30,14 @@ class SamplingParams:
     ``temperature == 0`` is greedy. With a ``seed`` a sampled request draws
     from its own generator, so its tokens do not depend on its batch mates.
     With ``logprobs`` each of its ``TokenEvent``s carries ``TokenLogprobs``.
+
+    The penalties and ``logit_bias`` change the row's logits before anything else
+    reads them (``engine.penalties``; greedy and sampled alike, the log-probabilities
+    too): ``logit_bias`` adds each (token id, bias) pair's bias (OpenAI's); then
+    ``repetition_penalty`` (vLLM's) divides a positive logit, and multiplies a negative
+    one, by it for every token in the prompt or generated so far; then
+    ``frequency_penalty`` times the token's count among the generated tokens, and
+    ``presence_penalty`` once if it is there at all, are subtracted (OpenAI's).
     """
 
     temperature: float = 0.0
@@ -39,6 +47,17 @@ class SamplingParams:
     ignore_eos: bool = False  # for fixed-length benchmarks
     logprobs: bool = False  # each token's log-probability (``TokenLogprobs``)
     top_logprobs: int = 0  # and the likeliest this many tokens' (needs ``logprobs``)
+    presence_penalty: float = 0.0  # OpenAI's, in [-2, 2]: 0 changes nothing
+    frequency_penalty: float = 0.0  # OpenAI's, in [-2, 2]: 0 changes nothing
+    repetition_penalty: float = 1.0  # vLLM's, > 0: 1 changes nothing
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
+
+    @property
+    def changes_logits(self) -> bool:
+        """Whether a penalty or a bias applies (``engine.penalties``): False keeps the
+        row off that work entirely."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias
+                    or self.repetition_penalty != 1.0)
 
 
 class ConstraintKind(enum.Enum):
@@ -93,8 +112,9 @@ class TokenLogprobs:
     """A generated token's log-probability, and the likeliest tokens' at its position.
 
     Natural logs of the distribution the token was drawn from: ``log_softmax`` of the
-    step's logits divided by the request's temperature (a greedy request's: of the
-    logits themselves), before its top-k and top-p cut, so every token has one and it
+    step's logits (after the request's penalties and logit bias, if any) divided by the
+    request's temperature (a greedy request's: of the logits themselves), before its
+    top-k and top-p cut, so every token has one and it
     does not depend on the cut. A token the model rules out is reported at
     ``MIN_LOGPROB`` (-9999.0, as OpenAI does), so every value is a finite number. Texts
     are each token decoded alone by the tokenizer: special tokens as their text, a

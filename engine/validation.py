@@ -30,6 +30,12 @@ MAX_SEED = 2**63 - 1
 """Inclusive: a seed must fit a signed 64-bit generator seed."""
 MAX_TOP_LOGPROBS = 20
 """Inclusive: the likeliest tokens a step reports per token (OpenAI's chat allows 20)."""
+MAX_PENALTY = 2.0
+"""Inclusive: ``presence_penalty`` and ``frequency_penalty`` lie in [-2, 2] (OpenAI's)."""
+MAX_LOGIT_BIAS = 100.0
+"""Inclusive: a ``logit_bias`` value lies in [-100, 100] (OpenAI's)."""
+MAX_LOGIT_BIAS_ENTRIES = 300
+"""Inclusive: the most token ids one ``logit_bias`` may name (OpenAI's limit)."""
 
 
 def validate_request(request: GenerationRequest) -> None:
@@ -66,6 +72,36 @@ def validate_sampling(params: SamplingParams) -> None:
                               f"got {top!r}")
     if top and not logprobs:
         raise InvalidSampling("top_logprobs needs logprobs")
+    validate_penalties(params)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def validate_penalties(params: SamplingParams) -> None:
+    """Raise InvalidSampling for a penalty or a ``logit_bias`` out of range (its token
+    ids are checked against the vocabulary by ``validate_given_ids``, which knows it)."""
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(params, name)
+        if not (_number(value) and -MAX_PENALTY <= value <= MAX_PENALTY):
+            raise InvalidSampling(f"{name} must be a number in [-2, 2], got {value!r}",
+                                  param=name)
+    repetition = params.repetition_penalty
+    if not (_number(repetition) and repetition > 0):
+        raise InvalidSampling(f"repetition_penalty must be a number > 0, got {repetition!r}",
+                              param="repetition_penalty")
+    bias = params.logit_bias
+    if not isinstance(bias, tuple) or len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise InvalidSampling(f"logit_bias may name at most {MAX_LOGIT_BIAS_ENTRIES} tokens",
+                              param="logit_bias")
+    for pair in bias:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and type(pair[0]) is int
+                and _number(pair[1]) and -MAX_LOGIT_BIAS <= pair[1] <= MAX_LOGIT_BIAS):
+            raise InvalidSampling("logit_bias must pair token ids with numbers in "
+                                  f"[-100, 100], got {pair!r}", param="logit_bias")
+    if len({token for token, _ in bias}) != len(bias):
+        raise InvalidSampling("logit_bias names a token id twice", param="logit_bias")
 
 
 def vocab_size_of(loaded: Any) -> int | None:
@@ -100,22 +136,28 @@ def validate_token_ids(ids: Sequence[int], vocab_size: int | None, what: str) ->
         return
     if set(map(type, ids)) != {int}:
         bad = next(n for n, i in enumerate(ids) if type(i) is not int)
-        raise InvalidTokenId(f"{what}[{bad}] is not an integer token id: {ids[bad]!r}")
+        raise InvalidTokenId(f"{what}[{bad}] is not an integer token id: {ids[bad]!r}",
+                             param=what)
     low, high = min(ids), max(ids)
     if low >= 0 and (vocab_size is None or high < vocab_size):
         return
     bad = next(n for n, i in enumerate(ids) if i < 0 or (vocab_size is not None
                                                           and i >= vocab_size))
     bound = "" if vocab_size is None else f", below the vocabulary's size {vocab_size}"
-    raise InvalidTokenId(f"{what}[{bad}] is {ids[bad]}: a token id must be >= 0{bound}")
+    raise InvalidTokenId(f"{what}[{bad}] is {ids[bad]}: a token id must be >= 0{bound}",
+                         param=what)
 
 
 def validate_given_ids(
-    prompt_ids: Sequence[int] | None, resume_from: Sequence[int], vocab_size: int | None
+    request: GenerationRequest, resume_from: Sequence[int], vocab_size: int | None
 ) -> None:
     """``validate_token_ids`` for what ``Engine.submit`` is given rather than encodes:
-    a request's ``prompt_token_ids`` (None: the engine encodes the prompt itself) and the
-    tokens a rebuilt stream resumes from (``resume_from``)."""
-    if prompt_ids is not None:
-        validate_token_ids(prompt_ids, vocab_size, "prompt_token_ids")
+    a request's ``prompt_token_ids`` (None: the engine encodes the prompt itself), the
+    tokens its ``logit_bias`` names (an id past the logits' row would fail its step, or
+    on a GPU end the process's CUDA use), and the tokens a rebuilt stream resumes from
+    (``resume_from``)."""
+    if request.prompt_token_ids is not None:
+        validate_token_ids(request.prompt_token_ids, vocab_size, "prompt_token_ids")
+    validate_token_ids([token for token, _ in request.sampling.logit_bias], vocab_size,
+                       "logit_bias")
     validate_token_ids(resume_from, vocab_size, "resume_from")

@@ -127,6 +127,9 @@ class RecordingEngine:
     ) -> tuple[str, list[int]]:
         return self._engine.render_chat(messages, add_generation_prompt)
 
+    def chat_template_uses(self, name: str) -> bool:
+        return self._engine.chat_template_uses(name)
+
     def statistics(self) -> EngineStatistics:
         return self._engine.statistics()
 

@@ -69,8 +69,8 @@ async def test_stop_string_reports_stop(server: RunningServer) -> None:
 
 
 async def test_unsupported_fields_are_refused_with_openais_400(server: RunningServer) -> None:
-    cases = [({"n": 2}, "n"), ({"echo": True}, "echo"), ({"max_tokens": 0}, "max_tokens"),
-             ({"frequency_penalty": 0.5}, "frequency_penalty"), ({"min_tokens": 3}, "min_tokens"),
+    cases = [({"n": 9}, "n"), ({"echo": True}, "echo"), ({"max_tokens": 0}, "max_tokens"),
+             ({"frequency_penalty": 2.5}, "frequency_penalty"), ({"min_tokens": 3}, "min_tokens"),
              ({"prompt": None}, "prompt")]
     async with server.client() as client:
         for fields, param in cases:

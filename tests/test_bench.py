@@ -53,3 +53,12 @@ def test_the_runner_lists_every_bench(capsys: pytest.CaptureFixture[str]) -> Non
     assert done.value.code == 0
     listed = {line.split()[0] for line in capsys.readouterr().out.splitlines()}
     assert {"step", "prefill", "burst", "prefixcache", "recompute", "int8compile"} <= listed
+
+
+def test_penalties_bench_reports_a_row_per_batch(tmp_path: Path) -> None:
+    argv = ["penalties", "--batches", "1", "4", "--vocab", "500", "--prompt", "8",
+            "--generated", "16", "--rounds", "2", "--out", str(tmp_path)]
+    assert bench(argv) == 0
+    report = json.loads((tmp_path / "penalties.json").read_text())
+    assert [row["batch"] for row in report["rows"]] == [1, 4]
+    assert all(row["plain_us"] > 0 and row["penalised_ms"] > 0 for row in report["rows"])

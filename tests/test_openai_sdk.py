@@ -368,9 +368,12 @@ async def test_failure_mid_stream_raises_api_error_after_the_tokens(
 
 
 @pytest.mark.parametrize(("fields", "param"), [
-    ({"frequency_penalty": 0.5}, "frequency_penalty"),
-    ({"n": 2}, "n"),
-    ({"logit_bias": {"42": 5}}, "logit_bias"),
+    ({"frequency_penalty": 2.5}, "frequency_penalty"),
+    ({"n": 9}, "n"),
+    ({"logit_bias": {"42": 101}}, "logit_bias"),
+    ({"logit_bias": {"-1": 5}}, "logit_bias"),
+    ({"presence_penalty": -3}, "presence_penalty"),
+    ({"extra_body": {"repetition_penalty": 0}}, "repetition_penalty"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}],
       "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
     ({"extra_body": {"min_tokens": 2}}, "min_tokens"),

@@ -43,7 +43,9 @@ def test_every_request_field_reads_back_as_it_was() -> None:
     request = GenerationRequest(
         "r2", "Once upon a time", 7, stop=("\n\n", "END"), prompt_token_ids=(5, 6, 7, 8),
         sampling=SamplingParams(temperature=0.7, top_p=0.9, top_k=40, seed=12345,
-                                ignore_eos=True, logprobs=True, top_logprobs=3),
+                                ignore_eos=True, logprobs=True, top_logprobs=3,
+                                presence_penalty=0.5, frequency_penalty=-1.25,
+                                repetition_penalty=1.2, logit_bias=((7, 3.5), (2, -100.0))),
         cache_namespace=bytes(range(32)),  # the key's: a rebuilt stream finds its blocks
     )
 

@@ -62,7 +62,7 @@ from engine import TokenEvent
 from streams import ScopeFrame
 from streams.resume import LoggedEvent
 
-from ..wire import Encoder
+from ..wire import ChoiceFinish, Encoder
 
 if TYPE_CHECKING:
     from streams import Keepalives
@@ -76,9 +76,9 @@ MAX_EVENTS_PER_WRITE = 64
 
 Item = TypeVar("Item")  # a StreamItem, or a resumable stream's LoggedEvent
 # An item of these types never ends a stream: a token, a resumable stream's logged event
-# (its reader says when the stream is over), a frame of the scope (``scope.py``). Any
-# other (a finish, an error) does.
-_CONTINUING = frozenset({TokenEvent, LoggedEvent, ScopeFrame})
+# (its reader says when the stream is over), a frame of the scope (``scope.py``), one
+# choice's end while others go on (``choices.py``). Any other (a finish, an error) does.
+_CONTINUING = frozenset({TokenEvent, LoggedEvent, ScopeFrame, ChoiceFinish})
 
 
 class ItemSource(Protocol[Item]):
@@ -222,8 +222,8 @@ class EventStreamBody(ResponseBody, Generic[Item]):
                 self.is_finished = True
                 items = items[: i + 1]
                 break
-        if self.timer is not None:
-            self.timer.observe_all(items)  # type: ignore[arg-type]  # a stream's items
+        if self.timer is not None:  # a stream's items; a choice's end is not the request's
+            self.timer.observe_all([i for i in items if type(i) is not ChoiceFinish])  # type: ignore[misc]
         return self.encoder.encode(items)
 
     def farewell(self, error_type: ErrorType, message: str) -> bytes | None:

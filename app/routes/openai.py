@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from quart import Blueprint, Quart, Response
 
@@ -32,12 +33,22 @@ from ..errors import ApiError, ErrorType
 from ..metrics import Metrics, RequestTimer
 from ..runtime import Prepared, Runtime
 from ..schemas import ChatBody, CompletionsBody, OpenAIBody, RequestLimits
-from ..wire import CHAT, COMPLETION, ChoiceShape, OpenAIChunks, tool_message, whole_answer
+from ..wire import (
+    CHAT,
+    COMPLETION,
+    ChoiceShape,
+    OpenAIChunks,
+    choices_usage,
+    tool_message,
+    whole_answer,
+)
 from .body import EventStreamBody
+from .choices import ChoiceItem, ChoicesSource, choices_prepared, collect_choices
 from .openai_errors import OpenAIError, ServedModels, openai_error_envelope, openai_error_for
 from .serving import (
     collect,
     json_response,
+    open_choices,
     open_owned,
     read_body,
     sse_response,
@@ -75,6 +86,9 @@ class OpenAIViews:
                                              ttft_deadline=self.deadline_of(timer, body))
         with refused_constraint(body):
             prepared = await self.runtime.prepare(owned_request(generation), None)
+        if body.choices > 1:
+            return await self.answer_choices(choices_prepared(prepared, generation, body.choices),
+                                             timer, body, model, COMPLETION)
         return await self.answer(prepared, timer, body, model, COMPLETION)
 
     async def chat_completions(self) -> Response:
@@ -89,12 +103,27 @@ class OpenAIViews:
 
         text, prompt_ids = await self.runtime.render_chat(body.template_input(),
                                                           body.add_generation_prompt)
+        self.refuse_unused_field(body)
         generation = body.generation_request(text, self.limits, prompt_ids,
                                              ttft_deadline=self.deadline_of(timer, body))
         with refused_constraint(body):
             prepared = await self.runtime.prepare(owned_request(generation), None)
-        return await self.answer(prepared, timer, body, model, CHAT,
-                                 tools=body.tool_use() is not None)
+        tools = body.tool_use() is not None
+        if body.choices > 1:
+            return await self.answer_choices(choices_prepared(prepared, generation, body.choices),
+                                             timer, body, model, CHAT, tools=tools)
+        return await self.answer(prepared, timer, body, model, CHAT, tools=tools)
+
+    def refuse_unused_field(self, body: ChatBody) -> None:
+        """``reasoning_effort`` is accepted, and changes nothing, where the model's chat
+        template has no use for it (as vLLM does); a template that reads it would be
+        rendered without it, so there it is refused (400 naming it). Sync."""
+        engine = self.runtime.engine
+        if (body.reasoning_effort is not None and engine is not None
+                and engine.chat_template_uses("reasoning_effort")):
+            raise OpenAIError(ApiError(
+                ErrorType.INVALID_REQUEST, "this model's chat template reads reasoning_effort, "
+                "which this server does not pass to it"), param="reasoning_effort")
 
     async def answer(self, prepared: Prepared, timer: RequestTimer, body: OpenAIBody,
                      model: str, shape: ChoiceShape, *, tools: bool = False) -> Response:
@@ -119,18 +148,56 @@ class OpenAIViews:
             text, tokens, finish = await collect(stream, timer)
         answer = whole_answer(shape, stream.request_id, model, text, finish, tokens)
         if tools:
-            choice = answer["choices"][0]
-            choice["message"], called = tool_message(stream.request_id, text)
-            choice["logprobs"] = None
-            if called and choice["finish_reason"] != "length":
-                choice["finish_reason"] = "tool_calls"
+            with_tool_calls(answer["choices"][0], stream.request_id, text)
         return json_response(answer, headers={"X-Request-ID": stream.request_id})
+
+    async def answer_choices(self, prepared: list[Prepared], timer: RequestTimer,
+                             body: OpenAIBody, model: str, shape: ChoiceShape, *,
+                             tools: bool = False) -> Response:
+        """``answer`` for several choices (``choices.py``): a stream each, opened back to
+        back (the prefix cache serves the prompt to all but the first), read as one.
+
+        Cancellation: as ``answer``; the connection closes every stream."""
+        streams = open_choices(self.runtime, prepared, timer)
+        source = ChoicesSource(streams)
+        first = streams[0].request_id
+        if body.is_streaming:
+            chunks = OpenAIChunks(shape, first, model, error_envelope=openai_error_envelope,
+                                  include_usage=body.include_usage, tools=tools,
+                                  choices=[s.request_id for s in streams])
+            return sse_response(EventStreamBody[ChoiceItem](source, chunks,
+                                                keepalive_s=self.runtime.settings.keepalive_s,
+                                                timer=timer), first)
+        with source:
+            results = await collect_choices(source, timer)
+        choices = []
+        for index, (text, tokens, finish) in enumerate(results):
+            choice = whole_answer(shape, first, model, text, finish, tokens)["choices"][0]
+            choice["index"] = index
+            if tools:
+                with_tool_calls(choice, streams[index].request_id, text)
+            choices.append(choice)
+        text, tokens, finish = results[0]
+        answer = whole_answer(shape, first, model, text, finish, tokens)
+        answer["choices"] = choices
+        answer["usage"] = choices_usage([finish for _, _, finish in results])
+        return json_response(answer, headers={"X-Request-ID": first})
 
     async def refuse(self, exc: Exception) -> Response:
         """Every error of these routes, in OpenAI's shape. Cancellation: no checkpoint."""
         error = openai_error_for(exc)
         self.metrics.refused(error)
         return error_response(error)
+
+
+def with_tool_calls(choice: dict[str, Any], request_id: str, text: str) -> None:
+    """A chat choice whose answer is in the generic tool format, as OpenAI's message:
+    its tool calls, and ``tool_calls`` as its finish reason if it made any (and was not
+    cut short)."""
+    choice["message"], called = tool_message(request_id, text)
+    choice["logprobs"] = None
+    if called and choice["finish_reason"] != "length":
+        choice["finish_reason"] = "tool_calls"
 
 
 @contextmanager

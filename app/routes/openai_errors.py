@@ -19,6 +19,8 @@ from typing import Any
 
 import pydantic
 
+from engine import InvalidRequest
+
 from ..error_handlers import api_error_for
 from ..errors import STATUS, ApiError, ErrorType
 
@@ -89,7 +91,8 @@ def openai_error_for(exc: BaseException) -> OpenAIError:
     """The OpenAI-shaped answer to ``exc`` (``api_error_for`` chooses its type)."""
     if isinstance(exc, OpenAIError):
         return exc
-    param = _param(exc) if isinstance(exc, pydantic.ValidationError) else None
+    param = (_param(exc) if isinstance(exc, pydantic.ValidationError)
+             else getattr(exc, "param", None) if isinstance(exc, InvalidRequest) else None)
     return OpenAIError(api_error_for(exc), param=param)
 
 

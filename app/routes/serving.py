@@ -6,6 +6,7 @@
 * ``submitted``: a stream just opened (``Runtime.open``) and owned by the request's
   connection (``app.edge.connection``, its closer; ``docs/cancellation.md`` tells the
   disconnect path) starts its metrics timer, which the connection closes too.
+* ``open_choices``: the same for the several streams of one request (OpenAI's ``n``).
 * ``ttft_deadline``: when a request's first token is due.
 * ``sse_response``: every ``text/event-stream`` answer, with its headers and no
   response timeout.
@@ -103,6 +104,23 @@ def open_owned(runtime: Runtime, prepared: Prepared, timer: RequestTimer) -> Tok
     timer.submitted(stream.prompt_tokens)
     own(request.scope, timer)
     return stream
+
+
+def open_choices(runtime: Runtime, prepared: list[Prepared], timer: RequestTimer
+                 ) -> list[TokenStream]:
+    """``open_owned`` for the choices of one request (``choices.py``): each stream given
+    to the connection as it opens, the timer once. Sync, never a checkpoint.
+
+    Raises: what ``Runtime.open`` raises; the streams opened before are the connection's,
+    which closes them."""
+    streams = []
+    for one in prepared:
+        stream = runtime.open(one)
+        own(request.scope, stream)
+        streams.append(stream)
+    timer.submitted(streams[0].prompt_tokens)
+    own(request.scope, timer)
+    return streams
 
 
 def sse_response(

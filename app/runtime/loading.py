@@ -35,6 +35,7 @@ class ServingEngine(streams.StepEngine, Protocol):
     def render_chat(
         self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
     ) -> tuple[str, list[int]]: ...
+    def chat_template_uses(self, name: str) -> bool: ...
 
 
 MakeEngine = Callable[[Settings], ServingEngine]

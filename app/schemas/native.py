@@ -35,6 +35,7 @@ from .limits import (
     limits_of,
     salt_bytes,
 )
+from .penalties import LogitBias, Penalty, RepetitionPenalty, bias_pairs
 
 _HOW = "validate a GenerateBody with parse_generate_body(raw, limits)"
 
@@ -42,10 +43,12 @@ _HOW = "validate a GenerateBody with parse_generate_body(raw, limits)"
 class GenerateBody(BaseModel):
     """``{"prompt", "max_new_tokens", "stop", "temperature", "top_p", "top_k", "seed",
     "ignore_eos", "logprobs", "top_logprobs", "policy", "resumable", "deadline_ms",
-    "cache_salt", "constraint"}``; only ``prompt`` is required. With ``logprobs`` every
+    "cache_salt", "constraint", "repetition_penalty", "presence_penalty",
+    "frequency_penalty", "logit_bias"}``; only ``prompt`` is required. With ``logprobs`` every
     ``token`` event carries the token's log-probability, and the likeliest
     ``top_logprobs`` (0 to 20) tokens'. ``constraint``: the form the output must take
-    (``constraint.py``).
+    (``constraint.py``). The penalties and ``logit_bias`` (``penalties.py``): vLLM's
+    ``repetition_penalty`` (> 0, 1 changes nothing), and OpenAI's others.
 
     Validate with ``parse_generate_body`` (the limits are its context).
     """
@@ -67,6 +70,11 @@ class GenerateBody(BaseModel):
     deadline_ms: DeadlineMs | None = None  # None: the server's default
     cache_salt: CacheSalt | None = None  # splits the key's prefix cache (docs/security.md)
     constraint: ConstraintBody | None = None  # the output's form: see constraint.py
+    # The logits' changes (penalties.py): vLLM's repetition_penalty, OpenAI's others.
+    repetition_penalty: RepetitionPenalty = 1.0
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    logit_bias: LogitBias | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -127,6 +135,10 @@ class GenerateBody(BaseModel):
                 ignore_eos=self.ignore_eos,
                 logprobs=self.logprobs,
                 top_logprobs=self.top_logprobs,
+                presence_penalty=self.presence_penalty,
+                frequency_penalty=self.frequency_penalty,
+                repetition_penalty=self.repetition_penalty,
+                logit_bias=bias_pairs(self.logit_bias),
             ),
             ttft_deadline=ttft_deadline,
             cache_namespace=salt_bytes(self.cache_salt),

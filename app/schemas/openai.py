@@ -7,15 +7,19 @@ Three kinds of field:
 * honoured: ``model``, ``max_tokens`` (chat also ``max_completion_tokens``, which wins),
   ``temperature``, ``top_p``, ``stop``, ``seed``, ``stream``,
   ``stream_options.include_usage``, and the extensions vLLM accepts ``ignore_eos`` and
-  ``top_k`` (``-1`` or ``0``: no cut), and streamscope's ``deadline_ms`` (a TTFT deadline,
+  ``top_k`` (``-1`` or ``0``: no cut), ``frequency_penalty``, ``presence_penalty``,
+  ``logit_bias`` and vLLM's ``repetition_penalty`` (``penalties.py``), ``n`` (1 to
+  ``MAX_CHOICES``: several choices, ``app/routes/choices.py``), and streamscope's
+  ``deadline_ms`` (a TTFT deadline,
   as on ``/v1/stream``); chat also ``messages``, ``add_generation_prompt``, ``logprobs``
-  (a boolean) and ``top_logprobs`` (0 to 20, with ``logprobs``); completions also
+  (a boolean), ``top_logprobs`` (0 to 20, with ``logprobs``) and ``reasoning_effort``
+  (ignored: refused by the route for a template that would use it); completions also
   ``logprobs`` (0 to 5: the chosen token's and that many likeliest tokens'); both
   ``response_format``, and chat ``tools``, ``tool_choice``, ``parallel_tool_calls`` and
   tool turns (``openai_tools.py``, ``openai_messages.py``), which constrain the answer
   (``tools.py``);
 * unsupported (``UNSUPPORTED``, in ``unsupported.py``): accepted at their neutral value
-  (``n: 1``, ``frequency_penalty: 0``, ``logit_bias: {}``, null, ...), refused otherwise
+  (``best_of: 1``, ``echo: false``, null, ...), refused otherwise
   with a 400 whose ``param`` names the field. ``min_tokens`` is one: the engine has no
   minimum length (it would need the end-of-sequence token masked until then);
 * any other field is ignored, as OpenAI's clients send many (``user``, ``metadata``).
@@ -29,7 +33,7 @@ and the server's limits are the native body's (``limits.py``).
 from __future__ import annotations
 
 import uuid
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
@@ -64,6 +68,7 @@ from .openai_tools import (
     check_tool_choice,
     openai_tool_use,
 )
+from .penalties import LogitBias, Penalty, RepetitionPenalty, bias_pairs
 from .tools import ToolUse, output_constraint, system_text, with_system_text
 from .unsupported import (
     CHAT_UNSUPPORTED,
@@ -74,6 +79,9 @@ from .unsupported import (
 
 OPENAI_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for completions
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions' logprobs
+# The most choices (``n``) one request may ask for: each is a sequence of its own, in the
+# batch and the cache (vLLM bounds it by its batch; 8 keeps one request from filling ours).
+MAX_CHOICES = 8
 
 _HOW = "validate an OpenAI body with the request limits as its context"
 
@@ -106,11 +114,13 @@ class OpenAIBody(BaseModel):
     # The answer's form (openai_tools.py): JSON, or a document of a schema.
     response_format: ResponseFormat | None = None
     # Unsupported: see UNSUPPORTED; checked by the subclasses' _neutral.
-    n: Any = None
-    frequency_penalty: Any = None
-    presence_penalty: Any = None
-    repetition_penalty: Any = None
-    logit_bias: Any = None
+    # The logits' changes (penalties.py, engine.penalties): OpenAI's, and vLLM's
+    # repetition_penalty.
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None  # vLLM
+    logit_bias: LogitBias | None = None
+    n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)  # choices: routes/choices.py
     min_tokens: Any = None
     best_of: Any = None
 
@@ -140,6 +150,11 @@ class OpenAIBody(BaseModel):
     def constraint(self) -> Constraint | None:
         """The engine's constraint on the answer, or None for free text."""
         return None if self.response_format is None else self.response_format.constraint()
+
+    @property
+    def choices(self) -> int:
+        """How many choices (``n``), each a stream of its own."""
+        return self.n or 1
 
     @property
     def include_usage(self) -> bool:
@@ -173,6 +188,11 @@ class OpenAIBody(BaseModel):
                 ignore_eos=bool(self.ignore_eos),
                 logprobs=logprobs,
                 top_logprobs=top_logprobs,
+                presence_penalty=self.presence_penalty or 0.0,
+                frequency_penalty=self.frequency_penalty or 0.0,
+                repetition_penalty=(1.0 if self.repetition_penalty is None
+                                    else self.repetition_penalty),
+                logit_bias=bias_pairs(self.logit_bias),
             ),
             prompt_token_ids=prompt_ids,
             ttft_deadline=ttft_deadline,
@@ -221,7 +241,9 @@ class ChatBody(OpenAIBody):
     modalities: Any = None
     audio: Any = None
     prediction: Any = None
-    reasoning_effort: Any = None
+    # Accepted where the model's chat template has no use for it (it changes nothing
+    # there, as vLLM has it); the route refuses it for a template that reads it.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     web_search_options: Any = None
     store: Any = None
 

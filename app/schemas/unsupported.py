@@ -1,7 +1,7 @@
 """The OpenAI fields this server does not implement, and the check that refuses them.
 
 A client (the SDK, LangChain, ...) often sends such a field at the value that asks for
-nothing (``n: 1``, ``frequency_penalty: 0``, ``logit_bias: {}``, null); that is accepted,
+nothing (``best_of: 1``, ``echo: false``, ``min_tokens: 0``, null); that is accepted,
 so ordinary clients work. Any other value is refused with a 400 whose ``param`` names
 the field, since silently ignoring it would return something the client did not ask for.
 """
@@ -17,11 +17,6 @@ from pydantic_core import PydanticCustomError
 # Fields we do not implement, with the values that ask for nothing (null is always
 # neutral). Per OpenAI's API reference (and vLLM's extensions where named).
 COMMON_UNSUPPORTED: dict[str, tuple[object, ...]] = {
-    "n": (1,),
-    "frequency_penalty": (0,),
-    "presence_penalty": (0,),
-    "repetition_penalty": (1,),  # vLLM
-    "logit_bias": ({},),
     "min_tokens": (0,),  # vLLM; the engine has no minimum length
     "best_of": (1,),
 }
@@ -37,7 +32,6 @@ CHAT_UNSUPPORTED = {
     "modalities": (["text"],),
     "audio": (),
     "prediction": (),
-    "reasoning_effort": (),
     "web_search_options": (),
     "store": (False,),
 }

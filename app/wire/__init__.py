@@ -23,8 +23,10 @@ from .native import start_event as start_event
 from .native import token_event as token_event
 from .native import usage_data as usage_data
 from .openai_chunks import DONE as DONE
+from .openai_chunks import ChoiceFinish as ChoiceFinish
 from .openai_chunks import ErrorEnvelope as ErrorEnvelope
 from .openai_chunks import OpenAIChunks as OpenAIChunks
+from .openai_chunks import choices_usage as choices_usage
 from .openai_shapes import CHAT as CHAT
 from .openai_shapes import COMPLETION as COMPLETION
 from .openai_shapes import FINISH_REASONS as FINISH_REASONS
@@ -53,6 +55,7 @@ __all__ = [
     "TAKEN_OVER_EVENT",
     "AnthropicEvents",
     "ChatShape",
+    "ChoiceFinish",
     "ChoiceShape",
     "CompletionShape",
     "Encoder",
@@ -62,6 +65,7 @@ __all__ = [
     "ResumableEvents",
     "ScopeEvents",
     "SharedFrames",
+    "choices_usage",
     "encode_json_event",
     "error_data",
     "event_without_id",

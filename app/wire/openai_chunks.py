@@ -11,6 +11,12 @@ the whole answer has them (``openai_shapes.py``). A chat answer with tools is in
 generic tool format: its chunks are the tool-call or content deltas of ``ToolDeltas``
 (``openai_tools.py``).
 
+Several choices (``n``): each is a stream of its own (its own request id), and its
+chunks carry its ``index``; chat opens with a role chunk per choice; a choice that ends
+while others go on comes as a ``ChoiceFinish`` (its last chunk, no ``[DONE]``), and the
+last one to end as its ``FinishEvent``: then the usage chunk (the prompt once, the
+completions' tokens summed) and ``[DONE]``, as OpenAI and vLLM send them.
+
 A failure after the first byte is ``data: {"error": {...}}`` then ``data: [DONE]``, as
 vLLM sends it; the SDK raises it as ``APIError``. Its object is OpenAI's error envelope,
 which depends on the status table of the error answers; the routes own that table, so
@@ -21,7 +27,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine import FinishEvent, TokenEvent
@@ -40,6 +47,24 @@ DONE = encode_event("[DONE]")
 ErrorEnvelope = Callable[[ErrorType, str], Mapping[str, Any]]
 
 
+@dataclass(frozen=True, slots=True)
+class ChoiceFinish:
+    """One choice of several ended while others go on: its finish, not the stream's end
+    (the source of several choices, ``app.routes.choices``, gives it)."""
+
+    finish: FinishEvent
+
+
+def choices_usage(finishes: Sequence[FinishEvent]) -> dict[str, Any]:
+    """The usage of several choices of one prompt: the prompt (and what of it was found
+    cached) counted once, as the first choice's, the completions' tokens summed."""
+    first = usage(finishes[0])
+    completion = sum(f.completion_tokens for f in finishes)
+    first["completion_tokens"] = completion
+    first["total_tokens"] = first["prompt_tokens"] + completion
+    return first
+
+
 class OpenAIChunks:
     """One stream's chunks (the module docstring).
 
@@ -51,6 +76,8 @@ class OpenAIChunks:
         include_usage: ``stream_options.include_usage``.
         created: every chunk's ``created``; None for now (the Unix time, whole seconds).
         tools: the answer is in the generic tool format (chat only).
+        choices: the request ids of several choices, in ``index`` order (the first is
+            ``request_id``); None for one.
     """
 
     def __init__(
@@ -63,6 +90,7 @@ class OpenAIChunks:
         include_usage: bool = False,
         created: int | None = None,
         tools: bool = False,
+        choices: Sequence[str] | None = None,
     ) -> None:
         self.shape = shape
         self.request_id = request_id
@@ -71,15 +99,21 @@ class OpenAIChunks:
         self.include_usage = include_usage
         # Invariant: one id and created per stream
         self.created = int(time.time()) if created is None else created
-        self._chars = 0  # of the text sent so far: completions' text_offset
-        self._tools = ToolDeltas(request_id) if tools else None
+        ids = list(choices or [request_id])
+        self._index = {rid: index for index, rid in enumerate(ids)}
+        self._chars = [0] * len(ids)  # of each choice's text sent so far: text_offset
+        self._tools = [ToolDeltas(rid) for rid in ids] if tools else None
+        self._finishes: list[FinishEvent] = []  # the choices ended so far
 
     def opening(self) -> bytes:
-        """The shape's first chunk (chat's role), or b"" for none."""
+        """The shape's first chunk (chat's role) for each choice, or b"" for none."""
         choice = self.shape.first_choice()
-        return b"" if choice is None else self._chunk([choice])
+        if choice is None:
+            return b""
+        return b"".join(self._chunk([{**choice, "index": index}])
+                        for index in range(len(self._chars)))
 
-    def encode(self, items: list[StreamItem]) -> bytes:
+    def encode(self, items: Sequence[StreamItem | ChoiceFinish]) -> bytes:
         """Each item its own chunk; a finish or an error ends with ``[DONE]``."""
         return b"".join(self._encode(item) for item in items)
 
@@ -95,29 +129,37 @@ class OpenAIChunks:
     def keepalive(self) -> bytes:
         return KEEPALIVE_COMMENT
 
-    def _encode(self, item: StreamItem) -> bytes:
-        if self._tools is not None and isinstance(item, TokenEvent | FinishEvent):
-            return self._encode_tools(self._tools, item)
+    def _encode(self, item: StreamItem | ChoiceFinish) -> bytes:
+        if isinstance(item, ChoiceFinish):
+            self._finishes.append(item.finish)
+            return self._last_chunk(item.finish)
         if isinstance(item, TokenEvent):
-            logprobs = None if item.logprobs is None else self.shape.logprobs([item], self._chars)
-            self._chars += len(item.text)
-            return self._chunk([self.shape.delta_choice(item.text, logprobs)])
+            index = self._index[item.request_id]
+            if self._tools is not None:
+                return b"".join(self._chunk([_choice(index, d, None)])
+                                for d in self._tools[index].feed(item.text))
+            logprobs = (None if item.logprobs is None
+                        else self.shape.logprobs([item], self._chars[index]))
+            self._chars[index] += len(item.text)
+            return self._chunk([{**self.shape.delta_choice(item.text, logprobs),
+                                 "index": index}])
         if isinstance(item, FinishEvent):
-            last = self._chunk([self.shape.last_choice(FINISH_REASONS[item.reason])])
+            self._finishes.append(item)
+            last = self._last_chunk(item)
             if self.include_usage:
-                last += self._chunk([], usage=usage(item))
+                last += self._chunk([], usage=choices_usage(self._finishes))
             return last + DONE
         return self.error(item.type, item.message)  # a StreamError
 
-    def _encode_tools(self, tools: ToolDeltas, item: TokenEvent | FinishEvent) -> bytes:
-        if isinstance(item, TokenEvent):
-            return b"".join(self._chunk([_choice(d, None)]) for d in tools.feed(item.text))
-        ended = b"".join(self._chunk([_choice(d, None)]) for d in tools.end())
-        reason = tools.finish_reason(item, FINISH_REASONS[item.reason])
-        last = ended + self._chunk([_choice({}, reason)])
-        if self.include_usage:
-            last += self._chunk([], usage=usage(item))
-        return last + DONE
+    def _last_chunk(self, finish: FinishEvent) -> bytes:
+        """A choice's last chunk: its finish reason (after its tool calls' last deltas)."""
+        index = self._index[finish.request_id]
+        reason = FINISH_REASONS[finish.reason]
+        if self._tools is None:
+            return self._chunk([{**self.shape.last_choice(reason), "index": index}])
+        tools = self._tools[index]
+        ended = b"".join(self._chunk([_choice(index, d, None)]) for d in tools.end())
+        return ended + self._chunk([_choice(index, {}, tools.finish_reason(finish, reason))])
 
     def _chunk(
         self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None
@@ -134,8 +176,8 @@ class OpenAIChunks:
         return _data(chunk)
 
 
-def _choice(delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
-    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+def _choice(index: int, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
 
 
 def _data(payload: Mapping[str, Any]) -> bytes:

@@ -4,7 +4,8 @@ replica can continue the stream identically if this one dies.
 ``spec_of`` writes the request as a request body, the JSON that ``POST /v1/stream``
 takes (the prompt's text, max_new_tokens, stop, the sampling fields with the seed of a
 sampled request, chosen by ``with_seed`` when the client gave none so that even an
-unseeded stream continues identically, the policy's name, and the constraint: the
+unseeded stream continues identically, its penalties and logit bias if any, the
+policy's name, and the constraint: the
 rebuilt stream's matcher replays the tokens it made), so that the replica that
 takes the stream over validates it with the very function that validates an HTTP body
 (the app's ``parse_generate_body``: every limit, the policy's allow-list) and encodes its
@@ -44,7 +45,7 @@ def with_seed(request: GenerationRequest) -> GenerationRequest:
 def spec_of(request: GenerationRequest, policy: PolicyName | None) -> bytes:
     """What a rebuild needs, as a request body: the request's fields with its seed."""
     s = request.sampling
-    return json.dumps({
+    return json.dumps(_penalties(request) | {
         "prompt": request.prompt,
         "max_new_tokens": request.max_new_tokens,
         "stop": list(request.stop),
@@ -55,6 +56,22 @@ def spec_of(request: GenerationRequest, policy: PolicyName | None) -> bytes:
         "cache_namespace": request.cache_namespace.hex(),
         "constraint": None if request.constraint is None else _constraint(request.constraint),
     }, separators=(",", ":")).encode()
+
+
+def _penalties(request: GenerationRequest) -> dict[str, Any]:
+    """The body's penalties and ``logit_bias`` where the request has them (a request
+    without them writes the spec it always did)."""
+    s = request.sampling
+    fields: dict[str, Any] = {}
+    if s.repetition_penalty != 1.0:
+        fields["repetition_penalty"] = s.repetition_penalty
+    if s.presence_penalty:
+        fields["presence_penalty"] = s.presence_penalty
+    if s.frequency_penalty:
+        fields["frequency_penalty"] = s.frequency_penalty
+    if s.logit_bias:
+        fields["logit_bias"] = {str(token): bias for token, bias in s.logit_bias}
+    return fields
 
 
 def spec_parts(spec: bytes) -> tuple[bytes, bytes]:
