@@ -246,11 +246,11 @@ def _spawn_redis(port: int, log_dir: Path) -> subprocess.Popen[bytes]:
         start_new_session=True)
 
 
-def _spawn_haproxy(port: int, replicas: list[Replica], admin: Path,
-                   log_dir: Path) -> subprocess.Popen[bytes]:
-    """deploy/haproxy.cfg as it is, its servers ``a``, ``b``, ... the replicas in order
-    (one replica: ``a`` and ``b``, which the config requires, both name it, so HAProxy
-    balances over one process)."""
+def _spawn_haproxy(port: int, replicas: list[Replica], admin: Path, log_dir: Path,
+                   config: Path = HAPROXY_CFG) -> subprocess.Popen[bytes]:
+    """``config`` (deploy/haproxy.cfg as it is, by default), its servers ``a``, ``b``, ...
+    the replicas in order (one replica: ``a`` and ``b``, which the config requires, both
+    name it, so HAProxy balances over one process)."""
     extra = log_dir / "haproxy-admin.cfg"
     extra.write_text(f"global\n    stats socket {admin} mode 600 level admin\n")
     addresses = [f"127.0.0.1:{replica.port}" for replica in replicas]
@@ -260,7 +260,7 @@ def _spawn_haproxy(port: int, replicas: list[Replica], admin: Path,
            **{f"STREAMSCOPE_LB_REPLICA_{letter}": address
               for letter, address in zip(REPLICA_LETTERS, addresses, strict=False)}}
     return subprocess.Popen(
-        [binary("haproxy", "haproxy"), "-db", "-f", str(HAPROXY_CFG), "-f", str(extra)],
+        [binary("haproxy", "haproxy"), "-db", "-f", str(config), "-f", str(extra)],
         env=env, stdout=(log_dir / "haproxy.log").open("wb"), stderr=subprocess.STDOUT,
         start_new_session=True)
 
@@ -289,11 +289,13 @@ async def open_cluster(
     log_dir: Path,
     settings: Mapping[str, object] | None = None,
     env: Mapping[str, str] | None = None,
+    haproxy_cfg: Path = HAPROXY_CFG,
 ) -> AsyncIterator[Cluster]:
     """Redis, ``replicas`` (1 to 8) servers and HAProxy, all ready; killed on the way out.
 
     ``settings`` become ``STREAMSCOPE_<NAME>`` for every replica (besides the resume
-    store); ``env`` adds other variables (``OMP_NUM_THREADS``).
+    store); ``env`` adds other variables (``OMP_NUM_THREADS``); ``haproxy_cfg`` is the
+    proxy's config (``tools.fleetbench`` compares the shipped one with a variant).
     """
     if not 1 <= replicas <= len(REPLICA_LETTERS):
         raise ValueError(f"deploy/haproxy.cfg names up to {len(REPLICA_LETTERS)} servers")
@@ -307,7 +309,7 @@ async def open_cluster(
     for name, value in (settings or {}).items():
         base_env["STREAMSCOPE_" + name.upper()] = str(value)
     servers = [Replica(name, free_port(), dict(base_env), log_dir / f"replica-{name}.log")
-               for name in "ab"[:replicas]]
+               for name in REPLICA_LETTERS.lower()[:replicas]]
     admin = log_dir / "haproxy.sock"
     admin.unlink(missing_ok=True)  # a previous run's: HAProxy makes its own
     processes: list[subprocess.Popen[bytes]] = []
@@ -317,13 +319,13 @@ async def open_cluster(
         async with trio.open_nursery() as nursery:
             for server in servers:
                 nursery.start_soon(server.start)
-        processes.append(_spawn_haproxy(lb_port, servers, admin, log_dir))
+        processes.append(_spawn_haproxy(lb_port, servers, admin, log_dir, haproxy_cfg))
         cluster = Cluster(f"http://127.0.0.1:{lb_port}", redis_url, servers, admin)
         with trio.fail_after(START_TIMEOUT_S):
             while not admin.exists():  # noqa: ASYNC110 (a file appears)
                 await trio.sleep(POLL_S)
-        for name in ("a", "b"):
-            await cluster.wait_in_pool(name)
+        for server in servers:
+            await cluster.wait_in_pool(server.name)
         yield cluster
     finally:
         for server in servers:
