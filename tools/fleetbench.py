@@ -2,10 +2,11 @@
 
 ``python -m tools.fleetbench [--replicas 3] [--conversations 12] [--turns 4]
 [--concurrency 6] [--json FILE]`` starts a Redis, ``--replicas`` ``streamscope serve``
-processes (the embedded model unless ``--model``) and HAProxy (``tools.cluster``), twice:
-once with a copy of ``deploy/haproxy.cfg`` whose affinity rules are cut out (every
-request by least connections, the config as it was before conversation affinity), once
-with the config as shipped. Each time it runs the same conversations through the
+processes (the embedded model unless ``--model``) and HAProxy (``tools.cluster``), three
+times: with a copy of ``deploy/haproxy.cfg`` whose affinity rules are cut out (every
+request by least connections, the config as it was before conversation affinity); with
+the config as shipped; and with the config as shipped and a replica killed. Each time
+it runs the same conversations through the
 official openai SDK, half chat completions carrying ``prompt_cache_key``, half Responses
 chained by ``previous_response_id``, ``--concurrency`` at once, every request on a new
 connection (a shared pool without keep-alive, as many clients behind a NAT or a
@@ -14,9 +15,10 @@ serverless function are: nothing but the key can keep a conversation in place).
 Each conversation opens with long instructions of its own (about 500 tokens: an agent's
 system prompt), sent again at every turn. Each turn is streamed: its TTFT (request to
 first text), its prompt and cached prompt tokens (the usage the server reports), and the
-replica that answered (``Streamscope-Replica``). With affinity, after half the turns, one
-replica is killed (SIGKILL) between turns: its conversations' later turns must each land
-on one other replica, miss the cache once there, and hit it again from the turn after.
+replica that answered (``Streamscope-Replica``). In the third run, after half the turns,
+the replica that served most is killed (SIGKILL) between turns: its conversations' later
+turns must each land on one other replica, miss the cache once there, and hit it again
+from the turn after.
 
 Writes, per configuration: cached / prompt tokens over turns 2 and later, TTFT p50 and
 p99 per turn number and over turns 2 and later, each replica's share of requests and
@@ -260,13 +262,15 @@ def moved(turns: list[Turn], victim: str) -> dict[str, Any]:
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="fleetbench-") as tmp:
         directory = Path(tmp)
-        least = await run_once(least_connections_cfg(directory), args, directory / "least", False)
-        affinity = await run_once(HAPROXY_CFG, args, directory / "affinity", True)
+        least = await run_once(least_connections_cfg(directory), args, directory / "least",
+                               False)
+        affinity = await run_once(HAPROXY_CFG, args, directory / "affinity", False)
+        killed = await run_once(HAPROXY_CFG, args, directory / "killed", True)
     keys = ("cached_over_prompt_turn2plus",)
     return {
         "command": "python -m tools.fleetbench " + " ".join(args.argv),
         "replicas": args.replicas, "conversations": args.conversations, "turns": args.turns,
-        "least_connections": least, "affinity": affinity,
+        "least_connections": least, "affinity": affinity, "affinity_replica_killed": killed,
         "ratios": {
             "ttft_p50_turn2plus_least_over_affinity": _ratio(
                 least["ttft_ms_turn2plus"]["p50"], affinity["ttft_ms_turn2plus"]["p50"]),
@@ -304,6 +308,6 @@ if __name__ == "__main__":
     if arguments.json:
         arguments.json.write_text(text)
     print(json.dumps({k: result[k] for k in ("ratios",)}, indent=2))
-    for name in ("least_connections", "affinity"):
+    for name in ("least_connections", "affinity", "affinity_replica_killed"):
         print(name, json.dumps({k: v for k, v in result[name].items() if k != "turns"},
                                default=str))
