@@ -7,6 +7,8 @@ and the lab call it with theirs, tests with their own settings and engine.
 
 from __future__ import annotations
 
+from pathlib import PurePath
+
 import streams
 
 from .auth import register_auth
@@ -72,7 +74,8 @@ def create_app(
     runtime = Runtime(settings, make_engine or load_engine_from_settings, run_step=run_step)
     app.runtime = runtime
     app.metrics = metrics = Metrics(runtime.statistics,
-                                    tenant_series=settings.metrics_token is not None)
+                                    tenant_series=settings.metrics_token is not None,
+                                    model_name=PurePath(settings.model).name)
     register_host_check(app, settings)  # keyless: local Host names only (DNS rebinding)
     register_auth(app, settings, runtime.shares)  # before any view reads a body
     register_error_handlers(app, on_refusal=metrics.refused)

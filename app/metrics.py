@@ -7,9 +7,10 @@ handlers and connection report to it through plain calls (``RequestTimer``,
 
 Names follow vLLM's and SGLang's (``vllm:time_to_first_token_seconds`` becomes
 ``streamscope_time_to_first_token_seconds``): a ``streamscope_`` prefix, base units,
-``_total`` on counters, and vLLM's bucket bounds. Each app has its own
-``CollectorRegistry``, never the process-wide default, so several apps in one process
-(the tests) do not collide. Times come from ``time.monotonic()``.
+``_total`` on counters, and vLLM's bucket bounds; where the meaning is the same, the
+series is also served under vLLM's own name (``metrics_vllm``), which gateways read.
+Each app has its own ``CollectorRegistry``, never the process-wide default, so several
+apps in one process (the tests) do not collide. Times come from ``time.monotonic()``.
 
 What each request metric measures (every time is taken in the Trio thread):
 
@@ -63,6 +64,7 @@ from engine import FinishEvent, TokenEvent
 from streams import StreamItem
 
 from .errors import ApiError
+from .metrics_vllm import VllmNames
 
 CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 
@@ -89,10 +91,12 @@ class Metrics:
         statistics: ``Runtime.statistics``; read at every scrape for the gauges.
         tenant_series: whether the exposition has ``TENANT_SERIES`` (only when a
             scrape needs a credential, ``STREAMSCOPE_METRICS_TOKEN``).
+        model_name: the served model's name: the ``model_name`` label of the series
+            also served under vLLM's names (``metrics_vllm``).
     """
 
     def __init__(self, statistics: Callable[[], Mapping[str, Any]], *,
-                 tenant_series: bool = False) -> None:
+                 tenant_series: bool = False, model_name: str = "streamscope") -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.time_to_first_token = Histogram(
@@ -131,7 +135,12 @@ class Metrics:
         self.disconnects = Counter(
             "streamscope_client_disconnects",
             "Clients that left before their response was complete.", registry=r)
-        r.register(RuntimeCollector(statistics, tenant_series))
+        runtime = RuntimeCollector(statistics, tenant_series)
+        r.register(runtime)
+        r.register(VllmNames([self.time_to_first_token, self.queue_time,
+                              self.inter_token_latency, self.e2e_latency, self.prompt_tokens,
+                              self.generation_tokens, self.requests_finished, runtime],
+                             model_name))
 
     def start_request(self) -> RequestTimer:
         """A timer for one request, started now (call it first thing in the route)."""

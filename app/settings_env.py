@@ -20,6 +20,11 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, EnvSettingsSource
 
 ENV_PREFIX = "STREAMSCOPE_"
+# The shipped proxy configs' variables (deploy/haproxy.cfg: STREAMSCOPE_LB_BIND,
+# STREAMSCOPE_LB_REPLICA_A, ...): an operator exports them in the shell that starts the
+# replicas too, so a replica ignores them rather than refusing to start. No setting of
+# the server's own may begin so (tests/test_affinity.py checks).
+PROXY_PREFIX = "STREAMSCOPE_LB_"
 PositiveInt = Annotated[int, Field(ge=1)]
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Milliseconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -64,7 +69,8 @@ def read_environ(model: type[Model], environ: Mapping[str, str]) -> Model:
     found = [
         f"{name} is not a setting (known: {', '.join(sorted(known))})"
         for name in sorted(environ)
-        if name.startswith(ENV_PREFIX) and name not in known
+        if name.startswith(ENV_PREFIX) and not name.startswith(PROXY_PREFIX)
+        and name not in known
     ]
     try:
         settings = model(**_EnvironSource(model, environ)())

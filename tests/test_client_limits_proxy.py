@@ -37,7 +37,7 @@ def haproxy_with() -> Iterator[Callable[..., tuple[str, subprocess.Popen[bytes]]
         process = subprocess.Popen(
             [binary("haproxy", "haproxy"), "-db", "-f", os.path.join(DEPLOY, "haproxy.cfg")],
             env={**os.environ, "STREAMSCOPE_LB_BIND": f"127.0.0.1:{port}",
-                 "STREAMSCOPE_REPLICA_A": replica, "STREAMSCOPE_REPLICA_B": replica, **env},
+                 "STREAMSCOPE_LB_REPLICA_A": replica, "STREAMSCOPE_LB_REPLICA_B": replica, **env},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
         processes.append(process)
@@ -64,7 +64,8 @@ async def wait_listening(base_url: str) -> None:
 
 def test_deploy_haproxy_cfg_is_valid_as_shipped() -> None:
     env = {**os.environ, "STREAMSCOPE_LB_BIND": "127.0.0.1:8080",
-           "STREAMSCOPE_REPLICA_A": "127.0.0.1:8001", "STREAMSCOPE_REPLICA_B": "127.0.0.1:8002"}
+           "STREAMSCOPE_LB_REPLICA_A": "127.0.0.1:8001",
+           "STREAMSCOPE_LB_REPLICA_B": "127.0.0.1:8002"}
     done = subprocess.run([binary("haproxy", "haproxy"), "-c", "-f",
                            os.path.join(DEPLOY, "haproxy.cfg")],
                           env=env, capture_output=True, text=True, check=False)

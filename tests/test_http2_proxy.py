@@ -43,8 +43,8 @@ def haproxy_tls(
         port = free_port()
         env = {**os.environ, "STREAMSCOPE_LB_BIND": f"127.0.0.1:{free_port()}",
                "STREAMSCOPE_LB_TLS_BIND": f"127.0.0.1:{port}", "STREAMSCOPE_LB_CERT": str(crt),
-               "STREAMSCOPE_REPLICA_A": f"{a.host}:{a.port}",
-               "STREAMSCOPE_REPLICA_B": f"{b.host}:{b.port}"}
+               "STREAMSCOPE_LB_REPLICA_A": f"{a.host}:{a.port}",
+               "STREAMSCOPE_LB_REPLICA_B": f"{b.host}:{b.port}"}
         processes.append(subprocess.Popen(
             [binary("haproxy", "haproxy"), "-db", "-f", os.path.join(DEPLOY, "haproxy.cfg")],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))

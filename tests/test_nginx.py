@@ -183,6 +183,24 @@ async def test_a_client_that_leaves_through_deploy_nginx_conf_frees_its_stream(
     assert stats.blocks_free == stats.blocks_total
 
 
+async def test_deploy_nginx_conf_keeps_a_session_on_one_replica_and_names_it(
+    start_server: StartServer, nginx: Nginx,
+) -> None:
+    a, b = await start_server(), await start_server()
+    url = await nginx(deploy_conf(), a, b)
+    addresses = {f"{a.host}:{a.port}", f"{b.host}:{b.port}"}
+    async with httpx.AsyncClient(base_url=url, timeout=STREAM_END_S) as client:
+        placed: dict[str, set[str]] = {}
+        for session in [f"session-{n}" for n in range(6)] * 3:
+            response = await client.post("/v1/generate", headers={"x-session-id": session},
+                                         json=stream_body(max_new_tokens=1))
+            assert response.status_code == 200
+            placed.setdefault(session, set()).add(response.headers["streamscope-replica"])
+
+    assert all(len(replicas) == 1 for replicas in placed.values()), placed
+    assert set().union(*placed.values()) <= addresses
+
+
 def test_deploy_nginx_conf_is_valid_as_shipped() -> None:
     nginx_binary = binary("nginx", "nginx")
     done = subprocess.run([nginx_binary, "-t", "-c", os.path.join(DEPLOY, "nginx.conf")],

@@ -132,8 +132,8 @@ def haproxy() -> Iterator[Callable[[RunningServer, RunningServer], str]]:
     def start(a: RunningServer, b: RunningServer) -> str:
         port = free_port()
         env = {**os.environ, "STREAMSCOPE_LB_BIND": f"127.0.0.1:{port}",
-               "STREAMSCOPE_REPLICA_A": f"{a.host}:{a.port}",
-               "STREAMSCOPE_REPLICA_B": f"{b.host}:{b.port}"}
+               "STREAMSCOPE_LB_REPLICA_A": f"{a.host}:{a.port}",
+               "STREAMSCOPE_LB_REPLICA_B": f"{b.host}:{b.port}"}
         process = subprocess.Popen(
             [binary("haproxy", "haproxy"), "-db", "-f", os.path.join(DEPLOY, "haproxy.cfg")],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

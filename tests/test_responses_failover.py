@@ -62,8 +62,8 @@ def balancer() -> Iterator[Any]:
     def start(a: Replica, b: Replica) -> str:
         port = free_port()
         env = {**os.environ, "STREAMSCOPE_LB_BIND": f"127.0.0.1:{port}",
-               "STREAMSCOPE_REPLICA_A": f"127.0.0.1:{a.port}",
-               "STREAMSCOPE_REPLICA_B": f"127.0.0.1:{b.port}"}
+               "STREAMSCOPE_LB_REPLICA_A": f"127.0.0.1:{a.port}",
+               "STREAMSCOPE_LB_REPLICA_B": f"127.0.0.1:{b.port}"}
         processes.append(subprocess.Popen(
             [binary("haproxy", "haproxy"), "-db", "-f", os.path.join(DEPLOY, "haproxy.cfg")],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))

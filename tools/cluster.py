@@ -46,6 +46,8 @@ import trio
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HAPROXY_CFG = REPO_ROOT / "deploy" / "haproxy.cfg"
 POLL_S = 0.05
+# deploy/haproxy.cfg's servers a to h: STREAMSCOPE_LB_REPLICA_A to _H.
+REPLICA_LETTERS = "ABCDEFGH"
 # Importing torch and loading tiny-gpt2 takes about 4 s on an idle 2-core machine;
 # under load, and with another replica loading beside it, several times that.
 START_TIMEOUT_S = 120.0
@@ -244,18 +246,21 @@ def _spawn_redis(port: int, log_dir: Path) -> subprocess.Popen[bytes]:
         start_new_session=True)
 
 
-def _spawn_haproxy(port: int, replicas: list[Replica], admin: Path,
-                   log_dir: Path) -> subprocess.Popen[bytes]:
-    """deploy/haproxy.cfg as it is, its servers ``a`` and ``b`` the first two replicas
-    (one replica: both lines name it, so HAProxy balances over one process)."""
+def _spawn_haproxy(port: int, replicas: list[Replica], admin: Path, log_dir: Path,
+                   config: Path = HAPROXY_CFG) -> subprocess.Popen[bytes]:
+    """``config`` (deploy/haproxy.cfg as it is, by default), its servers ``a``, ``b``, ...
+    the replicas in order (one replica: ``a`` and ``b``, which the config requires, both
+    name it, so HAProxy balances over one process)."""
     extra = log_dir / "haproxy-admin.cfg"
     extra.write_text(f"global\n    stats socket {admin} mode 600 level admin\n")
-    second = replicas[1] if len(replicas) > 1 else replicas[0]
+    addresses = [f"127.0.0.1:{replica.port}" for replica in replicas]
+    if len(addresses) == 1:
+        addresses *= 2
     env = {**os.environ, "STREAMSCOPE_LB_BIND": f"127.0.0.1:{port}",
-           "STREAMSCOPE_REPLICA_A": f"127.0.0.1:{replicas[0].port}",
-           "STREAMSCOPE_REPLICA_B": f"127.0.0.1:{second.port}"}
+           **{f"STREAMSCOPE_LB_REPLICA_{letter}": address
+              for letter, address in zip(REPLICA_LETTERS, addresses, strict=False)}}
     return subprocess.Popen(
-        [binary("haproxy", "haproxy"), "-db", "-f", str(HAPROXY_CFG), "-f", str(extra)],
+        [binary("haproxy", "haproxy"), "-db", "-f", str(config), "-f", str(extra)],
         env=env, stdout=(log_dir / "haproxy.log").open("wb"), stderr=subprocess.STDOUT,
         start_new_session=True)
 
@@ -284,14 +289,16 @@ async def open_cluster(
     log_dir: Path,
     settings: Mapping[str, object] | None = None,
     env: Mapping[str, str] | None = None,
+    haproxy_cfg: Path = HAPROXY_CFG,
 ) -> AsyncIterator[Cluster]:
-    """Redis, ``replicas`` (1 or 2) servers and HAProxy, all ready; killed on the way out.
+    """Redis, ``replicas`` (1 to 8) servers and HAProxy, all ready; killed on the way out.
 
     ``settings`` become ``STREAMSCOPE_<NAME>`` for every replica (besides the resume
-    store); ``env`` adds other variables (``OMP_NUM_THREADS``).
+    store); ``env`` adds other variables (``OMP_NUM_THREADS``); ``haproxy_cfg`` is the
+    proxy's config (``tools.fleetbench`` compares the shipped one with a variant).
     """
-    if replicas not in (1, 2):
-        raise ValueError("deploy/haproxy.cfg names two servers: 1 or 2 replicas")
+    if not 1 <= replicas <= len(REPLICA_LETTERS):
+        raise ValueError(f"deploy/haproxy.cfg names up to {len(REPLICA_LETTERS)} servers")
     log_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, before anything runs)
     redis_port, lb_port = free_port(), free_port()
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
@@ -302,7 +309,7 @@ async def open_cluster(
     for name, value in (settings or {}).items():
         base_env["STREAMSCOPE_" + name.upper()] = str(value)
     servers = [Replica(name, free_port(), dict(base_env), log_dir / f"replica-{name}.log")
-               for name in "ab"[:replicas]]
+               for name in REPLICA_LETTERS.lower()[:replicas]]
     admin = log_dir / "haproxy.sock"
     admin.unlink(missing_ok=True)  # a previous run's: HAProxy makes its own
     processes: list[subprocess.Popen[bytes]] = []
@@ -312,13 +319,13 @@ async def open_cluster(
         async with trio.open_nursery() as nursery:
             for server in servers:
                 nursery.start_soon(server.start)
-        processes.append(_spawn_haproxy(lb_port, servers, admin, log_dir))
+        processes.append(_spawn_haproxy(lb_port, servers, admin, log_dir, haproxy_cfg))
         cluster = Cluster(f"http://127.0.0.1:{lb_port}", redis_url, servers, admin)
         with trio.fail_after(START_TIMEOUT_S):
             while not admin.exists():  # noqa: ASYNC110 (a file appears)
                 await trio.sleep(POLL_S)
-        for name in ("a", "b"):
-            await cluster.wait_in_pool(name)
+        for server in servers:
+            await cluster.wait_in_pool(server.name)
         yield cluster
     finally:
         for server in servers:

@@ -28,7 +28,7 @@ import uuid
 from typing import Any, cast
 
 from pydantic_core import PydanticCustomError
-from quart import Blueprint, Quart, Response, current_app, request
+from quart import Blueprint, Quart, Response, current_app, g, request
 from quart_trio import QuartTrio
 
 from engine import GenerationRequest, InvalidConstraint, SamplingParams
@@ -159,6 +159,7 @@ class ResponsesViews:
                               param=body.constraint_param) from None
         request_id = prepared.request.request_id
         response_id = response_id_of(request_id)
+        g.response_id = response_id  # named in the answer's head (name_the_response)
         created = new_response(response_id, body, model, created_at=int(time.time()),
                                max_output_tokens=new_tokens)
         document = {"created": created, "response": created,
@@ -235,6 +236,10 @@ class ResponsesViews:
         return error_response(error)
 
 
+# The header that names a created response (a proxy's stick table stores it).
+RESPONSE_ID_HEADER = "Streamscope-Response-Id"
+
+
 def make_responses_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     """The Responses API's routes, bound to one app's runtime."""
     bp = Blueprint("responses", __name__)
@@ -247,10 +252,22 @@ def make_responses_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
                     methods=["GET"])
     bp.add_url_rule("/v1/responses/<response_id>/cancel", view_func=views.cancel,
                     methods=["POST"])
+    bp.after_request(name_the_response)
     bp.register_error_handler(Exception, views.refuse)
     # A wrong method, an unknown path below these, a 401 there: OpenAI's shape.
     bp.record_once(lambda state: answer_responses_errors(state.app))  # type: ignore[arg-type]
     return bp
+
+
+async def name_the_response(response: Response) -> Response:
+    """A created response's id in a header of the answer's head, whether it streams or
+    not: a proxy learns where a conversation's turn was made (deploy/haproxy.cfg sticks
+    the next turn, its ``previous_response_id``, to that replica). Cancellation: no
+    checkpoint."""
+    response_id = g.get("response_id")
+    if response_id is not None and response.status_code == 200:
+        response.headers[RESPONSE_ID_HEADER] = response_id
+    return response
 
 
 def answer_responses_errors(app: Quart) -> None:
