@@ -74,7 +74,8 @@ class OpenAIViews:
         generation = body.generation_request(body.prompt, self.limits,
                                              ttft_deadline=self.deadline_of(timer, body))
         with refused_constraint(body):
-            prepared = await self.runtime.prepare(owned_request(generation), None)
+            prepared = await self.runtime.prepare(owned_request(generation), None,
+                                                  new_tokens_field="max_tokens")
         return await self.answer(prepared, timer, body, model, COMPLETION)
 
     async def chat_completions(self) -> Response:
@@ -92,7 +93,8 @@ class OpenAIViews:
         generation = body.generation_request(text, self.limits, prompt_ids,
                                              ttft_deadline=self.deadline_of(timer, body))
         with refused_constraint(body):
-            prepared = await self.runtime.prepare(owned_request(generation), None)
+            prepared = await self.runtime.prepare(owned_request(generation), None,
+                                                  new_tokens_field=body.new_tokens_field())
         return await self.answer(prepared, timer, body, model, CHAT,
                                  tools=body.tool_use() is not None)
 

@@ -131,7 +131,7 @@ class ResponsesViews:
         if body.previous_response_id is not None:
             context = [*await self.stored().previous(body.previous_response_id), *items]
         constraint = body.constraint()
-        new_tokens = body.new_tokens(self.limits.default_max_new_tokens)
+        new_tokens = body.new_tokens()
         shared = self.runtime.settings.resume_store is not None
         deadline = ttft_deadline(timer, body.deadline_ms, self.runtime.settings.ttft_deadline_ms)
 
@@ -146,7 +146,8 @@ class ResponsesViews:
         if body.background and shared:
             generation = with_seed(generation)
         try:
-            prepared = await self.runtime.prepare(generation, None)
+            prepared = await self.runtime.prepare(generation, None,
+                                                  new_tokens_field="max_output_tokens")
         except InvalidConstraint as exc:
             raise OpenAIError(ApiError(ErrorType.INVALID_REQUEST, str(exc)),
                               param=body.constraint_param) from None
