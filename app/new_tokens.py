@@ -1,15 +1,20 @@
 """How many new tokens a request may generate: its own limit, or what the context leaves.
 
-Peers agree on the shape (issue 45): OpenAI and vLLM give a request that names no limit
-whatever the model's context leaves after its prompt, and refuse one only when the
-prompt and the limit together exceed the context, naming both numbers (vLLM's 400);
-llama.cpp clamps. Here:
+Peers (issue 45): OpenAI and vLLM give a request that names no limit whatever the
+model's context leaves after its prompt; vLLM refuses one whose prompt and limit
+together exceed the context, naming both numbers; llama.cpp clamps the limit to what
+is left. Clients send 4,096 to 32,000 whatever the model (Anthropic's API requires a
+``max_tokens``), so here:
 
 * the limit a request may name is the model's context (the engine's ``max_positions``:
   the model's positions, or fewer if the whole KV cache holds fewer), capped lower by
-  the operator's ``STREAMSCOPE_MAX_NEW_TOKENS_LIMIT`` if set; the schemas refuse what
-  is over that cap (``app.schemas.limits.check_new_tokens``), and ``fit_new_tokens``
-  what the prompt leaves no room for, once the prompt's tokens are counted;
+  the operator's ``STREAMSCOPE_MAX_NEW_TOKENS_LIMIT`` if set. The schemas refuse what is
+  over that cap (``app.schemas.limits.check_new_tokens``), ``fit_new_tokens`` what is
+  over the context, naming the field and both numbers;
+* a limit within the context that the prompt leaves no room for is clamped to what it
+  leaves (llama.cpp's way: ``max_tokens`` 8,192 with a short prompt is served, and ends
+  ``length`` at the context's end at the latest); a prompt that leaves no room at all is
+  refused (``prompt_too_long``);
 * a request that names none gets ``UNTIL_CONTEXT`` from its schema, and
   ``fit_new_tokens`` replaces it with what the context leaves, capped by
   ``STREAMSCOPE_DEFAULT_MAX_NEW_TOKENS`` (or else the cap) if set.
@@ -43,13 +48,14 @@ def fit_new_tokens(
     default: int | None, field: str,
 ) -> engine.GenerationRequest:
     """``request`` (its prompt encoded: ``prompt_token_ids`` set) with the new tokens it
-    gets in a ``context`` of that many positions: its own limit if that fits with the
-    prompt, else the refusal; ``UNTIL_CONTEXT``: what the context leaves, capped by
-    ``default`` (else ``cap``) when set.
+    gets in a ``context`` of that many positions: its own limit, at most what the prompt
+    leaves; ``UNTIL_CONTEXT``: what the prompt leaves, capped by ``default`` (else
+    ``cap``) when set.
 
     Raises:
-        ApiError: invalid_request naming ``field``, the numbers and the context; or
-            prompt_too_long when the prompt leaves no position to generate in.
+        ApiError: invalid_request naming ``field``, its value and the context, for a
+            limit over the context; prompt_too_long when the prompt leaves no position
+            to generate in.
     """
     assert request.prompt_token_ids is not None  # encoded first (Runtime.prepare)
     prompt = len(request.prompt_token_ids)
@@ -62,11 +68,10 @@ def fit_new_tokens(
     if asked == UNTIL_CONTEXT:
         limit = default if default is not None else cap
         return replace(request, max_new_tokens=room if limit is None else min(room, limit))
-    if asked > room:
+    if asked > context:
         raise ApiError(
             ErrorType.INVALID_REQUEST,
-            f"{field} is {asked}, and the prompt has {prompt} tokens: together "
-            f"{asked + prompt}, over the model's context of {context} tokens (at most "
-            f"{room} new tokens for this prompt)",
+            f"{field} is {asked}, over the model's context of {context} tokens, which the "
+            f"prompt ({prompt} tokens here) and the new tokens share",
             detail={"param": field})
-    return request
+    return request if asked <= room else replace(request, max_new_tokens=room)

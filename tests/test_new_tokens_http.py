@@ -1,9 +1,10 @@
 """New tokens up to the model's context, on every route, through the official SDKs (issue 45).
 
 A request that names no limit gets what the context leaves after its prompt (it was cut
-at 64 tokens); one that names more than the prompt leaves is refused before the stream
-with the route's envelope, naming its field and the numbers (anything over 1,024 was
-refused); the operator's settings cap both lower. The tiny random model's context is
+at 64 tokens); one that names up to the context is served, to the context's end at most
+(anything over 1,024 was refused); one over the context is refused before the stream
+with the route's envelope, naming its field and the numbers; the operator's settings
+cap both lower. The tiny random model's context is
 512 positions (the test cache holds 1,024), and ``ignore_eos`` lets its answer run to
 the end of its budget, so the budget itself is what the tests read.
 """
@@ -54,11 +55,17 @@ async def test_no_max_tokens_gets_what_the_context_leaves(client: openai.AsyncOp
     assert usage.prompt_tokens + usage.completion_tokens == CONTEXT
 
 
-async def test_a_limit_the_context_holds_is_served(client: openai.AsyncOpenAI) -> None:
-    completion = await client.chat.completions.create(
+async def test_a_limit_up_to_the_context_is_served_to_the_contexts_end(
+    client: openai.AsyncOpenAI,
+) -> None:
+    within = await client.chat.completions.create(
         model=MODEL, messages=HELLO, temperature=0, max_tokens=CONTEXT - 100, extra_body=RUN_ON)
+    whole = await client.chat.completions.create(
+        model=MODEL, messages=HELLO, temperature=0, max_tokens=CONTEXT, extra_body=RUN_ON)
 
-    assert completion.usage is not None and completion.usage.completion_tokens == CONTEXT - 100
+    assert within.usage is not None and within.usage.completion_tokens == CONTEXT - 100
+    assert whole.usage is not None and whole.choices[0].finish_reason == "length"
+    assert whole.usage.prompt_tokens + whole.usage.completion_tokens == CONTEXT
 
 
 async def test_openai_refuses_a_limit_over_the_context_naming_field_and_numbers(
@@ -68,12 +75,12 @@ async def test_openai_refuses_a_limit_over_the_context_naming_field_and_numbers(
         await client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4096)
     with pytest.raises(openai.BadRequestError) as newer:
         await client.chat.completions.create(model=MODEL, messages=HELLO,
-                                             max_completion_tokens=CONTEXT)
+                                             max_completion_tokens=CONTEXT + 1)
     with pytest.raises(openai.BadRequestError) as completions:
         await client.completions.create(model=MODEL, prompt="Hello", max_tokens=32_000)
 
     for raised, field, asked in ((chat, "max_tokens", 4096),
-                                 (newer, "max_completion_tokens", CONTEXT),
+                                 (newer, "max_completion_tokens", CONTEXT + 1),
                                  (completions, "max_tokens", 32_000)):
         error = raised.value
         assert (error.status_code, error.param) == (400, field)
