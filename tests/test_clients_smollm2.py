@@ -155,3 +155,17 @@ async def test_max_tokens_of_the_whole_context_is_served(
     assert completion.choices[0].finish_reason == "stop"
     assert message.stop_reason == "end_turn"
     assert "max_tokens is 32000, over the model's context of 8192" in str(raised.value)
+
+
+async def test_a_named_responses_function_is_called_exactly_once(
+    client: openai.AsyncOpenAI,
+) -> None:
+    """The Responses API shares the tool format (``app/schemas/tools.py``)."""
+    response = await client.responses.create(
+        model=MODEL, input=QUESTION[0]["content"], max_output_tokens=200, temperature=0,
+        tools=[{"type": "function", "name": "get_weather", "parameters": PARAMETERS,
+                "description": "Get the current weather in a given location"}],
+        tool_choice={"type": "function", "name": "get_weather"})
+
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert [call.name for call in calls] == ["get_weather"], response.output
