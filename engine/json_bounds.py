@@ -19,7 +19,9 @@ compiles into its digit-bounded lexer (checked with its 1.9 release, 2026-12):
   as too many digits, hence 10 rather than llama.cpp's 16).
 
 The schema's own bounds win: a side it bounds is left as it is, and a default bound is
-not added where it would contradict the other side (a ``minimum`` above 10**16).
+not added where it would contradict the other side (a ``minimum`` above 10**16), nor
+to a schema with an ``enum`` or ``const`` (its values are bounded already, and may be
+larger).
 Only numbers are touched: an answer that met the schema before meets it now unless it
 held a number longer than these bounds, which is what they are for. Values that are
 data, not schemas (``const``, ``enum``, ``default``, ``examples``) are never walked.
@@ -61,6 +63,8 @@ def bounded(schema: Any) -> Any:
         if isinstance(out.get(key), dict):
             out[key] = {name: bounded(item) for name, item in out[key].items()}
     kinds = _types(out.get("type"))
+    if "enum" in out or "const" in out:  # its values are all it allows: bounded already
+        return out
     if "integer" in kinds or "number" in kinds:
         _bound_range(out)
     if "number" in kinds and "multipleOf" not in out:

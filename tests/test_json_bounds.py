@@ -70,6 +70,7 @@ def test_the_schemas_own_bounds_win_and_data_is_not_walked() -> None:
 
     assert bounded(own) == own
     assert bounded(above) == above  # a default maximum would contradict it
+    assert bounded(big := {"type": "integer", "enum": [10**18]}) == big
     assert bounded({"type": "integer", "maximum": 5})["minimum"] == -LARGEST
     out = bounded(data)
     assert (out["enum"], out["const"]) == (data["enum"], data["const"])
