@@ -130,10 +130,13 @@ class Settings(EngineSettings):
         "stream, renewed every third of it; once it lapses (the replica died), a resume on "
         "another replica takes the stream over and continues it with the same tokens "
         "(STREAMSCOPE_OWNER_LEASE_S, its old name, is still read, with a warning)")
-    max_new_tokens_limit: PositiveInt = _setting(1024,
-        "the largest max_new_tokens a request may ask for (422 above)")
-    default_max_new_tokens: PositiveInt = _setting(64,
-        "max_new_tokens for a request that gives none")
+    max_new_tokens_limit: PositiveInt | None = _setting(None,
+        "the operator's cap on a request's max_new_tokens (max_tokens, max_output_tokens; "
+        "4xx above); unset: the model's context, which prompt and new tokens must fit "
+        "together in any case (4xx naming both numbers)")
+    default_max_new_tokens: PositiveInt | None = _setting(None,
+        "max_new_tokens for a request that gives none; unset: what the model's context "
+        "leaves after the prompt (as OpenAI and vLLM), capped by max_new_tokens_limit")
     max_body_bytes: PositiveInt = _setting(64 * 1024,
         "largest request body, by Content-Length and as read (413 above)")
     max_prompt_chars: PositiveInt = _setting(32_768,
@@ -271,7 +274,8 @@ class Settings(EngineSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
-        if self.default_max_new_tokens > self.max_new_tokens_limit:
+        if (self.default_max_new_tokens is not None and self.max_new_tokens_limit is not None
+                and self.default_max_new_tokens > self.max_new_tokens_limit):
             raise ValueError(
                 f"{env_name('default_max_new_tokens')} ({self.default_max_new_tokens}) must "
                 f"not exceed {env_name('max_new_tokens_limit')} ({self.max_new_tokens_limit})")

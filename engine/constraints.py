@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .errors import InvalidConstraint
+from .json_bounds import bounded
 from .types import Constraint, ConstraintKind
 
 # Compiled constraints kept: a server's clients tend to send a few schemas again and
@@ -144,7 +145,7 @@ def _grammar(matcher: Any, constraint: Constraint) -> str:
             raise ValueError(f"the schema is not JSON: {exc}") from exc
         if not isinstance(schema, dict | bool):
             raise ValueError("a JSON schema is an object (or true or false)")
-        return str(matcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS))
+        return str(matcher.grammar_from_json_schema(bounded(schema), overrides=JSON_OPTIONS))
     if kind is ConstraintKind.REGEX:
         return str(matcher.grammar_from_regex(source))
     return str(matcher.grammar_from_lark(source))

@@ -143,6 +143,9 @@ class Engine:
         self._intake = Intake(loaded, runner, min(loaded.max_context, num_blocks * block_size),
                               self.scheduler.recorder.eos_token_ids)
         self.vocab_size = self._intake.vocab_size  # token ids given to submit are below it
+        # Prompt and new tokens together, at most (the model's context, or the whole cache
+        # if smaller): what check_budget refuses beyond, for servers to fit limits to.
+        self.max_positions = self._intake.max_positions
         self.timing = StepTiming()
         self.start_phases_s: dict[str, float] = {}  # load_engine's (engine.startup)
         self._ttft = TtftEstimator(self.scheduler, self.timing)

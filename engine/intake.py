@@ -47,6 +47,11 @@ class Intake:
         self._runner = runner
         self._max_positions = max_positions
 
+    @property
+    def max_positions(self) -> int:
+        """The most positions a sequence may take: its prompt and new tokens together."""
+        return self._max_positions
+
     def sequence(self, request: GenerationRequest, resume_from: Seq[int] = ()) -> Sequence:
         """The checked request as a new sequence (see ``Engine.submit``)."""
         validate_request(request)

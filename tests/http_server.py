@@ -113,6 +113,10 @@ class RecordingEngine:
                          cache_namespace: bytes = b"") -> float | None:
         return self._engine.estimate_ttft_ms(prompt_tokens, prompt_ids, cache_namespace)
 
+    @property
+    def max_positions(self) -> int:
+        return self._engine.max_positions
+
     def tokenize(self, prompt: str) -> list[int]:
         return self._engine.tokenize(prompt)
 

@@ -124,7 +124,8 @@ def test_the_rebuild_spec_carries_the_constraint() -> None:
     for constraint in ({"type": "json_schema", "schema": SCHEMA}, {"type": "json_object"},
                        {"type": "regex", "pattern": "[a-z]+"},
                        {"type": "grammar", "grammar": 'start: "a"'}):
-        raw = json.dumps({"prompt": "p", "constraint": constraint}).encode()
+        # A limit given: the default (what the context leaves) is filled in by prepare.
+        raw = json.dumps({"prompt": "p", "max_new_tokens": 5, "constraint": constraint}).encode()
         request = parse_generate_body(raw, limits).to_generation_request()
         body, _ = spec_parts(spec_of(request, None))  # the body, as the rebuilder reads it
         rebuilt: GenerationRequest = parse_generate_body(body, limits).to_generation_request()

@@ -54,6 +54,15 @@ def test_a_named_function_is_the_only_item_and_no_parallel_means_one() -> None:
     assert (calls["minItems"], calls["maxItems"]) == (1, 1)
 
 
+def test_a_named_function_is_called_once_even_with_parallel_calls_allowed() -> None:
+    """As OpenAI and vLLM: ``parallel_tool_calls`` governs auto and required only."""
+    named = output_schema(ToolUse((WX, SK), required=True, named="sk", parallel=True))
+    required = output_schema(ToolUse((WX, SK), required=True, parallel=True))
+
+    assert named["properties"]["tool_calls"]["maxItems"] == 1
+    assert "maxItems" not in required["properties"]["tool_calls"]
+
+
 def test_the_system_turn_lists_every_tool_and_the_answer_format() -> None:
     text = system_text(ToolUse((WX, SK), required=True, named="sk"))
 

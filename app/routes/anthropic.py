@@ -80,7 +80,8 @@ class AnthropicViews:
         text, prompt_ids = await self.runtime.render_chat(body.template_input(), True)
         generation = body.generation_request(text, prompt_ids, ttft_deadline=deadline)
         try:
-            prepared = await self.runtime.prepare(owned_request(generation), None)
+            prepared = await self.runtime.prepare(owned_request(generation), None,
+                                                  new_tokens_field="max_tokens")
         except InvalidConstraint as exc:
             raise ApiError(ErrorType.INVALID_REQUEST, f"tools: {exc}") from None
         tools = body.tool_use() is not None

@@ -85,7 +85,8 @@ class OpenAIViews:
         generation = body.generation_request(body.prompt, self.limits,
                                              ttft_deadline=self.deadline_of(timer, body))
         with refused_constraint(body):
-            prepared = await self.runtime.prepare(owned_request(generation), None)
+            prepared = await self.runtime.prepare(owned_request(generation), None,
+                                                  new_tokens_field="max_tokens")
         if body.choices > 1:
             return await self.answer_choices(choices_prepared(prepared, generation, body.choices),
                                              timer, body, model, COMPLETION)
@@ -107,7 +108,8 @@ class OpenAIViews:
         generation = body.generation_request(text, self.limits, prompt_ids,
                                              ttft_deadline=self.deadline_of(timer, body))
         with refused_constraint(body):
-            prepared = await self.runtime.prepare(owned_request(generation), None)
+            prepared = await self.runtime.prepare(owned_request(generation), None,
+                                                  new_tokens_field=body.new_tokens_field())
         tools = body.tool_use() is not None
         if body.choices > 1:
             return await self.answer_choices(choices_prepared(prepared, generation, body.choices),

@@ -138,7 +138,7 @@ class ResponsesViews:
                     ErrorType.INVALID_REQUEST, f"the conversation (previous_response_id's "
                     f"turns and this input): {exc}"), param="input") from None
         constraint = body.constraint()
-        new_tokens = body.new_tokens(self.limits.default_max_new_tokens)
+        new_tokens = body.new_tokens()
         shared = self.runtime.settings.resume_store is not None
         deadline = ttft_deadline(timer, body.deadline_ms, self.runtime.settings.ttft_deadline_ms)
 
@@ -153,7 +153,8 @@ class ResponsesViews:
         if body.background and shared:
             generation = with_seed(generation)
         try:
-            prepared = await self.runtime.prepare(generation, None)
+            prepared = await self.runtime.prepare(generation, None,
+                                                  new_tokens_field="max_output_tokens")
         except InvalidConstraint as exc:
             raise OpenAIError(ApiError(ErrorType.INVALID_REQUEST, str(exc)),
                               param=body.constraint_param) from None

@@ -28,6 +28,9 @@ class ServingEngine(streams.StepEngine, Protocol):
     runs it in a worker thread and submits the ids in ``prompt_token_ids``.
     """
 
+    # Prompt and new tokens together, at most (``Engine.max_positions``).
+    max_positions: int
+
     def statistics(self) -> engine.EngineStatistics: ...
     def tokenize(self, prompt: str) -> list[int]: ...
     def tokenize_if_free(self, prompt: str) -> list[int] | None: ...

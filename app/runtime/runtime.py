@@ -46,6 +46,7 @@ from streams.resume import Rebuild, ResumeRegistry
 
 from ..errors import ApiError, ErrorType
 from ..key_shares import KeyShares
+from ..new_tokens import fit_new_tokens
 from ..settings import Settings
 from .draining import finish_drain
 from .loading import MakeEngine, ServingEngine, build_and_freeze
@@ -177,14 +178,19 @@ class Runtime:
         policy: streams.PolicyName | None,
         *,
         resume_from: Sequence[int] = (),
+        new_tokens_field: str = "max_new_tokens",
     ) -> Prepared:
-        """Everything before a stream opens: the refusals, the deadline check and the
-        prompt's encode (skipped for a request that has its ``prompt_token_ids``).
+        """Everything before a stream opens: the refusals, the deadline check, the
+        prompt's encode (skipped for a request that has its ``prompt_token_ids``) and,
+        with the prompt's tokens counted, its new tokens (``app/new_tokens.py``: the
+        request's ``UNTIL_CONTEXT`` filled in, or a limit the context cannot hold
+        refused, naming ``new_tokens_field``, the request's own name for it).
         ``open`` then opens it with no checkpoint. ``resume_from``: the tokens it made
         already on a replica that died (failover).
 
         Raises:
-            ApiError: not ready, stopping or failed (503).
+            ApiError: not ready, stopping or failed (503); new tokens the context cannot
+                hold with the prompt (invalid_request), a prompt that fills it.
             streams.DeadlineUnmeetable: by the estimate without the prompt's tokens,
                 before the encode (no wait in its queue).
             engine.InvalidConstraint: its constraint does not compile (422).
@@ -194,7 +200,10 @@ class Runtime:
         """
         self._ready_hub().check_deadline(request)  # before the encode's queue
         assert self.engine is not None  # READY: built
-        encoded = await self._prompts.encode(self.engine, request)
+        encoded = fit_new_tokens(await self._prompts.encode(self.engine, request),
+                                 self.engine.max_positions, field=new_tokens_field,
+                                 cap=self.settings.max_new_tokens_limit,
+                                 default=self.settings.default_max_new_tokens)
         if request.constraint is not None:  # compiled off the loop, before any byte
             await self._prompts.compile(self.engine, request.constraint)
         return Prepared(encoded, policy, tuple(resume_from))

@@ -76,8 +76,10 @@ class RequestLimits:
     """The server's limits on one request, from settings."""
 
     max_prompt_chars: int
-    max_new_tokens_limit: int
-    default_max_new_tokens: int
+    # The operator's cap on new tokens and their default (None: the model's context, and
+    # what it leaves after the prompt; app/new_tokens.py applies both once it is encoded).
+    max_new_tokens_limit: int | None
+    default_max_new_tokens: int | None
     # The policies a request may pick (STREAMSCOPE_REQUEST_POLICIES).
     request_policies: frozenset[PolicyName]
     # Chat requests: messages and text parts, each a template pass's work (issue 33).
@@ -161,8 +163,10 @@ def check_schema_bytes(schemas: object, limits: RequestLimits, what: str) -> Non
 
 
 def check_new_tokens(value: int | None, limits: RequestLimits) -> int | None:
-    """Refuse more new tokens than the server allows; None (the default) passes."""
+    """Refuse more new tokens than the operator allows; None (the default) passes. The
+    model's context, which the prompt shares, is checked once the prompt is encoded
+    (``app/new_tokens.py``)."""
     limit = limits.max_new_tokens_limit
-    if value is not None and value > limit:
+    if value is not None and limit is not None and value > limit:
         raise PydanticCustomError("over_limit", "must be at most {limit}", {"limit": limit})
     return value

@@ -18,6 +18,7 @@ from pydantic_core import PydanticCustomError
 from engine import MAX_TOP_LOGPROBS, MIN_TOP_K, GenerationRequest, SamplingParams
 from streams import PolicyName
 
+from ..new_tokens import UNTIL_CONTEXT
 from .constraint import ConstraintBody, check_constraint_size
 from .limits import (
     CacheSalt,
@@ -87,7 +88,7 @@ class GenerateBody(BaseModel):
     def _max_new_tokens_within_limit(cls, value: int | None, info: ValidationInfo) -> int:
         limits = limits_of(info, _HOW)
         if value is None:
-            return limits.default_max_new_tokens
+            return UNTIL_CONTEXT  # Runtime.prepare fills it in (app/new_tokens.py)
         check_new_tokens(value, limits)
         return value
 

@@ -40,6 +40,7 @@ from pydantic_core import PydanticCustomError
 
 from engine import MAX_TOP_LOGPROBS, Constraint, GenerationRequest, SamplingParams
 
+from ..new_tokens import UNTIL_CONTEXT
 from .limits import (
     CacheSalt,
     DeadlineMs,
@@ -320,4 +321,8 @@ class ChatBody(OpenAIBody):
         return turns if use is None else with_system_text(turns, system_text(use))
 
     def new_tokens(self, limits: RequestLimits) -> int:
-        return self.max_completion_tokens or self.max_tokens or limits.default_max_new_tokens
+        return self.max_completion_tokens or self.max_tokens or UNTIL_CONTEXT
+
+    def new_tokens_field(self) -> str:
+        """The field a refusal of the new tokens names (``max_completion_tokens`` wins)."""
+        return "max_tokens" if self.max_completion_tokens is None else "max_completion_tokens"

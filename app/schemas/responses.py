@@ -40,6 +40,7 @@ from pydantic_core import PydanticCustomError
 
 from engine import MAX_TOP_LOGPROBS, Constraint, ConstraintKind
 
+from ..new_tokens import UNTIL_CONTEXT
 from .limits import (
     DeadlineMs,
     NewTokens,
@@ -315,5 +316,6 @@ class ResponsesBody(BaseModel):
         fmt = self.text.format if self.text is not None else None
         return "text" if fmt is None else fmt.type
 
-    def new_tokens(self, default: int) -> int:
-        return self.max_output_tokens or default
+    def new_tokens(self) -> int:
+        """``max_output_tokens``, or ``UNTIL_CONTEXT``: what the context leaves."""
+        return self.max_output_tokens or UNTIL_CONTEXT

@@ -11,7 +11,9 @@ nor do most small models'. For every model this server uses one format, llama.cp
   [{"name": <a tool's name>, "arguments": <its parameters' schema>}, ...]}`` when a call
   is required (``required``, a named function: only that function's item), and with
   ``auto`` either that or ``{"response": "<text>"}`` (``anyOf``); ``parallel_tool_calls:
-  false`` gives ``maxItems: 1``; with a ``response_format`` the response is a document of
+  false`` gives ``maxItems: 1``, and so does a named function whatever
+  ``parallel_tool_calls`` says (OpenAI and vLLM call it exactly once; a small model asked
+  of two cities called it twice); with a ``response_format`` the response is a document of
   its schema instead of a string (its JSON text is the answer's content). Unlike
   llama.cpp, the model writes no call id: the server gives each call its own
   (``call_...``, ``toolu_...``);
@@ -61,7 +63,7 @@ class ToolUse:
         tools: the functions offered, all shown to the model.
         required: a call must be made (``required``, ``any``, a named function).
         named: the one function that must be called, or None.
-        parallel: more than one call allowed in the answer.
+        parallel: more than one call allowed in the answer (never with ``named``).
         response_schema: what a ``response`` must be instead of a string (OpenAI's
             ``response_format``, as llama.cpp takes it), or None.
     """
@@ -109,7 +111,7 @@ def output_schema(use: ToolUse) -> dict[str, Any]:
         "items": items[0] if len(items) == 1 else {"anyOf": items},
         "minItems": 1,
     }
-    if not use.parallel:
+    if not use.parallel or use.named is not None:  # a named function: exactly one call
         calls["maxItems"] = 1
     call = {"type": "object", "properties": {"tool_calls": calls},
             "required": ["tool_calls"], "additionalProperties": False}
