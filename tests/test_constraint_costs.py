@@ -166,3 +166,22 @@ def test_a_row_over_the_mask_budget_ends_alone(make_tiny_engine: MakeEngine) -> 
     assert tokens["dear"] == [] or tokens["dear"][-1].index == 0
     assert ends["cheap"].reason is FinishReason.STOP
     assert ends["free"].reason is FinishReason.LENGTH and len(tokens["free"]) == 8
+
+
+def test_the_cache_is_bounded_by_bytes_and_a_key_evicts_only_its_own() -> None:
+    """By bytes, not count; a key over its share evicts its own least recently used;
+    over the total, the owner holding the most gives way, never one within its share."""
+    from engine.constraint_cache import TemplateCache
+
+    cache = TemplateCache(total_bytes=100, share_bytes=40)
+    cache.put((b"b", _regex("b1")), "B1", "victim", 30)
+    for index in range(10):  # one key's flood of distinct constraints
+        cache.put((b"a", _regex(f"a{index}")), f"A{index}", "hostile", 20)
+        assert cache.owner_bytes("hostile") <= 40 and cache.bytes <= 100
+    assert cache.get((b"b", _regex("b1"))) == "B1"
+    assert cache.get((b"a", _regex("a9"))) == "A9" and cache.get((b"a", _regex("a0"))) is None
+    cache.put((b"c", _regex("c1")), "C1", "third", 35)  # 30 + 40 + 35 > 100
+    assert cache.bytes <= 100 and cache.owner_bytes("hostile") == 20
+    assert cache.get((b"b", _regex("b1"))) == "B1" and cache.get((b"c", _regex("c1"))) == "C1"
+    cache.put((b"a", _regex("big")), "X", "hostile", 41)  # over a share: not kept
+    assert cache.get((b"a", _regex("big"))) is None

@@ -187,7 +187,10 @@ class Runtime:
             ApiError: not ready, stopping or failed (503).
             streams.DeadlineUnmeetable: by the estimate without the prompt's tokens,
                 before the encode (no wait in its queue).
-            engine.InvalidConstraint: its constraint does not compile (422).
+            engine.InvalidConstraint: its constraint does not compile, or costs too
+                much (422).
+            ApiError: 429 too_many_waiting: its constraint had no turn to compile in
+                time (``prompts.COMPILE_WAIT_S``).
 
         Cancellation: while queued for a tokenizer thread, or while an encode runs (it
         is never abandoned; it takes milliseconds): nothing was submitted.
@@ -196,7 +199,11 @@ class Runtime:
         assert self.engine is not None  # READY: built
         encoded = await self._prompts.encode(self.engine, request)
         if request.constraint is not None:  # compiled off the loop, before any byte
-            await self._prompts.compile(self.engine, request.constraint)
+            credential = None if self.shares is None else self.shares.owner(
+                request.request_id)
+            await self._prompts.compile(  # in the tenant's cache, within its key's share
+                self.engine, request.constraint, request.cache_namespace,
+                None if credential is None else credential.name)
         return Prepared(encoded, policy, tuple(resume_from))
 
     async def render_chat(
