@@ -8,7 +8,11 @@ inside it, so another key's cached ``json_object`` took 6,676 ms instead of 29 b
 six hostile compiles. A miss waits for its key's previous compile (one in flight per
 key: a key's burst queues behind itself, and each key has at most one place in the
 slot's first-in-first-out queue, so keys take turns), then for the slot, in all at most
-``COMPILE_WAIT_S``: past that, 429 with ``Retry-After``, nothing compiled.
+``COMPILE_WAIT_S``: past that, 429 with ``Retry-After``, nothing compiled. And a key's
+compiles take at most ``COMPILE_SHARE`` of a core over time: after each, its next waits
+for the CPU time it took, times ``1 / COMPILE_SHARE - 1`` (a constraint refused for its
+cost costs up to tens of ms to find out; one key sending them back to back would
+otherwise keep a core busy beside the step).
 
 Encodes run in a worker thread (a 32k-character prompt takes tens of milliseconds: never on
 the event loop), ``TOKENIZE_THREADS`` at a time, by the engine's tokenizer copy that the
@@ -18,7 +22,8 @@ tokenizer is free. Knows the engine only as ``ServingEngine``.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 
@@ -47,6 +52,8 @@ COMPILE_THREADS = 1
 # this long means a queue of many keys' compiles: the client retries after a second.
 COMPILE_WAIT_S = 10.0
 COMPILE_RETRY_AFTER_S = 1.0
+# The share of a core one key's compiles may take over time (see the module docstring).
+COMPILE_SHARE = 0.25
 
 
 class _Turn:
@@ -69,6 +76,7 @@ class TokenizerQueue:
         # prompt's encode (nor the other way round).
         self._compiling = trio.CapacityLimiter(COMPILE_THREADS)
         self._turns: dict[Hashable, _Turn] = {}
+        self._rested_at: dict[Hashable, float] = {}  # when a key may compile again
         self.compile_wait_s = compile_wait_s
 
     async def compile(self, eng: ServingEngine, constraint: engine.Constraint,
@@ -95,6 +103,7 @@ class TokenizerQueue:
         turn.users += 1
         try:
             with trio.move_on_after(self.compile_wait_s) as waiting:  # the wait alone
+                await trio.sleep_until(self._rested_at.get(owner, 0.0))
                 await turn.lock.acquire()
                 try:
                     await self._compiling.acquire()
@@ -102,11 +111,14 @@ class TokenizerQueue:
                     turn.lock.release()
                     raise
             if not waiting.cancelled_caught:
+                spent = [0.0]
                 try:
                     if not eng.constraint_cached(constraint, namespace):  # not meanwhile
                         await trio.to_thread.run_sync(partial(
-                            eng.compile_constraint, constraint, namespace, owner))
+                            _timed, spent, eng.compile_constraint, constraint, namespace,
+                            owner))
                 finally:
+                    self._rest(owner, spent[0])
                     self._compiling.release()
                     turn.lock.release()
                 return
@@ -117,6 +129,15 @@ class TokenizerQueue:
         raise ApiError(streams.ErrorType.TOO_MANY_WAITING,
                        f"constraints are waiting to compile; none had its turn in "
                        f"{self.compile_wait_s:g} s", retry_after_s=COMPILE_RETRY_AFTER_S)
+
+    def _rest(self, owner: Hashable, spent_s: float) -> None:
+        """``owner`` took ``spent_s`` of CPU compiling: its next compile waits
+        accordingly (``COMPILE_SHARE``); the keys rested by now are forgotten."""
+        now = trio.current_time()
+        self._rested_at = {k: t for k, t in self._rested_at.items() if t > now}
+        if spent_s > 0:
+            start = max(now, self._rested_at.get(owner, now))
+            self._rested_at[owner] = start + spent_s * (1 / COMPILE_SHARE - 1)
 
     async def encode(
         self, eng: ServingEngine, request: engine.GenerationRequest
@@ -154,6 +175,15 @@ class TokenizerQueue:
         render = partial(eng.render_chat, messages, add_generation_prompt)
         text, ids = await trio.to_thread.run_sync(render, limiter=self._limiter)
         return text, tuple(ids)
+
+
+def _timed(spent: list[float], call: Callable[..., None], *args: object) -> None:
+    """In a worker thread: ``call(*args)``, its CPU time in ``spent[0]`` (raised or not)."""
+    started = time.thread_time()
+    try:
+        call(*args)
+    finally:
+        spent[0] = time.thread_time() - started
 
 
 def _prompt_ids(eng: ServingEngine, prompt: str) -> tuple[int, ...]:
