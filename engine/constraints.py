@@ -126,15 +126,12 @@ class Constraints:
                 return template
             tokenizer = self._tokenizer()
         with self._compiling:  # outside the cache's lock: others' hits go on
-            before = resident_bytes()
-            template, grammar = _compile(tokenizer, constraint, self._limits)
-            try:
-                trial(template, self.costs, frozenset(self._eos))
-                self._trial_patterns(tokenizer, constraint)
-            except TrialFailed as exc:
-                raise InvalidConstraint(
-                    f"the {constraint.kind.value} costs too much: {exc}") from None
-            size = template_bytes(resident_bytes() - before, grammar)
+            template, size = self._measured(tokenizer, constraint)
+            if size > self.costs.max_template_bytes:  # or the step thread grew meanwhile:
+                # measured again (the first kept meanwhile, so that the second cannot
+                # reuse its freed pages), and the smaller taken
+                template, again = self._measured(tokenizer, constraint)
+                size = min(size, again)
         if size > self.costs.max_template_bytes:
             raise InvalidConstraint(
                 f"the {constraint.kind.value} costs too much: about {size >> 20} MB "
@@ -143,6 +140,19 @@ class Constraints:
             self.num_compiled += 1
             self._cache.put(key, template, namespace if owner is None else owner, size)
         return template
+
+    def _measured(self, tokenizer: Any, constraint: Constraint) -> tuple[Any, int]:
+        """The template, compiled and tried, and its size as ``template_bytes`` takes
+        it (call under ``_compiling``); raises InvalidConstraint if it fails."""
+        before = resident_bytes()
+        template, grammar = _compile(tokenizer, constraint, self._limits)
+        try:
+            trial(template, self.costs, frozenset(self._eos))
+            self._trial_patterns(tokenizer, constraint)
+        except TrialFailed as exc:
+            raise InvalidConstraint(
+                f"the {constraint.kind.value} costs too much: {exc}") from None
+        return template, template_bytes(resident_bytes() - before, grammar)
 
     def _trial_patterns(self, tokenizer: Any, constraint: Constraint) -> None:
         """A JSON schema's string patterns, each tried alone as a regex (raises
