@@ -79,6 +79,8 @@ async def test_a_nested_count_constraint_is_refused_before_the_stream(
     assert response.status_code == status, response.text
     assert response.headers["content-type"].startswith("application/json")
     assert "costs too much" in response.text
+    if path != "/v1/messages":  # the native type, or the OpenAI routes' ``code``
+        assert '"invalid_constraint"' in response.text, response.text
     assert server.recorder.submitted == []
 
 

@@ -82,7 +82,7 @@ class AnthropicViews:
         try:
             prepared = await self.runtime.prepare(owned_request(generation), None)
         except InvalidConstraint as exc:
-            raise ApiError(ErrorType.INVALID_REQUEST, f"tools: {exc}") from None
+            raise ApiError(ErrorType.INVALID_CONSTRAINT, f"tools: {exc}") from None
         tools = body.tool_use() is not None
         stream = open_owned(self.runtime, prepared, timer)
         headers = {"request-id": stream.request_id}

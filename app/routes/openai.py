@@ -140,7 +140,7 @@ def refused_constraint(body: OpenAIBody) -> Iterator[None]:
     try:
         yield
     except InvalidConstraint as exc:
-        raise OpenAIError(ApiError(ErrorType.INVALID_REQUEST, str(exc)),
+        raise OpenAIError(ApiError(ErrorType.INVALID_CONSTRAINT, str(exc)),
                           param=body.constraint_param) from None
 
 

@@ -148,7 +148,7 @@ class ResponsesViews:
         try:
             prepared = await self.runtime.prepare(generation, None)
         except InvalidConstraint as exc:
-            raise OpenAIError(ApiError(ErrorType.INVALID_REQUEST, str(exc)),
+            raise OpenAIError(ApiError(ErrorType.INVALID_CONSTRAINT, str(exc)),
                               param=body.constraint_param) from None
         request_id = prepared.request.request_id
         response_id = response_id_of(request_id)
