@@ -40,7 +40,7 @@ from typing import Any
 # The library's limits (its defaults in brackets). Fuel is its unit of work: about 50k
 # per ms for the initial lexer, 14k per ms in a step's lexer, 20k items per ms.
 LIMITS: dict[str, int] = {
-    "initial_lexer_fuel": 50_000,  # [1,000,000] the expressions a lexer builds
+    "initial_lexer_fuel": 20_000,  # [1,000,000] the expressions a lexer builds
     "step_lexer_fuel": 20_000,  # [200,000] lexer work per mask
     "step_max_items": 10_000,  # [50,000] Earley items per mask
     "max_lexer_states": 10_000,  # [250,000] about 1-2 kB each: <= 20 MB a template
@@ -98,9 +98,9 @@ class TrialFailed(Exception):
 def trial(template: Any, costs: ConstraintCosts, eos: frozenset[int]) -> None:
     """Compute the template's first masks on a copy, walking by the lowest allowed
     token that is not an end; raise TrialFailed if one errors or costs more than
-    ``costs.trial_mask_ms``. The template itself keeps the start's mask computed (the
-    start's lexer states, built here rather than in the step)."""
-    template.compute_bitmask()
+    ``costs.trial_mask_ms``. Then the template's own start mask (the start's lexer
+    states, built here rather than in the step), once the copy showed it cheap: a
+    refused constraint pays for one failing mask, not two."""
     walker = template.deep_copy()
     for index in range(TRIAL_MASKS):
         started = time.thread_time()
@@ -114,9 +114,12 @@ def trial(template: Any, costs: ConstraintCosts, eos: frozenset[int]) -> None:
                 f"{costs.trial_mask_ms:g} ms a mask")
         token = _lowest_allowed(mask, eos)
         if token is None or walker.is_stopped():
-            return
+            break
         if not walker.consume_token(token) or walker.is_error():
             raise TrialFailed(f"its mask {index} fails: {first_line(walker.get_error())}")
+    template.compute_bitmask()
+    if template.is_error():
+        raise TrialFailed(f"its mask 0 fails: {first_line(template.get_error())}")
 
 
 def schema_patterns(schema: object, found: list[str] | None = None) -> list[str]:

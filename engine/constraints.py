@@ -146,9 +146,9 @@ class Constraints:
         it (call under ``_compiling``); raises InvalidConstraint if it fails."""
         before = resident_bytes()
         template, grammar = _compile(tokenizer, constraint, self._limits)
-        try:
-            trial(template, self.costs, frozenset(self._eos))
+        try:  # a schema's patterns first: each alone is the cheaper to refuse
             self._trial_patterns(tokenizer, constraint)
+            trial(template, self.costs, frozenset(self._eos))
         except TrialFailed as exc:
             raise InvalidConstraint(
                 f"the {constraint.kind.value} costs too much: {exc}") from None

@@ -8,25 +8,27 @@ to 1,651 MB. This experiment measures what they cost now.
 
 Procedure. The lab starts its server with two API keys: ``hostile`` and ``probe``.
 
-1. Solo: the probe key reads ``--probes`` streams one after another (greedy, ``ignore_eos``,
-   ``--tokens`` tokens, ``/v1/stream``), timing each token event as it arrives; and asks
-   a ``json_object``-constrained ``/v1/generate`` of 2 tokens, cached after its first.
+1. Solo: the probe key reads a stream (greedy, ``ignore_eos``, ``--tokens`` tokens,
+   ``/v1/stream``), timing each token event as it arrives; and asks a
+   ``json_object``-constrained ``/v1/generate`` of 2 tokens, cached after its first.
 2. Hostile: ``--hostile`` (8) clients of the hostile key each send, one after another
-   until the probe is done, a hostile constrained stream, each with a pattern not sent
-   before (so no compile is a cache hit): the nested counts as a native ``regex`` (three
-   and four levels), as a string ``pattern`` in an OpenAI ``response_format`` schema, in
-   a tool's parameters, in an Anthropic tool, in a Responses ``text.format`` (the chat
-   routes only on a model with a chat template: not with ``--quick``). Meanwhile the
-   probe key does as in 1.
+   (``--pause`` s after each answer) until the probe is done, a hostile constrained
+   stream, each with a pattern not sent before (so no compile is a cache hit): the
+   nested counts as a native ``regex`` (three and four levels), as a string ``pattern``
+   in a native schema, in an OpenAI ``response_format`` schema, in a tool's parameters,
+   in an Anthropic tool, in a Responses ``text.format`` (the chat routes only on a model
+   with a chat template: not with ``--quick``). Meanwhile the probe key does as in 1.
+   1 and 2 alternate ``--probes`` times (the machine's other load falls on both).
 3. The server's resident memory (``/proc/<pid>/status`` VmRSS, its processes together)
-   before 1 and after 2.
+   after a warm-up and at the end.
 
 Summary: ``gap_p50_ms_solo``/``gap_p90_ms_solo`` and ``..._hostile`` (the probe's gaps
 between token events; several events in one read are 0 apart), ``gap_p90_ratio``
 (hostile over solo, the target at most 1.5), ``cached_json_ms_solo``/``_hostile`` (the
 cached constrained request's latency, median), ``rss_growth_mb`` (target under 100),
-``hostile_requests``, ``hostile_statuses`` (status: count), ``five_xx`` (target 0),
-``probe_five_xx``, ``hostile_refusal`` (one refusal's message).
+``hostile_requests``, ``hostile_per_s`` (their rate), ``hostile_statuses`` (status:
+count), ``five_xx`` (target 0), ``probe_five_xx``, ``hostile_refusal`` (one refusal's
+message).
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hostile", type=int, help="hostile clients (default 8)")
     parser.add_argument("--probes", type=int, help="probe streams (default 4, quick 2)")
     parser.add_argument("--tokens", type=int, help="tokens a probe stream (default 64)")
+    parser.add_argument("--pause", type=float,
+                        help="seconds a hostile client waits after each answer (default 0.25)")
 
 
 def nested(index: int) -> str:
@@ -109,6 +113,7 @@ async def hostile(lab: Lab) -> Report:
     clients = lab.option("hostile", 8, 8)
     probes = lab.option("probes", 4, 2)
     tokens = lab.option("tokens", 64, 32)
+    pause_s = lab.option("pause", 0.25, 0.25)
     model = str(lab.server_settings.get("model") or "smollm2")
     chat = model not in QUICK_MODELS
     async with lab.server(api_keys=json.dumps(KEYS), max_body_bytes=65_536,
@@ -117,13 +122,22 @@ async def hostile(lab: Lab) -> Report:
         probe = _Probe(lab, url, tokens)
         await probe.warm()
         rss_before = _rss(pids)
-        solo = await probe.run(probes)
-        attack = _Attack(url, chat, model)
-        async with trio.open_nursery() as nursery:
-            for client in range(clients):
-                nursery.start_soon(attack.client, client, clients)
-            beside = await probe.run(probes)
-            attack.done = True
+        solo: dict[str, Any] = {"gaps": [], "cached": [], "five_xx": 0}
+        beside: dict[str, Any] = {"gaps": [], "cached": [], "five_xx": 0}
+        attack_s = 0.0
+        # Every client is built before anything is timed: building one (its TLS
+        # context) takes tens of ms of this process's loop, 8 at once some 400 ms.
+        async with _Attack(url, chat, pause_s, clients) as attack, probe:
+            for _ in range(probes):  # alternated: the machine's other load falls on both
+                _add(solo, await probe.run(1))
+                attack.done = False
+                started = time.perf_counter()
+                async with trio.open_nursery() as nursery:
+                    for client in range(clients):
+                        nursery.start_soon(attack.client, client)
+                    _add(beside, await probe.run(1))
+                    attack.done = True
+                attack_s += time.perf_counter() - started
         rss_after = _rss(pids)
     summary = {
         "gap_p50_ms_solo": _pct(solo["gaps"], 50), "gap_p90_ms_solo": _pct(solo["gaps"], 90),
@@ -135,6 +149,7 @@ async def hostile(lab: Lab) -> Report:
         "rss_before_mb": round(rss_before / 2**20), "rss_after_mb": round(rss_after / 2**20),
         "rss_growth_mb": round((rss_after - rss_before) / 2**20, 1),
         "hostile_requests": sum(attack.statuses.values()),
+        "hostile_per_s": round(sum(attack.statuses.values()) / max(attack_s, 1e-9), 1),
         "hostile_statuses": {str(k): v for k, v in sorted(attack.statuses.items())},
         "five_xx": sum(v for k, v in attack.statuses.items() if k >= 500),
         "probe_five_xx": solo["five_xx"] + beside["five_xx"],
@@ -150,7 +165,14 @@ class _Probe:
 
     def __init__(self, lab: Lab, url: str, tokens: int) -> None:
         self.lab, self.url, self.tokens = lab, url, tokens
-        self.headers = {"Authorization": f"Bearer {PROBE_KEY}"}
+        self.http = httpx.AsyncClient(base_url=url, timeout=600, trust_env=False,
+                                      headers={"Authorization": f"Bearer {PROBE_KEY}"})
+
+    async def __aenter__(self) -> _Probe:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.http.aclose()
 
     async def warm(self) -> None:
         """One of each first (the library's tokenizer view is built on the first
@@ -161,56 +183,69 @@ class _Probe:
         gaps: list[float] = []
         cached: list[float] = []
         five_xx = 0
-        async with httpx.AsyncClient(base_url=self.url, timeout=600, trust_env=False,
-                                     headers=self.headers) as client:
-            for index in range(count):
-                started = time.perf_counter()
-                generated = await client.post("/v1/generate", json={
-                    "prompt": "{", "max_new_tokens": 2, "constraint": {"type": "json_object"}})
-                cached.append((time.perf_counter() - started) * 1000)
-                five_xx += generated.status_code >= 500
-                body = {"prompt": self.lab.prompts()[index % 8], "max_new_tokens": self.tokens,
-                        "ignore_eos": True}
-                async with client.stream("POST", "/v1/stream", json=body) as response:
-                    five_xx += response.status_code >= 500
-                    last = None
-                    async for line in response.aiter_lines():
-                        if line == "event: token":
-                            now = time.perf_counter()
-                            if last is not None:
-                                gaps.append((now - last) * 1000)
-                            last = now
+        client = self.http
+        for index in range(count):
+            started = time.perf_counter()
+            generated = await client.post("/v1/generate", json={
+                "prompt": "{", "max_new_tokens": 2, "constraint": {"type": "json_object"}})
+            cached.append((time.perf_counter() - started) * 1000)
+            five_xx += generated.status_code >= 500
+            body = {"prompt": self.lab.prompts()[index % 8], "max_new_tokens": self.tokens,
+                    "ignore_eos": True}
+            async with client.stream("POST", "/v1/stream", json=body) as response:
+                five_xx += response.status_code >= 500
+                last = None
+                async for line in response.aiter_lines():
+                    if line == "event: token":
+                        now = time.perf_counter()
+                        if last is not None:
+                            gaps.append((now - last) * 1000)
+                        last = now
         return {"gaps": gaps, "cached": cached, "five_xx": five_xx}
 
 
 class _Attack:
     """The hostile key's clients: each sends hostile streams until ``done``."""
 
-    def __init__(self, url: str, chat: bool, model: str) -> None:
-        self.url, self.chat, self.model = url, chat, model
+    def __init__(self, url: str, chat: bool, pause_s: float, clients: int) -> None:
+        self.chat, self.pause_s = chat, pause_s
         self.done = False
         self.statuses: Counter[int] = Counter()
         self.by_path: dict[str, dict[str, int]] = {}
         self.refusal: str | None = None
-
-    async def client(self, client: int, clients: int) -> None:
+        self.sent = 0  # each request's pattern is the next: none is sent twice
         headers = {"Authorization": f"Bearer {HOSTILE_KEY}"}
-        index = client
-        async with httpx.AsyncClient(base_url=self.url, timeout=600, trust_env=False,
-                                     headers=headers) as http:
-            while not self.done:
-                path, body = hostile_request(index, self.chat)
-                index += clients
-                if path != "/v1/stream":
-                    body = {**body, "model": SERVED}
-                async with http.stream("POST", path, json=body) as response:
-                    text = (await response.aread()).decode(errors="replace")
-                status = response.status_code
-                self.statuses[status] += 1
-                counts = self.by_path.setdefault(path, {})
-                counts[str(status)] = counts.get(str(status), 0) + 1
-                if 400 <= status < 500 and self.refusal is None:
-                    self.refusal = text[:300]
+        self.http = [httpx.AsyncClient(base_url=url, timeout=600, trust_env=False,
+                                       headers=headers) for _ in range(clients)]
+
+    async def __aenter__(self) -> _Attack:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for http in self.http:
+            await http.aclose()
+
+    async def client(self, client: int) -> None:
+        http = self.http[client]
+        while not self.done:
+            path, body = hostile_request(self.sent, self.chat)
+            self.sent += 1
+            if path != "/v1/stream":
+                body = {**body, "model": SERVED}
+            async with http.stream("POST", path, json=body) as response:
+                text = (await response.aread()).decode(errors="replace")
+            status = response.status_code
+            self.statuses[status] += 1
+            counts = self.by_path.setdefault(path, {})
+            counts[str(status)] = counts.get(str(status), 0) + 1
+            if 400 <= status < 500 and self.refusal is None:
+                self.refusal = text[:300]
+            await trio.sleep(self.pause_s)
+
+
+def _add(into: dict[str, Any], run: dict[str, Any]) -> None:
+    for key, value in run.items():
+        into[key] += value
 
 
 def _rss(pids: list[int]) -> int:
