@@ -170,3 +170,23 @@ async def test_a_compile_that_gets_no_turn_in_time_is_429(
 def _constraint(n: int) -> Constraint:
     return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(_schema(n)["schema"]))
 
+
+
+async def test_a_refused_compile_makes_its_key_rest_and_no_other(
+    autojump_clock: trio.testing.MockClock, loaded: LoadedModel,
+) -> None:
+    """A key's refused constraint (milliseconds of CPU, part under the interpreter's
+    lock) makes its next compile wait, in proportion; another key's goes at once."""
+    from engine import InvalidConstraint
+    from engine.engine import Engine
+
+    engine = RecordingEngine(Engine(loaded, max_batch=2, num_blocks=16, block_size=16))
+    engine.compile_constraint(Constraint(ConstraintKind.JSON_OBJECT))  # the tokenizer's
+    queue = TokenizerQueue()
+    with pytest.raises(InvalidConstraint):
+        await queue.compile(engine, Constraint(ConstraintKind.REGEX, NESTED), b"a", "a")
+    started = trio.current_time()
+    await queue.compile(engine, _constraint(1), b"b", "b")
+    assert trio.current_time() == started
+    await queue.compile(engine, _constraint(2), b"a", "a")
+    assert trio.current_time() > started

@@ -10,9 +10,10 @@ key: a key's burst queues behind itself, and each key has at most one place in t
 slot's first-in-first-out queue, so keys take turns), then for the slot, in all at most
 ``COMPILE_WAIT_S``: past that, 429 with ``Retry-After``, nothing compiled. And a key's
 compiles take at most ``COMPILE_SHARE`` of a core over time: after each, its next waits
-for the CPU time it took, times ``1 / COMPILE_SHARE - 1`` (a constraint refused for its
-cost costs up to tens of ms to find out; one key sending them back to back would
-otherwise keep a core busy beside the step).
+for the CPU time it took, times ``1 / COMPILE_SHARE - 1``; after a refused one,
+``1 / REFUSED_SHARE - 1`` (a constraint refused for its cost costs milliseconds of CPU
+to find out, holding the interpreter's lock for part of them; one key sending them back
+to back would otherwise slow every stream's step).
 
 Encodes run in a worker thread (a 32k-character prompt takes tens of milliseconds: never on
 the event loop), ``TOKENIZE_THREADS`` at a time, by the engine's tokenizer copy that the
@@ -52,8 +53,12 @@ COMPILE_THREADS = 1
 # this long means a queue of many keys' compiles: the client retries after a second.
 COMPILE_WAIT_S = 10.0
 COMPILE_RETRY_AFTER_S = 1.0
-# The share of a core one key's compiles may take over time (see the module docstring).
+# The share of a core one key's compiles may take over time (see the module docstring);
+# of the compiles refused (a constraint that does not compile or costs too much), much
+# less: a client that sends them back to back is probing the server (8 ms of CPU each
+# on the embedded tokenizer: a refusal makes its key wait about 0.4 s for its next).
 COMPILE_SHARE = 0.25
+REFUSED_SHARE = 0.02
 
 
 class _Turn:
@@ -111,14 +116,17 @@ class TokenizerQueue:
                     turn.lock.release()
                     raise
             if not waiting.cancelled_caught:
-                spent = [0.0]
+                spent, share = [0.0], COMPILE_SHARE
                 try:
                     if not eng.constraint_cached(constraint, namespace):  # not meanwhile
                         await trio.to_thread.run_sync(partial(
                             _timed, spent, eng.compile_constraint, constraint, namespace,
                             owner))
+                except engine.InvalidConstraint:
+                    share = REFUSED_SHARE
+                    raise
                 finally:
-                    self._rest(owner, spent[0])
+                    self._rest(owner, spent[0], share)
                     self._compiling.release()
                     turn.lock.release()
                 return
@@ -130,14 +138,14 @@ class TokenizerQueue:
                        f"constraints are waiting to compile; none had its turn in "
                        f"{self.compile_wait_s:g} s", retry_after_s=COMPILE_RETRY_AFTER_S)
 
-    def _rest(self, owner: Hashable, spent_s: float) -> None:
-        """``owner`` took ``spent_s`` of CPU compiling: its next compile waits
-        accordingly (``COMPILE_SHARE``); the keys rested by now are forgotten."""
+    def _rest(self, owner: Hashable, spent_s: float, share: float) -> None:
+        """``owner`` took ``spent_s`` of CPU compiling: its next compile waits so that
+        its compiles take ``share`` of a core; the keys rested by now are forgotten."""
         now = trio.current_time()
         self._rested_at = {k: t for k, t in self._rested_at.items() if t > now}
         if spent_s > 0:
             start = max(now, self._rested_at.get(owner, now))
-            self._rested_at[owner] = start + spent_s * (1 / COMPILE_SHARE - 1)
+            self._rested_at[owner] = start + spent_s * (1 / share - 1)
 
     async def encode(
         self, eng: ServingEngine, request: engine.GenerationRequest

@@ -28,7 +28,8 @@ between token events; several events in one read are 0 apart), ``gap_p90_ratio``
 cached constrained request's latency, median), ``rss_growth_mb`` (target under 100),
 ``hostile_requests``, ``hostile_per_s`` (their rate), ``hostile_statuses`` (status:
 count), ``five_xx`` (target 0), ``probe_five_xx``, ``hostile_refusal`` (one refusal's
-message).
+message). With ``--control`` the hostile clients send the same bodies with an unknown
+field, refused before any compile: the difference is what the constraints cost.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hostile", type=int, help="hostile clients (default 8)")
     parser.add_argument("--probes", type=int, help="probe streams (default 4, quick 2)")
     parser.add_argument("--tokens", type=int, help="tokens a probe stream (default 64)")
+    parser.add_argument("--control", action="store_true",
+                        help="the same requests with an unknown field: refused before "
+                             "any compile (what their rate costs without constraints)")
     parser.add_argument("--pause", type=float,
                         help="seconds a hostile client waits after each answer (default 0.25)")
 
@@ -114,6 +118,7 @@ async def hostile(lab: Lab) -> Report:
     probes = lab.option("probes", 4, 2)
     tokens = lab.option("tokens", 64, 32)
     pause_s = lab.option("pause", 0.25, 0.25)
+    control = bool(getattr(lab.args, "control", False))
     model = str(lab.server_settings.get("model") or "smollm2")
     chat = model not in QUICK_MODELS
     async with lab.server(api_keys=json.dumps(KEYS), max_body_bytes=65_536,
@@ -127,7 +132,7 @@ async def hostile(lab: Lab) -> Report:
         attack_s = 0.0
         # Every client is built before anything is timed: building one (its TLS
         # context) takes tens of ms of this process's loop, 8 at once some 400 ms.
-        async with _Attack(url, chat, pause_s, clients) as attack, probe:
+        async with _Attack(url, chat, pause_s, clients, control) as attack, probe:
             for _ in range(probes):  # alternated: the machine's other load falls on both
                 _add(solo, await probe.run(1))
                 attack.done = False
@@ -155,6 +160,7 @@ async def hostile(lab: Lab) -> Report:
         "probe_five_xx": solo["five_xx"] + beside["five_xx"],
         "hostile_refusal": attack.refusal,
         "model": model,
+        "control": control,
     }
     return Report(summary, raw={"solo": solo, "hostile": beside,
                                 "by_path": attack.by_path, "server_pids": pids})
@@ -207,8 +213,9 @@ class _Probe:
 class _Attack:
     """The hostile key's clients: each sends hostile streams until ``done``."""
 
-    def __init__(self, url: str, chat: bool, pause_s: float, clients: int) -> None:
-        self.chat, self.pause_s = chat, pause_s
+    def __init__(self, url: str, chat: bool, pause_s: float, clients: int,
+                 control: bool = False) -> None:
+        self.chat, self.pause_s, self.control = chat, pause_s, control
         self.done = False
         self.statuses: Counter[int] = Counter()
         self.by_path: dict[str, dict[str, int]] = {}
@@ -232,6 +239,8 @@ class _Attack:
             self.sent += 1
             if path != "/v1/stream":
                 body = {**body, "model": SERVED}
+            if self.control:
+                body = {**body, "control_unknown_field": 1}
             async with http.stream("POST", path, json=body) as response:
                 text = (await response.aread()).decode(errors="replace")
             status = response.status_code
