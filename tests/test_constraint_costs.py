@@ -185,3 +185,17 @@ def test_the_cache_is_bounded_by_bytes_and_a_key_evicts_only_its_own() -> None:
     assert cache.get((b"b", _regex("b1"))) == "B1" and cache.get((b"c", _regex("c1"))) == "C1"
     cache.put((b"a", _regex("big")), "X", "hostile", 41)  # over a share: not kept
     assert cache.get((b"a", _regex("big"))) is None
+
+
+def test_a_template_over_the_byte_limit_is_refused_and_not_kept(
+        make_tiny_engine: MakeEngine) -> None:
+    """Under the library's default limits, and with no time budget, the nested count
+    still grows the process by tens of MB at its first masks: refused by its size."""
+    from engine.constraint_costs import ConstraintCosts
+
+    costs = ConstraintCosts(limits=None, trial_mask_ms=float("inf"),
+                            max_template_bytes=16 * 2**20)
+    engine = make_tiny_engine(constraint_costs=costs)
+    with pytest.raises(InvalidConstraint, match="MB compiled, over the limit of 16 MB"):
+        engine.compile_constraint(HOSTILE[0])
+    assert not engine.constraint_cached(HOSTILE[0])
