@@ -85,6 +85,11 @@ class RecordingEngine:
         self.compiles: list[tuple[bytes, Constraint]] = []
         self._compile_gate = threading.Event()
         self._compile_gate.set()
+        # Worker-thread tokenizer calls ("encode" prompt, "render" last content), in
+        # order; a gate that can hold the renders.
+        self.tokenizer_calls: list[tuple[str, str]] = []
+        self._render_gate = threading.Event()
+        self._render_gate.set()
         self._pace_s = 0.0
         self.events: list[EngineEvent] = []
         self.cancel_marks: dict[str, int] = {}  # id -> its tokens emitted at first cancel()
@@ -118,6 +123,8 @@ class RecordingEngine:
         return self._engine.estimate_ttft_ms(prompt_tokens, prompt_ids, cache_namespace)
 
     def tokenize(self, prompt: str) -> list[int]:
+        with self._lock:
+            self.tokenizer_calls.append(("encode", prompt))
         return self._engine.tokenize(prompt)
 
     def tokenize_if_free(self, prompt: str) -> list[int] | None:
@@ -136,6 +143,9 @@ class RecordingEngine:
     def render_chat(
         self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
     ) -> tuple[str, list[int]]:
+        with self._lock:
+            self.tokenizer_calls.append(("render", messages[-1]["content"]))
+        self._render_gate.wait()
         return self._engine.render_chat(messages, add_generation_prompt)
 
     def statistics(self) -> EngineStatistics:
@@ -187,6 +197,14 @@ class RecordingEngine:
 
     def release_compiles(self) -> None:
         self._compile_gate.set()
+
+    def hold_renders(self) -> None:
+        """From now on, each chat render waits (in its worker thread) until
+        ``release_renders``."""
+        self._render_gate.clear()
+
+    def release_renders(self) -> None:
+        self._render_gate.set()
 
     def pace(self, step_s: float) -> None:
         """From the next step on, each waits ``step_s`` before it runs (0: full speed)."""

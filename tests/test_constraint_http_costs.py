@@ -190,3 +190,34 @@ async def test_a_refused_compile_makes_its_key_rest_and_no_other(
     assert trio.current_time() == started
     await queue.compile(engine, _constraint(2), b"a", "a")
     assert trio.current_time() > started
+
+
+async def test_a_keys_burst_of_chat_renders_holds_one_place_in_the_tokenizer_queue(
+    loaded: LoadedModel,
+) -> None:
+    """Another key's encode waits for at most the one render running, not for the
+    burst (a cached constrained request took 400 ms more behind 8 hostile chat
+    requests' renders, in the lab)."""
+    from engine import GenerationRequest
+    from engine.engine import Engine
+    from tests.test_openai_sdk import with_chat_template
+
+    engine = RecordingEngine(Engine(with_chat_template(loaded), max_batch=2, num_blocks=16,
+                                    block_size=16))
+    queue = TokenizerQueue()
+    long_prompt = "b" * 600  # over INLINE_ENCODE_CHARS: encoded in the thread
+    engine.hold_renders()
+    try:
+        async with trio.open_nursery() as nursery:
+            for n in range(3):
+                nursery.start_soon(queue.render_chat, engine,
+                                   [{"role": "user", "content": f"a{n}"}], True, "a")
+                await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(queue.encode, engine, GenerationRequest("b", long_prompt),
+                               "b")
+            await trio.testing.wait_all_tasks_blocked()
+            engine.release_renders()
+    finally:
+        engine.release_renders()
+    assert engine.tokenizer_calls == [("render", "a0"), ("encode", long_prompt),
+                                      ("render", "a1"), ("render", "a2")]

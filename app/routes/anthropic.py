@@ -33,7 +33,7 @@ from quart import Blueprint, Response
 
 from engine import InvalidConstraint
 
-from ..auth import owned_request
+from ..auth import key_name, owned_request
 from ..error_handlers import answer_errors_under, error_response
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics
@@ -77,7 +77,8 @@ class AnthropicViews:
         model = self.models.check(body.model)
         deadline = ttft_deadline(timer, None, self.runtime.settings.ttft_deadline_ms)
 
-        text, prompt_ids = await self.runtime.render_chat(body.template_input(), True)
+        text, prompt_ids = await self.runtime.render_chat(body.template_input(), True,
+                                                          key_name())
         generation = body.generation_request(text, prompt_ids, ttft_deadline=deadline)
         try:
             prepared = await self.runtime.prepare(owned_request(generation), None)
@@ -109,7 +110,7 @@ class AnthropicViews:
         """
         body = CountTokensBody.model_validate_json(await read_body(), context=self.limits)
         self.models.check(body.model)
-        _, ids = await self.runtime.render_chat(body.template_input(), True)
+        _, ids = await self.runtime.render_chat(body.template_input(), True, key_name())
         return json_response({"input_tokens": len(ids)})
 
     async def refuse(self, exc: Exception) -> Response:

@@ -26,7 +26,7 @@ from quart import Blueprint, Quart, Response
 
 from engine import InvalidConstraint
 
-from ..auth import owned_request
+from ..auth import key_name, owned_request
 from ..error_handlers import answer_errors_under, error_response
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics, RequestTimer
@@ -88,7 +88,8 @@ class OpenAIViews:
         model = self.models.check(body.model)
 
         text, prompt_ids = await self.runtime.render_chat(body.template_input(),
-                                                          body.add_generation_prompt)
+                                                          body.add_generation_prompt,
+                                                          key_name())
         generation = body.generation_request(text, self.limits, prompt_ids,
                                              ttft_deadline=self.deadline_of(timer, body))
         with refused_constraint(body):

@@ -135,7 +135,8 @@ class ResponsesViews:
         shared = self.runtime.settings.resume_store is not None
         deadline = ttft_deadline(timer, body.deadline_ms, self.runtime.settings.ttft_deadline_ms)
 
-        text, prompt_ids = await self.runtime.render_chat(body.prompt_turns(context), True)
+        text, prompt_ids = await self.runtime.render_chat(body.prompt_turns(context), True,
+                                                          key_name())
         generation = owned_request(GenerationRequest(
             request_id=uuid.uuid4().hex, prompt=text, max_new_tokens=new_tokens,
             sampling=SamplingParams(

@@ -15,10 +15,11 @@ for the CPU time it took, times ``1 / COMPILE_SHARE - 1``; after a refused one,
 to find out, holding the interpreter's lock for part of them; one key sending them back
 to back would otherwise slow every stream's step).
 
-Encodes run in a worker thread (a 32k-character prompt takes tens of milliseconds: never on
-the event loop), ``TOKENIZE_THREADS`` at a time, by the engine's tokenizer copy that the
-stepping thread never uses; a short prompt is encoded on the event loop when that
-tokenizer is free. Knows the engine only as ``ServingEngine``.
+Encodes and chat renders run in a worker thread (a 32k-character prompt takes tens of
+milliseconds: never on the event loop), ``TOKENIZE_THREADS`` at a time, by the engine's
+tokenizer copy that the stepping thread never uses, each owner (a key, a tenant) holding
+at most one place in its first-in-first-out queue; a short prompt is encoded on the
+event loop when that tokenizer is free. Knows the engine only as ``ServingEngine``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
+from typing import TypeVar
 
 import trio
 
@@ -35,6 +37,8 @@ import streams
 
 from ..errors import ApiError
 from .loading import ServingEngine
+
+_T = TypeVar("_T")
 
 # Prompts encoded at once, each in a worker thread. The engine encodes with one tokenizer
 # copy under one lock, so a second thread would only wait there, uncancellably; queued
@@ -81,6 +85,7 @@ class TokenizerQueue:
         # prompt's encode (nor the other way round).
         self._compiling = trio.CapacityLimiter(COMPILE_THREADS)
         self._turns: dict[Hashable, _Turn] = {}
+        self._tokenizer_turns: dict[Hashable, _Turn] = {}  # encodes and renders, per owner
         self._rested_at: dict[Hashable, float] = {}  # when a key may compile again
         self.compile_wait_s = compile_wait_s
 
@@ -147,10 +152,26 @@ class TokenizerQueue:
             start = max(now, self._rested_at.get(owner, now))
             self._rested_at[owner] = start + spent_s * (1 / share - 1)
 
+    async def _in_turn(self, call: Callable[[], _T], owner: Hashable) -> _T:
+        """``call()`` in the tokenizer's thread, after ``owner``'s previous call: each
+        owner holds at most one place in the thread's first-in-first-out queue (a burst
+        of one key's chat renders made another key's one-token encode wait 400 ms)."""
+        turn = self._tokenizer_turns.setdefault(owner, _Turn())
+        turn.users += 1
+        try:
+            async with turn.lock:
+                return await trio.to_thread.run_sync(call, limiter=self._limiter)
+        finally:
+            turn.users -= 1
+            if not turn.users:
+                del self._tokenizer_turns[owner]
+
     async def encode(
-        self, eng: ServingEngine, request: engine.GenerationRequest
+        self, eng: ServingEngine, request: engine.GenerationRequest,
+        owner: Hashable = None,
     ) -> engine.GenerationRequest:
-        """``request`` with its ``prompt_token_ids`` (as it is if it has them already).
+        """``request`` with its ``prompt_token_ids`` (as it is if it has them already),
+        encoded in ``owner``'s turn (None: its tenant's, ``cache_namespace``).
 
         Cancellation: while queued for a tokenizer thread, or while an encode runs (it
         is never abandoned; it takes milliseconds): nothing changes.
@@ -164,15 +185,16 @@ class TokenizerQueue:
             inline = eng.tokenize_if_free(request.prompt)
             ids = None if inline is None else tuple(inline)
         if ids is None:
-            ids = await trio.to_thread.run_sync(partial(_prompt_ids, eng, request.prompt),
-                                                limiter=self._limiter)
+            owner = request.cache_namespace if owner is None else owner
+            ids = await self._in_turn(partial(_prompt_ids, eng, request.prompt), owner)
         return replace(request, prompt_token_ids=ids)
 
     async def render_chat(
         self, eng: ServingEngine, messages: Sequence[Mapping[str, str]],
-        add_generation_prompt: bool,
+        add_generation_prompt: bool, owner: Hashable = None,
     ) -> tuple[str, tuple[int, ...]]:
-        """Chat messages as the model's chat template renders them: the text and its ids.
+        """Chat messages as the model's chat template renders them: the text and its ids,
+        in ``owner``'s turn (None: one turn for every caller that names none).
 
         Raises:
             engine.ChatTemplateError: no chat template, or it refused the messages.
@@ -181,7 +203,7 @@ class TokenizerQueue:
         nothing was made.
         """
         render = partial(eng.render_chat, messages, add_generation_prompt)
-        text, ids = await trio.to_thread.run_sync(render, limiter=self._limiter)
+        text, ids = await self._in_turn(render, owner)
         return text, tuple(ids)
 
 

@@ -197,21 +197,22 @@ class Runtime:
         """
         self._ready_hub().check_deadline(request)  # before the encode's queue
         assert self.engine is not None  # READY: built
-        encoded = await self._prompts.encode(self.engine, request)
+        credential = None if self.shares is None else self.shares.owner(request.request_id)
+        owner = None if credential is None else credential.name  # None: its tenant
+        encoded = await self._prompts.encode(self.engine, request, owner)
         if request.constraint is not None:  # compiled off the loop, before any byte
-            credential = None if self.shares is None else self.shares.owner(
-                request.request_id)
             await self._prompts.compile(  # in the tenant's cache, within its key's share
-                self.engine, request.constraint, request.cache_namespace,
-                None if credential is None else credential.name)
+                self.engine, request.constraint, request.cache_namespace, owner)
         return Prepared(encoded, policy, tuple(resume_from))
 
     async def render_chat(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool,
+        owner: str | None = None,
     ) -> tuple[str, tuple[int, ...]]:
         """Chat messages as the model's chat template renders them: the text and its
-        token ids, in one worker-thread call. The route then builds its request of them
-        and calls ``prepare`` (which keeps the ids), as for a prompt.
+        token ids, in one worker-thread call, in ``owner``'s turn (the API key's name;
+        None: one turn shared by every caller that names none). The route then builds
+        its request of them and calls ``prepare`` (which keeps the ids), as for a prompt.
 
         Raises:
             ApiError: not ready, stopping or failed (503).
@@ -222,7 +223,8 @@ class Runtime:
         """
         self._ready_hub()
         assert self.engine is not None  # READY: built
-        return await self._prompts.render_chat(self.engine, messages, add_generation_prompt)
+        return await self._prompts.render_chat(self.engine, messages, add_generation_prompt,
+                                               owner)
 
     def open(self, prepared: Prepared, *, resumable: bool = False,
              rebuilt: bool = False) -> streams.TokenStream:
