@@ -10,6 +10,7 @@ framework; this module chooses the ``ApiError`` that answers an exception
     │                                  invalid_request       422  (wrong, unknown, out-of-range)
     ├── engine.InvalidRequest
     │   ├── PromptTooLong          ->  prompt_too_long       422
+    │   ├── InvalidConstraint      ->  invalid_constraint    422
     │   └── (the others)           ->  invalid_request       422
     ├── streams.HubError
     │   ├── WaitingLimitReached    ->  too_many_waiting      429  + Retry-After
@@ -77,6 +78,8 @@ def api_error_for(exc: BaseException) -> ApiError:
             return _validation_error(exc)
         case engine.PromptTooLong():
             return ApiError(ErrorType.PROMPT_TOO_LONG, str(exc))
+        case engine.InvalidConstraint():
+            return ApiError(ErrorType.INVALID_CONSTRAINT, str(exc))
         case engine.InvalidRequest():
             return ApiError(ErrorType.INVALID_REQUEST, str(exc))
         case streams.WaitingLimitReached():

@@ -22,6 +22,7 @@ STATUS: dict[ErrorType, int] = {
     ErrorType.UNAUTHORIZED: 401,
     ErrorType.INVALID_JSON: 422,
     ErrorType.INVALID_REQUEST: 422,
+    ErrorType.INVALID_CONSTRAINT: 422,
     ErrorType.PROMPT_TOO_LONG: 422,
     ErrorType.BODY_TOO_LARGE: 413,
     ErrorType.UNSUPPORTED_MEDIA_TYPE: 415,

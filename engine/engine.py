@@ -32,11 +32,12 @@ detokenizing happens only in the stepping thread: no tokenizer is shared by two 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from collections.abc import Sequence as Seq
 
 from .admission import DEFAULT_WATERMARK, ON_DEMAND, AdmissionPolicy
 from .block_allocator import BlockAllocator
+from .constraint_costs import ConstraintCosts
 from .costs import StepCosts, calibrate
 from .inbox import Op
 from .intake import Intake
@@ -90,6 +91,8 @@ class Engine:
             that runs them one pass each gives the exact mode (``tools/serial_prefill``).
         clock: what TTFT deadlines are read against (``GenerationRequest.ttft_deadline``
             is in its seconds): ``time.monotonic``; a test may give its own.
+        constraint_costs: the bounds on what a constraint may cost, at compile and in
+            the step (``constraint_costs``; None: the defaults).
     """
 
     def __init__(
@@ -109,6 +112,7 @@ class Engine:
         prefix_cache: bool = False,
         runner: Runner | None = None,
         clock: Callable[[], float] = time.monotonic,
+        constraint_costs: ConstraintCosts | None = None,
     ) -> None:
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer  # the stepping thread's: detokenizers use it
@@ -138,10 +142,11 @@ class Engine:
         if runner is None:
             from .model_runner import ModelRunner  # the torch side, only when it is needed
 
-            runner = ModelRunner(loaded, num_blocks=num_blocks, block_size=block_size)  # type: ignore[arg-type]
+            runner = ModelRunner(loaded, num_blocks=num_blocks, block_size=block_size,  # type: ignore[arg-type]
+                                 mask_budget_ms=(constraint_costs or ConstraintCosts()).mask_ms)
         self.runner = runner
         self._intake = Intake(loaded, runner, min(loaded.max_context, num_blocks * block_size),
-                              self.scheduler.recorder.eos_token_ids)
+                              self.scheduler.recorder.eos_token_ids, constraint_costs)
         self.vocab_size = self._intake.vocab_size  # token ids given to submit are below it
         # Prompt and new tokens together, at most (the model's context, or the whole cache
         # if smaller): what check_budget refuses beyond, for servers to fit limits to.
@@ -221,16 +226,25 @@ class Engine:
         self.scheduler.inbox.post_submit(seq)
         return seq.num_prompt_tokens
 
-    def compile_constraint(self, constraint: Constraint) -> None:
+    def compile_constraint(self, constraint: Constraint, namespace: bytes = b"",
+                           owner: Hashable = None) -> None:
         """Compile a request's constraint now, so that its ``submit`` finds it compiled
-        (``constraints``: a bounded cache keyed by the constraint). Thread-safe and
-        blocking (milliseconds; the first constraint also builds the library's view of
-        the tokenizer, seconds): a server runs it in a worker thread while validating.
+        (``constraints``: a cache keyed by the request's ``cache_namespace`` and the
+        constraint, bounded by bytes, ``owner``'s share of it at most; None: the
+        namespace's). Thread-safe and blocking (milliseconds, one compile at a time;
+        the first constraint also builds the library's view of the tokenizer,
+        seconds): a server runs it in a worker thread while validating.
 
         Raises:
-            InvalidConstraint: the library refuses it (the message says why).
+            InvalidConstraint: the library refuses it, or it costs too much
+                (``constraint_costs``); the message says why. Nothing is kept.
         """
-        self._intake.compile(constraint)
+        self._intake.compile(constraint, namespace, owner)
+
+    def constraint_cached(self, constraint: Constraint, namespace: bytes = b"") -> bool:
+        """Whether ``namespace`` has ``constraint`` compiled. Never waits: an event loop
+        may ask, and compile in a thread only when not."""
+        return self._intake.constraints.cached(constraint, namespace)
 
     def check_budget(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """Raise PromptTooLong if the request can never fit the cache or the model."""

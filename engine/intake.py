@@ -14,10 +14,11 @@ stepping thread.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from collections.abc import Sequence as Seq
 from typing import Any
 
+from .constraint_costs import ConstraintCosts
 from .constraints import Constraints
 from .errors import EmptyPrompt, InvalidMaxNewTokens, PromptTooLong
 from .model_side import ModelSource, Runner
@@ -35,15 +36,17 @@ class Intake:
         runner: the model side (its generators).
         max_positions: the most positions a sequence may take (model context, cache).
         eos_token_ids: the engine's: where a constraint may end.
+        costs: the bounds on a constraint's cost (None: the defaults).
     """
 
     def __init__(self, loaded: ModelSource, runner: Runner, max_positions: int,
-                 eos_token_ids: frozenset[int]) -> None:
+                 eos_token_ids: frozenset[int], costs: ConstraintCosts | None = None) -> None:
         self.vocab_size = vocab_size_of(loaded)  # token ids given to submit are below it
         self.tokenizer: Any = loaded.tokenizer  # the stepping thread's: detokenizers use it
         self._text_decoder = text_decoder(loaded.tokenizer)
         self.encoder = PromptEncoder(loaded.tokenizer, max_tokens=loaded.max_context)
-        self.constraints = Constraints(loaded.tokenizer, self.vocab_size, eos_token_ids)
+        self.constraints = Constraints(loaded.tokenizer, self.vocab_size, eos_token_ids,
+                                       costs)
         self._runner = runner
         self._max_positions = max_positions
 
@@ -72,12 +75,15 @@ class Intake:
             stop_matcher=StopMatcher(tuple(request.stop)),
             generator=self._runner.new_generator(request.sampling),
             generated_ids=list(resume_from),
-            matcher=None if constraint is None else self.constraints.matcher(constraint),
+            matcher=None if constraint is None else self.constraints.matcher(
+                constraint, request.cache_namespace),
         )
 
-    def compile(self, constraint: Constraint) -> None:
-        """Compile ``constraint`` now (cached), raising InvalidConstraint if it does not."""
-        self.constraints.compile(constraint)
+    def compile(self, constraint: Constraint, namespace: bytes = b"",
+                owner: Hashable = None) -> None:
+        """Compile ``constraint`` now for ``namespace`` (cached, within ``owner``'s
+        share), raising InvalidConstraint if it does not."""
+        self.constraints.compile(constraint, namespace, owner)
 
     def check_budget(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """Raise PromptTooLong if the request can never fit the cache or the model."""

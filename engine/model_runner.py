@@ -27,7 +27,7 @@ import torch
 
 from . import cpu_linear, penalties, sampling
 from .attention import ATTENTION_NAME, register_paged_attention
-from .constraints import ConstraintDeadEnd
+from .constraint_costs import MASK_MS
 from .kv_cache import PagedKVCache
 from .paged_batch import PagedBatch, decode_batch, mixed_batch, prefill_batch
 
@@ -41,8 +41,10 @@ if TYPE_CHECKING:
 class ModelRunner:
     """One model over one paged KV cache of ``num_blocks`` blocks of ``block_size``."""
 
-    def __init__(self, loaded: LoadedModel, *, num_blocks: int, block_size: int) -> None:
+    def __init__(self, loaded: LoadedModel, *, num_blocks: int, block_size: int,
+                 mask_budget_ms: float = MASK_MS) -> None:
         self.model = loaded.model
+        self.mask_budget_ms = mask_budget_ms  # a constrained row's mask, at most
         self.device = loaded.device
         register_paged_attention()
         self.model.set_attn_implementation(ATTENTION_NAME)
@@ -192,14 +194,15 @@ class ModelRunner:
         """Each row's next token (with its log-probabilities if its request asked: the
         same logits, ``sampling.logprobs``), or the exception sampling that row raised;
         a constrained row's from the logits its grammar allows (``sampling.constrain``),
-        a row whose grammar allows none gets ``ConstraintDeadEnd``; a row with penalties
-        or a logit bias has them applied next, from its own tokens (``penalties``)."""
-        dead = sampling.constrain(logits, [seq.matcher for seq in seqs])
+        a row whose grammar allows none, or whose mask cost more than the budget, gets
+        its ``ConstraintDeadEnd``; a row with penalties or a logit bias has them applied
+        next, from its own tokens (``penalties``)."""
+        dead = sampling.constrain(logits, [seq.matcher for seq in seqs], self.mask_budget_ms)
         penalties.penalize(logits, [
             (seq.request.sampling, seq.prompt_ids, seq.generated_ids) for seq in seqs])
         outcomes = sampling.sample(logits, [
             (seq.request.sampling, cast("torch.Generator | None", seq.generator))
             for seq in seqs])
-        for row in dead:
-            outcomes[row] = ConstraintDeadEnd("the constraint allows no further token")
+        for row, ended in dead.items():
+            outcomes[row] = ended
         return outcomes

@@ -14,11 +14,14 @@ A constrained row (``constraints``) has its grammar's mask applied to its logits
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from .constraint_costs import MASK_MS
+from .constraints import ConstraintDeadEnd, ConstraintOverBudget
 from .logprobs import MIN_LOGPROB, Outcome, Sampled
 from .types import SamplingParams
 
@@ -64,28 +67,38 @@ def advance(generator: torch.Generator, vocab_size: int, draws: int) -> None:
         torch.multinomial(uniform, 1, generator=generator)
 
 
-def constrain(logits: torch.Tensor, matchers: Sequence[object | None]) -> list[int]:
+def constrain(logits: torch.Tensor, matchers: Sequence[object | None],
+              budget_ms: float = MASK_MS) -> dict[int, ConstraintDeadEnd]:
     """Apply each constrained row's next-token mask to its row of ``logits`` (batch,
-    vocab) in place (the others untouched); the rows whose constraint allows no token
-    (a dead end: the caller finishes them). No mask work when no row is constrained.
+    vocab) in place (the others untouched); the rows that must end, each with why: its
+    constraint allows no token (a dead end), or its mask took more than ``budget_ms``
+    of this thread's CPU (``ConstraintOverBudget``: one row never holds the step
+    longer than one mask, and the library's limits bound that mask). The caller
+    finishes them. No mask work when no row is constrained.
 
     The library fills a bit mask per row (``llguidance.numpy``); it is unpacked and
     applied here with plain torch ops: ``llguidance.torch``'s own kernel is compiled by
     torch on its first call, which took 10 s on this machine, inside a step."""
     rows = [row for row, matcher in enumerate(matchers) if matcher is not None]
     if not rows:
-        return []
+        return {}
     from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
     vocab = logits.shape[1]
     mask = allocate_token_bitmask(len(rows), vocab)
-    broken = []
+    ended: dict[int, ConstraintDeadEnd] = {}
     for index, row in enumerate(rows):
         matcher: Any = matchers[row]
         if matcher.is_error():
-            broken.append(index)
-        else:
-            fill_next_token_bitmask(matcher, mask, index)
+            ended[row] = ConstraintDeadEnd("the constraint allows no further token")
+            continue
+        started = time.thread_time()
+        fill_next_token_bitmask(matcher, mask, index)
+        spent_ms = (time.thread_time() - started) * 1000
+        if spent_ms > budget_ms:
+            ended[row] = ConstraintOverBudget(
+                f"the constraint's mask took {spent_ms:.0f} ms of CPU, over the step's "
+                f"budget of {budget_ms:g} ms a row")
     bits = torch.from_numpy(mask).unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)
     allowed = (bits & 1).flatten(1)[:, :vocab].bool().to(logits.device)
     every = len(rows) == logits.shape[0]
@@ -93,8 +106,9 @@ def constrain(logits: torch.Tensor, matchers: Sequence[object | None]) -> list[i
     scores.masked_fill_(~allowed, float("-inf"))
     if not every:
         logits[rows] = scores
-    empty = (~allowed.any(dim=1)).nonzero().flatten().tolist()
-    return sorted({rows[index] for index in (*broken, *empty)})
+    for index in (~allowed.any(dim=1)).nonzero().flatten().tolist():
+        ended.setdefault(rows[index], ConstraintDeadEnd("the constraint allows no further token"))
+    return dict(sorted(ended.items()))
 
 
 def greedy(logits: torch.Tensor) -> list[int]:

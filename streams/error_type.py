@@ -17,6 +17,8 @@ class ErrorType(enum.StrEnum):
     UNAUTHORIZED = "unauthorized"  # STREAMSCOPE_API_KEY is set; no or a wrong bearer token
     INVALID_JSON = "invalid_json"  # the body is not a JSON document
     INVALID_REQUEST = "invalid_request"  # a field is missing, unknown, mistyped or out of range
+    # a request's constraint does not compile, or costs too much (engine/constraint_costs.py)
+    INVALID_CONSTRAINT = "invalid_constraint"
     PROMPT_TOO_LONG = "prompt_too_long"  # prompt + max_new_tokens exceed the token budget
     BODY_TOO_LARGE = "body_too_large"  # over MAX_BODY_BYTES, by Content-Length or as read
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # a body not sent as application/json

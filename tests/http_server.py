@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -81,6 +81,15 @@ class RecordingEngine:
         self._lock = threading.Lock()
         self._gate = threading.Event()
         self._gate.set()
+        # Compiles started (namespace, constraint), in order; a gate that can hold them.
+        self.compiles: list[tuple[bytes, Constraint]] = []
+        self._compile_gate = threading.Event()
+        self._compile_gate.set()
+        # Worker-thread tokenizer calls ("encode" prompt, "render" last content), in
+        # order; a gate that can hold the renders.
+        self.tokenizer_calls: list[tuple[str, str]] = []
+        self._render_gate = threading.Event()
+        self._render_gate.set()
         self._pace_s = 0.0
         self.events: list[EngineEvent] = []
         self.cancel_marks: dict[str, int] = {}  # id -> its tokens emitted at first cancel()
@@ -118,17 +127,29 @@ class RecordingEngine:
         return self._engine.max_positions
 
     def tokenize(self, prompt: str) -> list[int]:
+        with self._lock:
+            self.tokenizer_calls.append(("encode", prompt))
         return self._engine.tokenize(prompt)
 
     def tokenize_if_free(self, prompt: str) -> list[int] | None:
         return self._engine.tokenize_if_free(prompt)
 
-    def compile_constraint(self, constraint: Constraint) -> None:
-        self._engine.compile_constraint(constraint)
+    def compile_constraint(self, constraint: Constraint, namespace: bytes = b"",
+                           owner: Hashable = None) -> None:
+        with self._lock:
+            self.compiles.append((namespace, constraint))
+        self._compile_gate.wait()
+        self._engine.compile_constraint(constraint, namespace, owner)
+
+    def constraint_cached(self, constraint: Constraint, namespace: bytes = b"") -> bool:
+        return self._engine.constraint_cached(constraint, namespace)
 
     def render_chat(
         self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
     ) -> tuple[str, list[int]]:
+        with self._lock:
+            self.tokenizer_calls.append(("render", messages[-1]["content"]))
+        self._render_gate.wait()
         return self._engine.render_chat(messages, add_generation_prompt)
 
     def chat_template_uses(self, name: str) -> bool:
@@ -175,6 +196,22 @@ class RecordingEngine:
 
     def release(self) -> None:
         self._gate.set()
+
+    def hold_compiles(self) -> None:
+        """From now on, each constraint's compile waits (in its worker thread) until
+        ``release_compiles``."""
+        self._compile_gate.clear()
+
+    def release_compiles(self) -> None:
+        self._compile_gate.set()
+
+    def hold_renders(self) -> None:
+        """From now on, each chat render waits (in its worker thread) until
+        ``release_renders``."""
+        self._render_gate.clear()
+
+    def release_renders(self) -> None:
+        self._render_gate.set()
 
     def pace(self, step_s: float) -> None:
         """From the next step on, each waits ``step_s`` before it runs (0: full speed)."""

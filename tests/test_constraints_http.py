@@ -83,12 +83,13 @@ async def test_generate_with_a_regex_and_a_grammar(server: RunningServer) -> Non
     assert anything.json()["text"].startswith("{")
 
 
-async def _refused(server: RunningServer, constraint: Any) -> dict[str, Any]:
+async def _refused(server: RunningServer, constraint: Any,
+                   kind: str = "invalid_request") -> dict[str, Any]:
     response, raw = await _stream(server, {"prompt": "A", "constraint": constraint})
     assert response.status_code == 422, raw
     assert response.headers["content-type"].startswith("application/json")
     body = json.loads(raw)
-    assert list(body) == ["error"] and body["error"]["type"] == "invalid_request", body
+    assert list(body) == ["error"] and body["error"]["type"] == kind, body
     message = body["error"]["message"]
     assert isinstance(message, str)
     return body
@@ -96,11 +97,13 @@ async def _refused(server: RunningServer, constraint: Any) -> dict[str, Any]:
 
 async def test_a_constraint_that_does_not_compile_is_refused_before_the_stream(
         server: RunningServer) -> None:
-    bad_schema = await _refused(server, {"type": "json_schema", "schema": {"type": "frob"}})
+    bad_schema = await _refused(server, {"type": "json_schema", "schema": {"type": "frob"}},
+                                "invalid_constraint")
     assert "does not compile" in bad_schema["error"]["message"]
-    bad_regex = await _refused(server, {"type": "regex", "pattern": "(("})
+    bad_regex = await _refused(server, {"type": "regex", "pattern": "(("}, "invalid_constraint")
     assert "does not compile" in bad_regex["error"]["message"]
-    bad_grammar = await _refused(server, {"type": "grammar", "grammar": "start: ((("})
+    bad_grammar = await _refused(server, {"type": "grammar", "grammar": "start: ((("},
+                                 "invalid_constraint")
     assert "does not compile" in bad_grammar["error"]["message"]
     await _refused(server, {"type": "frob"})
     await _refused(server, {"type": "regex", "pattern": "a", "extra": 1})

@@ -29,7 +29,7 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +53,12 @@ class MaskTimer:
         self.seconds = 0.0
         self.cpu_seconds = 0.0  # this thread's CPU time: what a loaded machine's waits leave out
         self.rows = 0
-        self._inner: Callable[..., list[int]] = sampling.constrain
+        self._inner: Callable[..., Mapping[int, Exception]] = sampling.constrain
 
-    def __call__(self, logits: torch.Tensor, matchers: Any) -> list[int]:
+    def __call__(self, logits: torch.Tensor, matchers: Any,
+                 *budget: float) -> Mapping[int, Exception]:
         started, cpu = time.perf_counter(), time.thread_time()
-        dead = self._inner(logits, matchers)
+        dead = self._inner(logits, matchers, *budget)
         self.seconds += time.perf_counter() - started
         self.cpu_seconds += time.thread_time() - cpu
         self.rows += sum(m is not None for m in matchers)

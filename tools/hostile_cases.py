@@ -7,7 +7,8 @@ strategy) must send the same cases; ``tools/hostile_client.py`` sends one and ju
 A ``HostileCase`` is one request to a JSON route (``ROUTES``): a body of some ``kind``
 (arbitrary bytes, arbitrary JSON, wrong types, huge numbers, deep nesting, NUL, invalid
 UTF-8, over the size limit, or a small valid request so that real streams run among the
-hostile ones), a content type (or none, or an odd one), and a ``Framing``:
+hostile ones, or one with a constraint: a schema, regex or grammar, ordinary, broken,
+random or dear, ``constraints``), a content type (or none, or an odd one), and a ``Framing``:
 
 * ``LENGTH``: ``Content-Length`` and the whole body;
 * ``CHUNKED``: ``Transfer-Encoding: chunked`` in random chunk sizes (sometimes with a
@@ -53,6 +54,26 @@ ODD_CONTENT_TYPES = (None, "text/plain", "", "application/x-www-form-urlencoded"
                      "application/json; charset=\x7f\x80", "APPLICATION/JSON",
                      "application/json; charset=utf-8")
 ODD_TYPE_EVERY = 8
+# Constraints (issue 43): ordinary ones, broken ones, the nested counts that cost 50-150 ms
+# a mask under the library's default limits, and random regex and grammar text.
+NESTED_COUNTS = ("((a{60}){60}){60}", "(((a{20}){20}){20}){20}", "(.{1,50}){1,50}z",
+                 "((x{40}){40}){40}y", "(a|aa){1,60}b")
+REGEX_TEXT = "ab.()[]{}|*+?^$\\0123456789,-"
+constraints = st.one_of(
+    st.just({"type": "json_object"}),
+    st.sampled_from(NESTED_COUNTS).map(lambda p: {"type": "regex", "pattern": p}),
+    st.sampled_from(NESTED_COUNTS).map(lambda p: {"type": "json_schema", "schema": {
+        "type": "object", "properties": {"a": {"type": "string", "pattern": p}}}}),
+    st.text(REGEX_TEXT, max_size=24).map(lambda p: {"type": "regex", "pattern": p}),
+    st.sampled_from(('start: "yes" | "no"', "start: a\na: a", "start: /[0-9]{1,3}/",
+                     'start: ("x" start)?', "start: ((((")).map(
+        lambda g: {"type": "grammar", "grammar": g}),
+    st.sampled_from(({"type": "integer", "minimum": 0, "maximum": 9},
+                     {"type": "object", "properties": {"n": {"type": "number"}}},
+                     {"type": "string", "maxLength": 5}, {"type": "frob"},
+                     {"type": "array", "items": {"type": "boolean"}, "maxItems": 2})).map(
+        lambda schema: {"type": "json_schema", "schema": schema}),
+)
 content_types = st.integers(1, ODD_TYPE_EVERY).flatmap(
     lambda n: st.sampled_from(ODD_CONTENT_TYPES) if n == 1 else st.just(JSON))
 
@@ -146,7 +167,8 @@ def _dump(value: Any, ascii_only: bool = True) -> bytes:
 def bodies(draw: st.DrawFn, path: str, max_body_bytes: int) -> tuple[str, bytes]:
     """(kind, body) for ``path``; see the module docstring for the kinds."""
     kind = draw(st.sampled_from(("bytes", "json", "wrong_types", "wrong_types", "numbers",
-                                 "nesting", "nul", "utf8", "oversize", "valid", "valid")))
+                                 "nesting", "nul", "utf8", "oversize", "valid", "valid",
+                                 "constraint")))
     prompt = draw(st.text(min_size=1, max_size=24))
     if kind == "bytes":
         return kind, draw(st.binary(max_size=300))
@@ -180,7 +202,27 @@ def bodies(draw: st.DrawFn, path: str, max_body_bytes: int) -> tuple[str, bytes]
     if kind == "oversize":
         size = draw(st.integers(max_body_bytes, 4 * max_body_bytes))
         return kind, b'{"prompt": "' + b"a" * size + b'"}'
-    return kind, _dump(_valid(path, prompt, draw(st.integers(1, 4)), draw(st.booleans())))
+    body = _valid(path, prompt, draw(st.integers(1, 4)), draw(st.booleans()))
+    if kind == "constraint":
+        body.update(_constrained(path, draw(constraints)))
+    return kind, _dump(body)
+
+
+def _constrained(path: str, constraint: dict[str, Any]) -> dict[str, Any]:
+    """The fields that carry ``constraint`` (a native one) on ``path``: as it is on the
+    native routes, a ``response_format`` on the OpenAI ones (a regex or grammar has no
+    OpenAI form: sent as a schema's string pattern, or as the native field, refused)."""
+    if path in ("/v1/stream", "/v1/generate"):
+        return {"constraint": constraint}
+    if constraint.get("type") == "json_schema":
+        return {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": constraint.get("schema")}}}
+    if constraint.get("type") == "regex":
+        return {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "string", "pattern": constraint.get("pattern")}}}}
+    if constraint.get("type") == "json_object":
+        return {"response_format": {"type": "json_object"}}
+    return {"constraint": constraint}
 
 
 def _valid(path: str, prompt: str, tokens: int, stream: bool) -> dict[str, Any]:

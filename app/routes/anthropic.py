@@ -33,7 +33,7 @@ from quart import Blueprint, Response
 
 from engine import InvalidConstraint
 
-from ..auth import owned_request
+from ..auth import key_name, owned_request
 from ..error_handlers import answer_errors_under, error_response
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics
@@ -77,13 +77,14 @@ class AnthropicViews:
         model = self.models.check(body.model)
         deadline = ttft_deadline(timer, None, self.runtime.settings.ttft_deadline_ms)
 
-        text, prompt_ids = await self.runtime.render_chat(body.template_input(), True)
+        text, prompt_ids = await self.runtime.render_chat(body.template_input(), True,
+                                                          key_name())
         generation = body.generation_request(text, prompt_ids, ttft_deadline=deadline)
         try:
             prepared = await self.runtime.prepare(owned_request(generation), None,
                                                   new_tokens_field="max_tokens")
         except InvalidConstraint as exc:
-            raise ApiError(ErrorType.INVALID_REQUEST, f"tools: {exc}") from None
+            raise ApiError(ErrorType.INVALID_CONSTRAINT, f"tools: {exc}") from None
         tools = body.tool_use() is not None
         stream = open_owned(self.runtime, prepared, timer)
         headers = {"request-id": stream.request_id}
@@ -110,7 +111,7 @@ class AnthropicViews:
         """
         body = CountTokensBody.model_validate_json(await read_body(), context=self.limits)
         self.models.check(body.model)
-        _, ids = await self.runtime.render_chat(body.template_input(), True)
+        _, ids = await self.runtime.render_chat(body.template_input(), True, key_name())
         return json_response({"input_tokens": len(ids)})
 
     async def refuse(self, exc: Exception) -> Response:

@@ -33,6 +33,7 @@ from ..errors import STATUS, ApiError, ErrorType
 _ANTHROPIC_STATUS = {
     ErrorType.INVALID_JSON: 400,
     ErrorType.INVALID_REQUEST: 400,
+    ErrorType.INVALID_CONSTRAINT: 400,
     ErrorType.PROMPT_TOO_LONG: 400,
     ErrorType.TOO_MANY_WAITING: 529,
     ErrorType.SHUTDOWN: 529,

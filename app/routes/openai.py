@@ -27,7 +27,7 @@ from quart import Blueprint, Quart, Response
 
 from engine import InvalidConstraint
 
-from ..auth import owned_request
+from ..auth import key_name, owned_request
 from ..error_handlers import answer_errors_under, error_response
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics, RequestTimer
@@ -103,7 +103,8 @@ class OpenAIViews:
         model = self.models.check(body.model)
 
         text, prompt_ids = await self.runtime.render_chat(body.template_input(),
-                                                          body.add_generation_prompt)
+                                                          body.add_generation_prompt,
+                                                          key_name())
         self.refuse_unused_field(body)
         generation = body.generation_request(text, self.limits, prompt_ids,
                                              ttft_deadline=self.deadline_of(timer, body))
@@ -209,7 +210,7 @@ def refused_constraint(body: OpenAIBody) -> Iterator[None]:
     try:
         yield
     except InvalidConstraint as exc:
-        raise OpenAIError(ApiError(ErrorType.INVALID_REQUEST, str(exc)),
+        raise OpenAIError(ApiError(ErrorType.INVALID_CONSTRAINT, str(exc)),
                           param=body.constraint_param) from None
 
 

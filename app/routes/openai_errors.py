@@ -30,6 +30,7 @@ OWNED_BY = "streamscope"
 _OPENAI_STATUS = {
     ErrorType.INVALID_JSON: 400,
     ErrorType.INVALID_REQUEST: 400,
+    ErrorType.INVALID_CONSTRAINT: 400,
     ErrorType.PROMPT_TOO_LONG: 400,
 }
 _OPENAI_TYPES = {401: "authentication_error", 429: "rate_limit_error"}

@@ -142,7 +142,8 @@ class ResponsesViews:
         shared = self.runtime.settings.resume_store is not None
         deadline = ttft_deadline(timer, body.deadline_ms, self.runtime.settings.ttft_deadline_ms)
 
-        text, prompt_ids = await self.runtime.render_chat(body.prompt_turns(context), True)
+        text, prompt_ids = await self.runtime.render_chat(body.prompt_turns(context), True,
+                                                          key_name())
         generation = owned_request(GenerationRequest(
             request_id=uuid.uuid4().hex, prompt=text, max_new_tokens=new_tokens,
             sampling=SamplingParams(
@@ -156,7 +157,7 @@ class ResponsesViews:
             prepared = await self.runtime.prepare(generation, None,
                                                   new_tokens_field="max_output_tokens")
         except InvalidConstraint as exc:
-            raise OpenAIError(ApiError(ErrorType.INVALID_REQUEST, str(exc)),
+            raise OpenAIError(ApiError(ErrorType.INVALID_CONSTRAINT, str(exc)),
                               param=body.constraint_param) from None
         request_id = prepared.request.request_id
         response_id = response_id_of(request_id)

@@ -193,27 +193,35 @@ class Runtime:
                 hold with the prompt (invalid_request), a prompt that fills it.
             streams.DeadlineUnmeetable: by the estimate without the prompt's tokens,
                 before the encode (no wait in its queue).
-            engine.InvalidConstraint: its constraint does not compile (422).
+            engine.InvalidConstraint: its constraint does not compile, or costs too
+                much (422).
+            ApiError: 429 too_many_waiting: its constraint had no turn to compile in
+                time (``prompts.COMPILE_WAIT_S``).
 
         Cancellation: while queued for a tokenizer thread, or while an encode runs (it
         is never abandoned; it takes milliseconds): nothing was submitted.
         """
         self._ready_hub().check_deadline(request)  # before the encode's queue
         assert self.engine is not None  # READY: built
-        encoded = fit_new_tokens(await self._prompts.encode(self.engine, request),
+        credential = None if self.shares is None else self.shares.owner(request.request_id)
+        owner = None if credential is None else credential.name  # None: its tenant
+        encoded = fit_new_tokens(await self._prompts.encode(self.engine, request, owner),
                                  self.engine.max_positions, field=new_tokens_field,
                                  cap=self.settings.max_new_tokens_limit,
                                  default=self.settings.default_max_new_tokens)
         if request.constraint is not None:  # compiled off the loop, before any byte
-            await self._prompts.compile(self.engine, request.constraint)
+            await self._prompts.compile(  # in the tenant's cache, within its key's share
+                self.engine, request.constraint, request.cache_namespace, owner)
         return Prepared(encoded, policy, tuple(resume_from))
 
     async def render_chat(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool,
+        owner: str | None = None,
     ) -> tuple[str, tuple[int, ...]]:
         """Chat messages as the model's chat template renders them: the text and its
-        token ids, in one worker-thread call. The route then builds its request of them
-        and calls ``prepare`` (which keeps the ids), as for a prompt.
+        token ids, in one worker-thread call, in ``owner``'s turn (the API key's name;
+        None: one turn shared by every caller that names none). The route then builds
+        its request of them and calls ``prepare`` (which keeps the ids), as for a prompt.
 
         Raises:
             ApiError: not ready, stopping or failed (503).
@@ -224,7 +232,8 @@ class Runtime:
         """
         self._ready_hub()
         assert self.engine is not None  # READY: built
-        return await self._prompts.render_chat(self.engine, messages, add_generation_prompt)
+        return await self._prompts.render_chat(self.engine, messages, add_generation_prompt,
+                                               owner)
 
     def open(self, prepared: Prepared, *, resumable: bool = False,
              rebuilt: bool = False) -> streams.TokenStream:
