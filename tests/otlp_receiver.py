@@ -100,14 +100,13 @@ class OtlpReceiver:
                 pass  # quiet
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        host, port = self._server.server_address[:2]
-        self.url = f"http://{host}:{port}"
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def spans(self) -> list[ReceivedSpan]:
         """Every span received so far, in arrival order."""
         with self._lock:
             requests = list(self.requests)
-        found = []
+        found: list[ReceivedSpan] = []
         for request in requests:
             for resource_spans in request.resource_spans:
                 resource = {kv.key: any_value(kv.value)
@@ -126,3 +125,19 @@ class OtlpReceiver:
             self._server.shutdown()
             self._server.server_close()
             thread.join()
+
+
+def main() -> None:
+    """``python -m tests.otlp_receiver``: a receiver in its own process (so that a
+    measurement in another one counts none of its decoding); prints its URL, then, once
+    stdin closes, the number of spans it received."""
+    import sys
+
+    with OtlpReceiver().running() as receiver:
+        print(receiver.url, flush=True)
+        sys.stdin.read()
+        print(len(receiver.spans()), flush=True)
+
+
+if __name__ == "__main__":
+    main()

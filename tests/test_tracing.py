@@ -166,7 +166,10 @@ async def test_a_stream_whose_client_left_is_a_cancelled_span(
             if b"event: token" in chunk:
                 break  # leave after the first token
         request_id = response.headers["X-Request-ID"]
-    await server.wait_for(lambda: server.hub.statistics().streams_open == 0, "the stream closed")
+    registry = server.app.metrics.registry
+    await server.wait_for(lambda: registry.get_sample_value(
+        "streamscope_requests_finished_total", {"finish_reason": "cancelled"}) == 1,
+        "its timer closed (and its record written)")
 
     (root,) = server_spans(await exported(server, receiver))
     assert root.attributes["gen_ai.response.id"] == request_id
