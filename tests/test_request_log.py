@@ -12,9 +12,11 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
+import trio
 
-from app.request_log import LOGGER, JsonFormatter
+from app.request_log import LOGGER, JsonFormatter, install_json_logging
 from tests.http_clients import count_tokens, parse_sse
 from tests.http_server import StartServer
 
@@ -110,3 +112,45 @@ def test_the_json_formatter_writes_any_log_line_as_one_object() -> None:
     line = json.loads(JsonFormatter().format(record))
     assert (line["level"], line["logger"], line["message"]) == \
         ("WARNING", "streamscope.app", "drained in 1.50 s")
+
+
+def test_json_logging_turns_the_servers_own_handler_to_json() -> None:
+    """``streamscope serve`` has put a text handler on the ``streamscope`` logger; with
+    ``STREAMSCOPE_LOG_FORMAT=json`` its lines become JSON, with no second handler."""
+    logger = logging.getLogger("streamscope")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    buffer = io.StringIO()
+    text = logging.StreamHandler(buffer)
+    text.setFormatter(logging.Formatter("[%(levelname)s] %(message)s"))
+    logger.handlers = [text]
+    try:
+        install_json_logging()
+        install_json_logging()  # idempotent
+        logging.getLogger("streamscope.app").info("ready: model %s", "tiny-gpt2")
+    finally:
+        logger.handlers, logger.level, logger.propagate = saved[0], saved[1], saved[2]
+    (line,) = buffer.getvalue().splitlines()
+    assert json.loads(line)["message"] == "ready: model tiny-gpt2"
+
+
+async def test_a_whole_answer_whose_stream_failed_is_logged_with_the_error_it_was_sent(
+    start_server: StartServer, log_lines: io.StringIO,
+) -> None:
+    server = await start_server(log_format="json")
+    answers: list[httpx.Response] = []
+    async with server.client() as client, trio.open_nursery() as nursery:
+
+        async def ask() -> None:
+            answers.append(await client.post("/v1/generate", json={
+                "prompt": "Hi", "max_new_tokens": 480, "ignore_eos": True}))
+
+        nursery.start_soon(ask)
+        await server.wait_for(lambda: len(server.recorder.admitted()) == 1, "the admission")
+        (request_id,) = server.recorder.admitted()
+        server.recorder.fail(request_id)  # as a failed forward pass, at its next step
+
+    (answer,) = answers
+    assert answer.status_code >= 500
+    (line,) = lines_of(log_lines)
+    assert line["status"] == answer.status_code
+    assert line["finish"] == answer.json()["error"]["type"]
