@@ -74,8 +74,6 @@ def create_app(
     app.metrics = metrics = Metrics(runtime.statistics,
                                     tenant_series=settings.metrics_token is not None,
                                     recorder=recorder)
-    if recorder is not None:
-        recorder.register(app)  # each response's status; the spans flushed at the end
     register_host_check(app, settings)  # keyless: local Host names only (DNS rebinding)
     register_auth(app, settings, runtime.shares)  # before any view reads a body
     register_error_handlers(app, on_refusal=metrics.refused)
@@ -102,4 +100,6 @@ def create_app(
         """Drain and stop the hub. Cancellation: see ``Runtime.stop``."""
         await runtime.stop()
 
+    if recorder is not None:  # after stop_runtime: the drain's last spans are flushed too
+        recorder.register(app)  # each response's status; the queued spans at the end
     return app

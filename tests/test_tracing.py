@@ -19,6 +19,7 @@ import trio
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from app.tracing import TraceParent, traces_url
+from tests.http_clients import long_body
 from tests.http_server import RunningServer, StartServer
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def receiver() -> Iterator[OtlpReceiver]:
+    """Asked for before ``start_server``, so that it outlives the servers' last flush."""
     with OtlpReceiver().running() as running:
         yield running
 
@@ -48,7 +50,7 @@ def server_spans(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
 
 
 async def test_a_request_is_one_server_span_in_the_callers_trace_with_genai_attributes(
-    start_server: StartServer, receiver: OtlpReceiver,
+    receiver: OtlpReceiver, start_server: StartServer,
 ) -> None:
     server = await start_server(otlp_endpoint=receiver.url, replica="replica-7")
     async with server.client() as client:
@@ -98,7 +100,7 @@ async def test_a_request_is_one_server_span_in_the_callers_trace_with_genai_attr
 
 
 async def test_a_refusal_is_a_span_with_its_status_and_error(
-    start_server: StartServer, receiver: OtlpReceiver,
+    receiver: OtlpReceiver, start_server: StartServer,
 ) -> None:
     server = await start_server(otlp_endpoint=receiver.url, max_chat_messages=1)
     body = {"model": "tiny-gpt2", "messages": [{"role": "user", "content": "a"}] * 2}
@@ -125,7 +127,7 @@ async def test_a_refusal_is_a_span_with_its_status_and_error(
     f"01-{TRACE_ID}-{PARENT_ID}-01-" + "x" * 300,  # over the cap
 ])
 async def test_a_malformed_traceparent_is_ignored_and_starts_a_new_trace(
-    start_server: StartServer, receiver: OtlpReceiver, header: str,
+    receiver: OtlpReceiver, start_server: StartServer, header: str,
 ) -> None:
     server = await start_server(otlp_endpoint=receiver.url)
     async with server.client() as client:
@@ -156,7 +158,7 @@ def test_traceparent_parsing_follows_w3c() -> None:
 
 
 async def test_a_stream_whose_client_left_is_a_cancelled_span(
-    start_server: StartServer, receiver: OtlpReceiver,
+    receiver: OtlpReceiver, start_server: StartServer,
 ) -> None:
     server = await start_server(otlp_endpoint=receiver.url)
     async with server.client() as client, client.stream(
@@ -175,6 +177,25 @@ async def test_a_stream_whose_client_left_is_a_cancelled_span(
     assert root.attributes["gen_ai.response.id"] == request_id
     assert root.attributes["gen_ai.response.finish_reasons"] == ["cancelled"]
     assert 1 <= root.attributes["gen_ai.usage.output_tokens"] < 400
+
+
+async def test_a_stream_cut_by_the_drain_is_exported_at_shutdown(
+    receiver: OtlpReceiver, start_server: StartServer,
+) -> None:
+    server = await start_server(otlp_endpoint=receiver.url, graceful_timeout_s=0.2)
+    client = server.raw_client()
+    await client.post("/v1/stream", long_body())
+    await client.read_tokens(1)
+    server.recorder.hold()  # the stream stays open past the grace period
+
+    server.stop()
+    await client.read_until(lambda events: events[-1].event == "error")
+    server.recorder.release()
+    await server.wait_stopped()  # no flush of ours: the app's own, after the drain
+
+    (root,) = server_spans(receiver.spans())
+    assert root.attributes["gen_ai.response.finish_reasons"] == ["shutdown"]
+    assert root.span.status.code == Status.STATUS_CODE_ERROR
 
 
 def test_with_no_endpoint_and_text_logs_nothing_of_opentelemetry_loads() -> None:
