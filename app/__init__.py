@@ -35,6 +35,10 @@ class ServedApp:
             from .factory import create_app
 
             self._app = create_app(drain_on_sigterm=True)
+            if self._app.runtime.settings.log_format == "json":  # no CLI set our logging
+                from .request_log import install_json_logging
+
+                install_json_logging()
         return self._app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:

@@ -11,7 +11,7 @@ from pathlib import PurePath
 
 import streams
 
-from .auth import register_auth
+from .auth import key_name, register_auth
 from .edge import hypercorn_patches
 from .edge.connection import StreamingConnection
 from .edge.h2_retire import goaway_on_drain
@@ -20,6 +20,7 @@ from .error_handlers import register_error_handlers
 from .hosts import register_host_check
 from .metrics import Metrics, make_metrics_blueprint
 from .quart_app import StreamscopeApp
+from .request_record import Recorder
 from .routes import (
     make_anthropic_blueprint,
     make_blueprint,
@@ -73,9 +74,11 @@ def create_app(
     )
     runtime = Runtime(settings, make_engine or load_engine_from_settings, run_step=run_step)
     app.runtime = runtime
+    recorder = Recorder.from_settings(settings, key_name)  # traces, JSON request lines; None: off
     app.metrics = metrics = Metrics(runtime.statistics,
                                     tenant_series=settings.metrics_token is not None,
-                                    model_name=PurePath(settings.model).name)
+                                    model_name=PurePath(settings.model).name,
+                                    recorder=recorder)
     register_host_check(app, settings)  # keyless: local Host names only (DNS rebinding)
     register_auth(app, settings, runtime.shares)  # before any view reads a body
     register_error_handlers(app, on_refusal=metrics.refused)
@@ -102,4 +105,6 @@ def create_app(
         """Drain and stop the hub. Cancellation: see ``Runtime.stop``."""
         await runtime.stop()
 
+    if recorder is not None:  # after stop_runtime: the drain's last spans are flushed too
+        recorder.register(app)  # each response's status; the queued spans at the end
     return app

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -65,6 +65,9 @@ from streams import StreamItem
 
 from .errors import ApiError
 from .metrics_vllm import VllmNames
+
+if TYPE_CHECKING:
+    from .request_record import Recorder, RequestRecord
 
 CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 
@@ -93,10 +96,14 @@ class Metrics:
             scrape needs a credential, ``STREAMSCOPE_METRICS_TOKEN``).
         model_name: the served model's name: the ``model_name`` label of the series
             also served under vLLM's names (``metrics_vllm``).
+        recorder: each request's trace span and log line (``request_record.py``), or
+            None when both are off: then a timer carries no record.
     """
 
     def __init__(self, statistics: Callable[[], Mapping[str, Any]], *,
-                 tenant_series: bool = False, model_name: str = "streamscope") -> None:
+                 tenant_series: bool = False, model_name: str = "streamscope",
+                 recorder: Recorder | None = None) -> None:
+        self.recorder = recorder
         self.registry = CollectorRegistry()
         r = self.registry
         self.time_to_first_token = Histogram(
@@ -144,10 +151,14 @@ class Metrics:
 
     def start_request(self) -> RequestTimer:
         """A timer for one request, started now (call it first thing in the route)."""
-        return RequestTimer(self, time.monotonic())
+        now = time.monotonic()
+        record = None if self.recorder is None else self.recorder.start(now)
+        return RequestTimer(self, now, record)
 
     def refused(self, error: ApiError) -> None:
         self.refusals.labels(status=str(error.status), type=error.type.value).inc()
+        if self.recorder is not None:
+            self.recorder.refused(error)
 
     def disconnected(self) -> None:
         self.disconnects.inc()
@@ -162,21 +173,28 @@ class RequestTimer:
 
     ``submitted`` once the engine accepted the request; ``observe`` each item taken
     (``token``, then ``finished`` or ``failed``); ``close`` on every way out, which
-    records ``cancelled`` if nothing ended it. Only the first ending counts.
+    records ``cancelled`` if nothing ended it. Only the first ending counts. With a
+    ``record`` (tracing or the JSON request log on), each of these tells it too.
     """
 
-    __slots__ = ("_ended", "_last_token", "_metrics", "_submitted", "arrival")
+    __slots__ = ("_ended", "_last_token", "_metrics", "_record", "_submitted", "arrival")
 
-    def __init__(self, metrics: Metrics, arrival: float) -> None:
+    def __init__(self, metrics: Metrics, arrival: float,
+                 record: RequestRecord | None = None) -> None:
         self._metrics = metrics
+        self._record = record
         self.arrival = arrival
         self._submitted: float | None = None
         self._last_token: float | None = None
         self._ended = False
 
-    def submitted(self, prompt_tokens: int) -> None:
+    def submitted(self, prompt_tokens: int, request_id: str | None = None,
+                  max_tokens: int | None = None) -> None:
+        """The engine accepted the request (its id and max_new_tokens, for the record)."""
         self._submitted = time.monotonic()
         self._metrics.prompt_tokens.inc(prompt_tokens)
+        if self._record is not None:
+            self._record.submitted(prompt_tokens, request_id, max_tokens)
 
     def observe(self, item: StreamItem) -> None:
         """One item taken from the stream: a token, or its last item."""
@@ -205,12 +223,16 @@ class RequestTimer:
             m.time_to_first_token.observe(now - self.arrival)
             if self._submitted is not None:
                 m.queue_time.observe(now - self._submitted)
+            if self._record is not None:
+                self._record.first_token = now
         else:
             m.inter_token_latency.observe(now - self._last_token)
         for _ in range(count - 1):
             m.inter_token_latency.observe(0.0)
         self._last_token = now
         m.generation_tokens.inc(count)
+        if self._record is not None:
+            self._record.tokens += count
 
     def finished(self, finish_reason: str) -> None:
         """The engine's finish (eos, length, stop) was taken."""
@@ -224,12 +246,16 @@ class RequestTimer:
     def close(self) -> None:
         """On every way out; ``cancelled`` unless the stream ended already. Idempotent."""
         self._end(CANCELLED)
+        if self._record is not None:
+            self._record.closed()
 
     def _end(self, finish_reason: str) -> bool:
         if self._ended:
             return False
         self._ended = True
         self._metrics.requests_finished.labels(finish_reason=finish_reason).inc()
+        if self._record is not None:
+            self._record.ended(finish_reason)
         return True
 
 

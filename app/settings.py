@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import pydantic
@@ -228,7 +228,7 @@ class Settings(EngineSettings):
 
     # -- validation beyond the types --------------------------------------------------
 
-    @field_validator("policy", mode="before")
+    @field_validator("policy", "log_format", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value
@@ -253,6 +253,14 @@ class Settings(EngineSettings):
             return value
         raise ValueError(f"expected printable ASCII without spaces, at most "
                          f"{MAX_MODEL_NAME_CHARS} characters, or *")
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_endpoint(cls, value: str | None) -> str | None:
+        if value is None or (urlsplit(value).scheme in ("http", "https")
+                             and urlsplit(value).hostname):
+            return value
+        raise ValueError("expected an http:// or https:// URL (an OTLP/HTTP collector)")
 
     @field_validator("resume_store")
     @classmethod
@@ -329,6 +337,21 @@ class Settings(EngineSettings):
     scope_operator_watchers: PositiveInt = _setting(16,
         "most /scope/events watchers an operator key (STREAMSCOPE_SCOPE_OPERATOR_KEYS) "
         "may hold open; past it 429 too_many_watchers")
+    # -- traces and request logs (issue 47; app/tracing.py, app/request_log.py) ----------
+    otlp_endpoint: str | None = _setting(None,
+        "an OpenTelemetry collector's OTLP/HTTP base URL (`http://collector:4318`; "
+        "`/v1/traces` is appended unless given): one span per request is exported there, "
+        "with the GenAI attributes and a child of the request's `traceparent`; unset: no "
+        "tracing, and OpenTelemetry is not imported (OTEL_EXPORTER_OTLP_ENDPOINT does not "
+        "turn it on; the exporter's other OTEL_* variables, such as its headers, apply)",
+        shown="(off)")
+    log_format: Literal["text", "json"] = _setting("text",
+        "`text`: the server's log lines for a terminal; `json`: every streamscope log line "
+        "is a JSON object, and each request ends with one (its id, key name, route, status, "
+        "tokens, TTFT, finish, replica, trace id; never its text)")
+    replica: str | None = _setting(None,
+        "this replica's name in request log lines and spans (`service.instance.id`)",
+        shown="(the host's name)")
 
     @field_validator("scope_operator_keys", mode="before")
     @classmethod

@@ -57,6 +57,7 @@ import trio
 from hypercorn.config import Config
 
 from ..factory import StreamscopeApp, create_app
+from ..request_log import install_json_logging
 from ..runtime import Phase, Runtime
 from ..settings import Settings, SettingsError
 from .h2_retire import goaway_on_drain
@@ -336,6 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
     try:
         settings = Settings.from_env()
+        if settings.log_format == "json":  # STREAMSCOPE_LOG_FORMAT: our lines as JSON
+            install_json_logging()
         config = make_config(settings, args.config, args.bind, certfile=args.certfile,
                              keyfile=args.keyfile)
         app = create_app(settings)  # installs the HTTP fixes, which check the versions

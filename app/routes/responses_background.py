@@ -127,7 +127,7 @@ async def start_background(
     except Exception:  # refused: no response was made
         writer.forget(document)
         raise
-    timer.submitted(opened.prompt_tokens)
+    timer.submitted(opened.prompt_tokens, opened.request_id, prepared.request.max_new_tokens)
     recorder = Recorder(document, writer, observer(timer))
     encode = ResumableEvents(opened.request_id, opened.prompt_tokens)
     try:

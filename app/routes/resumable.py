@@ -97,7 +97,7 @@ def adopt(registry: ResumeRegistry, stream: TokenStream, timer: RequestTimer, *,
     (``auth.observer``); with ``attach``, the request's connection owns its first
     reader, else a reader must come within ``attach_within_s``. Sync, never a
     checkpoint: call it right after the open."""
-    timer.submitted(stream.prompt_tokens)
+    timer.submitted(stream.prompt_tokens, stream.request_id)
     events = ResumableEvents(stream.request_id, stream.prompt_tokens)
     watcher = observer(timer)
     try:

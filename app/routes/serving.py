@@ -101,7 +101,7 @@ def open_owned(runtime: Runtime, prepared: Prepared, timer: RequestTimer) -> Tok
     """
     stream = runtime.open(prepared)
     own(request.scope, stream)
-    timer.submitted(stream.prompt_tokens)
+    timer.submitted(stream.prompt_tokens, stream.request_id, prepared.request.max_new_tokens)
     own(request.scope, timer)
     return stream
 

@@ -82,7 +82,7 @@ class Rebuilder:
             except engine.InvalidRequest as exc:  # a token id outside the vocabulary, ...
                 raise StoreRejected(f"the stored stream {request_id} is refused by the "
                                     f"engine here: {exc}") from None
-            timer.submitted(stream.prompt_tokens)
+            timer.submitted(stream.prompt_tokens, request_id, prepared.request.max_new_tokens)
             watcher = self._observer(request_id, timer)
             adopt(stream, ResumableEvents(request_id, stream.prompt_tokens), watcher)
         except BaseException:
