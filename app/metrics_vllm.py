@@ -10,8 +10,9 @@ than one showing none).
 How: ``VllmNames`` is a collector that, at scrape time, reads the families our own
 collectors produce and emits each mapped one again, renamed. Nothing is observed twice:
 the per-token path (``metrics.RequestTimer``) is unchanged, and a scrape copies a few
-dozen samples. A family hidden from an open ``/metrics`` (``metrics.TENANT_SERIES``) is
-hidden under vLLM's name as well, since it is read from the same collector.
+dozen samples. A family hidden from an open ``/metrics``
+(``metrics_runtime.TENANT_SERIES``) is hidden under vLLM's name as well, since it is
+read from the same collector.
 
 The mapping, and what each means (vLLM's documented list, ``docs/usage/metrics.md``):
 
