@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import precision as precisions
+from .errors import PrecisionError
 from .offline import hub_offline
 from .startup import phase
 
@@ -90,15 +91,16 @@ def load_model(
     precision: str = "float32",
 ) -> LoadedModel:
     """Load ``name`` (see the module docstring) onto ``device`` in ``precision``
-    (``engine.precision``; ``auto``: its ``default_precision`` for the device; a precision
-    the device cannot run raises ``PrecisionError``
-    before anything is loaded). With ``model_cache`` False the embedded model is
-    converted again, and nothing is kept."""
+    (``engine.precision``; ``auto``: the first of its ``auto_candidates`` for the device
+    that calibration finds exact; a precision the device cannot run raises
+    ``PrecisionError`` before anything is loaded, one whose kernel is not exact on this
+    CPU once the weights are read, before the model is used). With ``model_cache`` False
+    the embedded model is converted again, and nothing is kept."""
     hub_offline()  # before the first import of transformers below
     target = torch.device(device or default_device())
-    if precision == "auto":
-        precision = precisions.default_precision(target)
-    precisions.check(precision, target)
+    candidates = (precisions.auto_candidates(target) if precision == "auto" else [precision])
+    for candidate in candidates:
+        precisions.check(candidate, target)
     with phase("import_transformers"):  # the library's modelling code, whichever model
         import transformers.modeling_utils  # noqa: F401
     if name == "smollm2":
@@ -113,9 +115,17 @@ def load_model(
         raise ValueError(f"unknown model {name!r}: smollm2, tiny-gpt2, tiny-llama or a folder")
     with phase("to_device"):
         model = model.to(device=target, dtype=torch.float32).eval()  # type: ignore[call-arg]
-    if precision != "float32":
-        with phase("precision"):
-            model = precisions.apply(model, precision)
+    gguf_file = smollm2_path() if name == "smollm2" else None
+    with phase("precision"):
+        for precision in candidates:  # auto: the first its calibration accepts on this CPU
+            try:
+                model = precisions.apply(model, precision, gguf_file)
+                break
+            except PrecisionError:
+                if precision == candidates[-1]:
+                    raise
+                logger.warning("auto: %s is not exact on this CPU; trying the next", precision,
+                               exc_info=True)
     return LoadedModel(
         name=name,
         model=model,

@@ -96,7 +96,8 @@ def identity_of(name: str, device: str, block_size: int) -> dict[str, Any]:
     engine_dir = Path(__file__).parent
     code = hashlib.sha256(b"".join((engine_dir / f).read_bytes()
                                    for f in ("attention.py", "model_runner.py", "cpu_linear.py",
-                                             "precision.py")))
+                                             "precision.py", "int4_linear.py",
+                                             "batch_invariance.py")))
     return {
         "model": name, "files": _files_of(name), "device": device,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
