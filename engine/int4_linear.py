@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import torch
 
 from .cpu_linear import _RowWise, linear_weight
@@ -109,10 +109,10 @@ def q4_1_from_float(weight: torch.Tensor) -> Q4_1:
     return Q4_1(q.to(torch.uint8).reshape(out_features, in_features), d, low)
 
 
-def q4_1_from_gguf(data: np.ndarray) -> Q4_1:
+def q4_1_from_gguf(data: Any) -> Q4_1:
     """A GGUF Q4_1 tensor's raw bytes (out, in / 32 * 20) as blocks: per block d and m
     (float16), then 16 bytes whose low nibbles are weights 0..15, high nibbles 16..31."""
-    raw = torch.from_numpy(np.array(data, dtype=np.uint8, copy=True))
+    raw = torch.tensor(data, dtype=torch.uint8)  # a copy of gguf's numpy (memory-mapped)
     out_features = raw.shape[0]
     blocks = raw.reshape(out_features, -1, Q4_1_BLOCK_BYTES)
     d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()

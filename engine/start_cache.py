@@ -109,7 +109,7 @@ def identity_of(name: str, device: str, block_size: int) -> dict[str, Any]:
 def _files_of(name: str) -> list[Any]:
     """Size and mtime of the model's files: the GGUF file, or a folder's weights."""
     if name == "smollm2":
-        from .model import smollm2_path
+        from .smollm2_file import smollm2_path
 
         paths = [smollm2_path()]
     elif Path(name).is_dir():

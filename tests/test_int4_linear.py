@@ -17,8 +17,8 @@ from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
 from engine.cpu_linear import PackedLinear, _RowWise
 from engine.int4_linear import (
-    Int4Linear,
     Q4_1,
+    Int4Linear,
     _reverse_permute_rows,
     gguf_layers,
     q4_1_from_float,
