@@ -28,6 +28,8 @@ several times slower at 32 (docs/results.md, "int4").
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,8 @@ from typing import Any
 import torch
 
 from .cpu_linear import _RowWise, linear_weight
+
+logger = logging.getLogger(__name__)
 
 GROUP = 32  # weights per Q4_1 block, and the kernel's group size
 INNER_K_TILES = 2  # the kernel's packing (what torch's own int4 tests use on a CPU)
@@ -122,9 +126,61 @@ def q4_1_from_gguf(data: Any) -> Q4_1:
     return Q4_1(q.reshape(out_features, -1).contiguous(), d, m)
 
 
-def gguf_layers(path: Path, num_heads: int, num_kv_heads: int) -> dict[str, Q4_1]:
+def gguf_layers(
+    path: Path, num_heads: int, num_kv_heads: int, keep: Path | None = None
+) -> dict[str, Q4_1]:
     """A Llama GGUF file's Q4_1 linear layers, by the transformers module's name
-    (``model.layers.3.mlp.up_proj``), query and key rows in transformers' order."""
+    (``model.layers.3.mlp.up_proj``), query and key rows in transformers' order.
+
+    Reading the file takes seconds (``GGUFReader`` parses its whole vocabulary first), so
+    with ``keep`` (a file in the embedded model's converted copy, which is keyed by the
+    GGUF file's size and mtime) the blocks are kept there in safetensors, as read, and a
+    later start reads them from it instead (best effort: a file that cannot be read or
+    written only costs the start its time)."""
+    if keep is not None:
+        kept = _read_kept(keep)
+        if kept:
+            return kept
+    layers = _read_gguf(path, num_heads, num_kv_heads)
+    if keep is not None:
+        _write_kept(layers, keep)
+    return layers
+
+
+def _read_kept(keep: Path) -> dict[str, Q4_1]:
+    import safetensors.torch
+
+    try:
+        tensors = safetensors.torch.load_file(str(keep))
+    except (OSError, ValueError, RuntimeError):
+        return {}
+    names = {key.rsplit(".", 1)[0] for key in tensors}
+    return {name: Q4_1(_unpack_nibbles(tensors[f"{name}.q"]), tensors[f"{name}.d"],
+                       tensors[f"{name}.m"]) for name in names}
+
+
+def _write_kept(layers: dict[str, Q4_1], keep: Path) -> None:
+    import safetensors.torch
+
+    tensors: dict[str, torch.Tensor] = {}
+    for name, blocks in layers.items():
+        tensors.update({f"{name}.q": blocks.q[:, 0::2] | (blocks.q[:, 1::2] << 4),
+                        f"{name}.d": blocks.d, f"{name}.m": blocks.m})
+    scratch = keep.with_name(keep.name + ".tmp")
+    try:
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        safetensors.torch.save_file(tensors, str(scratch))
+        os.replace(scratch, keep)
+    except OSError as exc:
+        logger.warning("could not keep the int4 blocks in %s: %s", keep, exc)
+
+
+def _unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """(out, in / 2) bytes, two weights each (even index low) -> (out, in)."""
+    return torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
+
+
+def _read_gguf(path: Path, num_heads: int, num_kv_heads: int) -> dict[str, Q4_1]:
     from gguf import GGMLQuantizationType, GGUFReader  # only for a GGUF model's int4
 
     reader = GGUFReader(str(path))

@@ -53,6 +53,8 @@ logger = logging.getLogger(__name__)
 # model's first name for it (``_weights_once``); a copy of format 1 is removed when its
 # successor is written.
 CONVERTED_FORMAT = 2
+# The int4 precision's blocks as read from the GGUF file, kept in the converted copy.
+INT4_BLOCKS = "int4-q4_1-v1.safetensors"
 TINY_SEED = 0
 TINY_EOS = "<|endoftext|>"
 # Enough text for a few hundred merges, with multi-byte characters so that
@@ -114,10 +116,11 @@ def load_model(
     with phase("to_device"):
         model = model.to(device=target, dtype=torch.float32).eval()  # type: ignore[call-arg]
     gguf_file = smollm2_path() if name == "smollm2" else None
+    keep = converted_copy_dir() / INT4_BLOCKS if gguf_file and model_cache else None
     with phase("precision"):
         for precision in candidates:  # auto: the first its calibration accepts on this CPU
             try:
-                model = precisions.apply(model, precision, gguf_file)
+                model = precisions.apply(model, precision, gguf_file, keep)
                 break
             except PrecisionError:
                 if precision == candidates[-1]:

@@ -102,14 +102,16 @@ def check(precision: str, device: torch.device) -> None:
 
 
 def apply(
-    model: PreTrainedModel, precision: str, gguf_file: Path | None = None
+    model: PreTrainedModel, precision: str, gguf_file: Path | None = None,
+    keep: Path | None = None,
 ) -> PreTrainedModel:
     """``model`` (float32, on its device, in eval mode) in ``precision``; ``check`` first.
-    ``gguf_file``: the file ``model`` was loaded from (``int4`` repacks its Q4_1 blocks).
+    ``gguf_file``: the file ``model`` was loaded from (``int4`` repacks its Q4_1 blocks;
+    ``keep``: where they are kept for the next start, ``int4_linear.gguf_layers``).
     Raises ``PrecisionError`` (``model`` unchanged) if calibration finds no exact call size."""
     # The linear layers are made from the float32 weights (quantized or packed), then the
     # rest (embeddings, norms) is cast: no bfloat16 copy of the whole model in between.
-    make = _layer_maker(model, precision, gguf_file)
+    make = _layer_maker(model, precision, gguf_file, keep)
     if make is not None:
         cpu_linear.swap_linears(model, make, before=lambda layers: batch_invariance.calibrate(
             layers, precision))
@@ -120,7 +122,7 @@ def apply(
 
 
 def _layer_maker(
-    model: PreTrainedModel, precision: str, gguf_file: Path | None
+    model: PreTrainedModel, precision: str, gguf_file: Path | None, keep: Path | None
 ) -> Callable[[torch.nn.Module], cpu_linear._RowWise] | None:
     """How ``precision`` makes each linear layer, or None (the layers stay as they are)."""
     if precision == "int8":
@@ -133,7 +135,7 @@ def _layer_maker(
     config = model.config
     blocks = {} if gguf_file is None else int4_linear.gguf_layers(
         gguf_file, config.num_attention_heads,
-        getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+        getattr(config, "num_key_value_heads", None) or config.num_attention_heads, keep)
     names = {id(module): name for name, module in model.named_modules()}
     head = model.get_output_embeddings()
     other = cpu_linear.PackedLinear if packing else cpu_linear.Int8Linear

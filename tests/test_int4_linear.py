@@ -9,6 +9,8 @@ the weights transformers loaded from the same file.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -75,17 +77,24 @@ def test_float_weights_are_put_in_q4_1_form_by_min_and_max() -> None:
 
 
 @pytest.mark.smoke
-def test_every_linear_layer_of_the_embedded_model_is_the_files_own_blocks() -> None:
+def test_every_linear_layer_of_the_embedded_model_is_the_files_own_blocks(
+    tmp_path: Path,
+) -> None:
     model = load_model("smollm2", "cpu").model  # float32: transformers' dequantized weights
     config = model.config
-    layers = gguf_layers(smollm2_path(), config.num_attention_heads,
-                         config.num_key_value_heads)
+    heads = (config.num_attention_heads, config.num_key_value_heads)
+    keep = tmp_path / "blocks.safetensors"
+    layers = gguf_layers(smollm2_path(), *heads, keep)
     weights = dict(model.named_parameters())
 
     assert len(layers) == 210
     for name, blocks in layers.items():
         assert isinstance(blocks, Q4_1)
         assert torch.equal(blocks.dequantize(), weights[f"{name}.weight"]), name
+    kept = gguf_layers(tmp_path / "no-such.gguf", *heads, keep)  # a later start reads these
+    assert kept.keys() == layers.keys()
+    for name, blocks in layers.items():
+        assert all(torch.equal(getattr(kept[name], f), getattr(blocks, f)) for f in "qdm")
 
 
 @pytest.mark.smoke
