@@ -11,6 +11,8 @@ rows. No test assumes a CPU's figure.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from transformers.pytorch_utils import Conv1D
@@ -25,6 +27,7 @@ from engine.cpu_linear import (
 from engine.int4_linear import Int4Linear
 
 SHAPES = [(192, 576), (576, 576), (1536, 576), (576, 1536), (49152, 576)]  # (out, in)
+Make = Callable[[torch.nn.Module], _RowWise]
 LAYERS = pytest.mark.parametrize("make", [PackedLinear, Int8Linear, Int4Linear.from_float],
                                  ids=["bf16", "int8", "int4"])
 
@@ -39,7 +42,7 @@ def _linear(out_features: int, in_features: int, bias: bool = False) -> torch.nn
 @LAYERS
 @pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
 def test_a_row_gets_its_solo_output_in_every_batch(
-    make: type[_RowWise], out_features: int, in_features: int,
+    make: Make, out_features: int, in_features: int,
 ) -> None:
     layer = make(_linear(out_features, in_features))
     (limit,) = calibrate([layer], "test").values()  # on other rows than these
@@ -58,7 +61,7 @@ def test_a_row_gets_its_solo_output_in_every_batch(
 
 @LAYERS
 def test_the_output_is_the_float32_layers_within_the_precisions_error(
-    make: type[_RowWise],
+    make: Make,
 ) -> None:
     plain = _linear(1536, 576, bias=True)
     layer = make(plain)
@@ -73,7 +76,7 @@ def test_the_output_is_the_float32_layers_within_the_precisions_error(
 
 
 @LAYERS
-def test_gpt2s_conv1d_is_read_transposed(make: type[_RowWise]) -> None:
+def test_gpt2s_conv1d_is_read_transposed(make: Make) -> None:
     torch.manual_seed(5)
     conv = Conv1D(48, 32)  # (in 32, out 48): x @ weight + bias
     torch.nn.init.normal_(conv.weight, std=0.1)

@@ -8,6 +8,7 @@ The identity of concurrent and solo runs in each precision is tests/test_engine_
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from engine.cpu_linear import Int8Linear, _RowWise, packing_available
 from engine.engine import Engine
 from engine.int4_linear import Int4Linear
 from engine.model import LoadedModel, load_model
+from engine.model_runner import ModelRunner
 from engine.precision import (
     PRECISIONS,
     auto_candidates,
@@ -40,7 +42,7 @@ def test_bfloat16_weights_and_cache_are_bfloat16(
     model: str, tiny_model: Callable[..., LoadedModel]
 ) -> None:
     loaded = tiny_model(model, "bfloat16")
-    runner = Engine(loaded, max_batch=2, num_blocks=8, block_size=4).runner
+    runner = cast(ModelRunner, Engine(loaded, max_batch=2, num_blocks=8, block_size=4).runner)
 
     assert {p.dtype for p in loaded.model.parameters()} == {torch.bfloat16}
     assert {t.dtype for t in (*runner.cache.keys, *runner.cache.values)} == {torch.bfloat16}
@@ -55,7 +57,7 @@ def test_int8_quantizes_every_linear_layer_and_keeps_a_bfloat16_cache(
     model: str, tiny_model: Callable[..., LoadedModel],
 ) -> None:
     loaded = tiny_model(model, "int8")
-    runner = Engine(loaded, max_batch=2, num_blocks=8, block_size=4).runner
+    runner = cast(ModelRunner, Engine(loaded, max_batch=2, num_blocks=8, block_size=4).runner)
     layers = [m for m in loaded.model.modules() if isinstance(m, Int8Linear)]
 
     assert _linear_types(loaded.model) == {"Int8Linear"}  # GPT-2's Conv1D layers included
@@ -68,7 +70,7 @@ def test_int4_puts_every_layer_but_the_output_in_q4_1_blocks_with_a_bfloat16_cac
     model: str, tiny_model: Callable[..., LoadedModel],
 ) -> None:
     loaded = tiny_model(model, "int4")
-    runner = Engine(loaded, max_batch=2, num_blocks=8, block_size=4).runner
+    runner = cast(ModelRunner, Engine(loaded, max_batch=2, num_blocks=8, block_size=4).runner)
     head = loaded.model.get_output_embeddings()
     layers = [m for m in loaded.model.modules() if isinstance(m, Int4Linear)]
 
