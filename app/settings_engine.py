@@ -71,12 +71,14 @@ class EngineSettings(BaseSettings):
         "waits for it and shares it (a burst with one system prompt computes it once); "
         "false: every prompt is prefilled whole")
     # -- precision (issue 37): read by the engine's load, checked against the device there
-    dtype: Literal["auto", "float32", "bfloat16", "int8"] = _setting("auto",
+    dtype: Literal["auto", "float32", "bfloat16", "int8", "int4"] = _setting("auto",
         "the weights' precision: float32, bfloat16 (the KV cache follows it: half the "
-        "memory per position), int8 (int8 weights, bfloat16 compute; CPU only; the fastest "
-        "at one stream) or auto (bfloat16 on a CPU that computes it natively, else "
-        "float32); concurrent answers equal solo ones in each; one the device cannot run "
-        "is refused at start. Speed and agreement with float32: docs/results.md")
+        "memory per position), int8 (int8 weights, bfloat16 compute; CPU only), int4 (the "
+        "GGUF file's own 4-bit blocks, bfloat16 compute; CPU only; the fastest at one "
+        "stream) or auto (bfloat16 on a CPU that computes it natively, else float32); "
+        "concurrent answers equal solo ones in each; one the device cannot run, or not "
+        "exactly on this CPU, is refused at start. Speed and agreement with float32: "
+        "docs/results.md")
 
     @field_validator("device", mode="before")
     @classmethod

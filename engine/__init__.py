@@ -63,7 +63,8 @@ def load_engine(
     phase of it took is the engine's ``start_phases_s`` (``startup``). ``start_cache``:
     keep what the start computes in the user's cache directory and reuse it, the
     embedded model's converted weights (``model.load_model``) and, with a step-time
-    target, the calibration when a check agrees (``start_cache``, ``costs.calibrate``).
+    target, the calibration when a check agrees (``start_cache``, ``costs.calibrate``),
+    and the linear layers' rows per call (``batch_invariance``).
     ``precision``: the weights' (``engine.precision``); ``PrecisionError`` if the
     device cannot run it."""
     from .startup import phase, recording
@@ -72,10 +73,15 @@ def load_engine(
         with phase("import_torch"):
             import torch  # noqa: F401  # the first import of a start, timed as such
         from .engine import Engine
-        from .model import converted_cache_dir, load_model
+        from .model import converted_cache_dir, default_device, load_model
         from .start_cache import identity_of, reusing
 
-        loaded = load_model(model, device, model_cache=start_cache, precision=precision)
+        # The linear layers' calibration (``batch_invariance``) is kept like the step costs.
+        with phase("import_transformers"):  # identity_of's import, then load_model's
+            identity = identity_of(model, device or default_device(), engine_options.get(
+                "block_size", 16)) if start_cache else {}
+        with reusing(converted_cache_dir() if start_cache else None, identity):
+            loaded = load_model(model, device, model_cache=start_cache, precision=precision)
         calibrates = start_cache and engine_options.get("max_step_ms") is not None
         identity = identity_of(model, str(loaded.device),
                                engine_options.get("block_size", 16)) if calibrates else {}

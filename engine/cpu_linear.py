@@ -13,14 +13,16 @@ so a concurrent answer equals its solo run.
   the time of ``nn.Linear`` at one row (``python -m tools.bench step``). oneDNN picks its
   blocking by the number of rows, and measured on a Xeon with AMX a row's result is its
   solo result in any call of up to 32 rows but may differ in a last bit in a larger one
-  (a 192x576 layer at 33 rows; this is also why plain bfloat16 broke the identity). So a
-  call with more rows runs in slices of ``ROWS_PER_CALL``.
+  (a 192x576 layer at 33 rows; this is also why plain bfloat16 broke the identity), and
+  on an AMD EPYC without AMX from 13 rows on (1,536-to-576). So how many rows a call may
+  take is not assumed: ``engine.batch_invariance`` measures it at load, per layer shape,
+  on the CPU it runs on, and a call with more rows runs in slices of ``rows_per_call``.
 * ``Int8Linear`` (int8): weight-only int8, one scale per output channel, computed by
   torch's own quantizer (``PerChannelMinMaxObserver``, ``quantize_per_channel``), and
   torch's CPU kernel ``_weight_int8pack_mm`` (bfloat16 activations in and out): a
-  quarter of float32's weight bytes, the fastest at one row; its rows are independent
-  at any batch size. Activations are never quantized (torch's dynamic quantization does
-  that per batch, which ties a row to its batch mates).
+  quarter of float32's weight bytes; its rows calibrated like the others. Activations
+  are never quantized (torch's dynamic quantization does that per batch, which ties a
+  row to its batch mates).
 """
 
 from __future__ import annotations
@@ -30,10 +32,6 @@ from collections.abc import Callable
 
 import torch
 from torch.ao.quantization.observer import PerChannelMinMaxObserver
-
-# Rows per oneDNN call: up to this many, a row's result is its solo result (see above;
-# tests/test_cpu_linear.py checks it on the embedded model's layer shapes).
-ROWS_PER_CALL = 32
 
 
 def packing_available() -> bool:
@@ -51,7 +49,15 @@ def linear_weight(layer: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | 
 
 
 class _RowWise(torch.nn.Module):
-    """Flattens the leading dimensions to rows, runs ``_rows``, adds the bias."""
+    """Flattens the leading dimensions to rows, runs them through ``_call`` in slices of
+    at most ``rows_per_call`` rows, adds the bias.
+
+    ``rows_per_call`` starts at 1 (a row alone: its solo result by definition, if the
+    kernel is deterministic) until ``engine.batch_invariance.calibrate`` measures how
+    many rows the kernel keeps each row's bits at, for this layer's shape, on this CPU.
+    """
+
+    rows_per_call: int = 1
 
     def __init__(self, out_features: int, in_features: int, bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -66,6 +72,12 @@ class _RowWise(torch.nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def _rows(self, rows: torch.Tensor) -> torch.Tensor:
+        if len(rows) <= self.rows_per_call:
+            return self._call(rows)
+        return torch.cat([self._call(part) for part in rows.split(self.rows_per_call)])
+
+    def _call(self, rows: torch.Tensor) -> torch.Tensor:
+        """The kernel on one call's rows (2-D, at most ``rows_per_call``)."""
         raise NotImplementedError
 
 
@@ -80,11 +92,6 @@ class PackedLinear(_RowWise):
                          None if bias is None else bias.to(torch.bfloat16))
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), None)
         self.register_buffer("packed", packed, persistent=False)
-
-    def _rows(self, rows: torch.Tensor) -> torch.Tensor:
-        if len(rows) <= ROWS_PER_CALL:
-            return self._call(rows)
-        return torch.cat([self._call(part) for part in rows.split(ROWS_PER_CALL)])
 
     def _call(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(rows, self.packed, None, "none", [], "")
@@ -111,7 +118,7 @@ class Int8Linear(_RowWise):
         self.register_buffer("weight_int8", quantized.int_repr())
         self.register_buffer("scales", scales.to(torch.bfloat16))
 
-    def _rows(self, rows: torch.Tensor) -> torch.Tensor:
+    def _call(self, rows: torch.Tensor) -> torch.Tensor:
         return torch._weight_int8pack_mm(rows, self.weight_int8, self.scales)
 
 
@@ -120,13 +127,18 @@ def rows_alone(model: torch.nn.Module) -> bool:
     return any(isinstance(module, _RowWise) for module in model.modules())
 
 
-def swap_linears(model: torch.nn.Module, make: Callable[[torch.nn.Module], _RowWise]) -> int:
+def swap_linears(
+    model: torch.nn.Module, make: Callable[[torch.nn.Module], _RowWise],
+    before: Callable[[list[_RowWise]], object] | None = None,
+) -> int:
     """Replace every ``nn.Linear`` and ``Conv1D`` of ``model`` by ``make(layer)``;
-    returns how many."""
-    swapped = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.Linear) or type(child).__name__ == "Conv1D":
-                setattr(parent, name, make(child))
-                swapped += 1
-    return swapped
+    returns how many. ``before`` sees the new layers first (``engine.batch_invariance``'s
+    calibration): if it raises, ``model`` is left as it was."""
+    swaps = [(parent, name, make(child)) for parent in list(model.modules())
+             for name, child in list(parent.named_children())
+             if isinstance(child, torch.nn.Linear) or type(child).__name__ == "Conv1D"]
+    if before is not None:
+        before([layer for _, _, layer in swaps])
+    for parent, name, layer in swaps:
+        setattr(parent, name, layer)
+    return len(swaps)

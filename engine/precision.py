@@ -1,4 +1,4 @@
-"""The weights' precision: float32, bfloat16 or int8.
+"""The weights' precision: float32, bfloat16, int8 or int4.
 
 One setting chooses it (``STREAMSCOPE_DTYPE`` in the app, ``precision`` here), among
 ``PRECISIONS``; ``python -m tools.lab precision`` measures each one's speed, its
@@ -9,14 +9,23 @@ concurrent-against-solo identity and its agreement with float32 (docs/results.md
 * ``bfloat16``: every weight in bfloat16; the model computes in bfloat16 and the KV
   cache, which follows the model's dtype (``kv_cache``), holds bfloat16: half the
   memory per cached position. On a CPU the linear layers are ``cpu_linear.PackedLinear``
-  (oneDNN's packed weights, at most 32 rows a call: a row's result is its solo result).
-  On a CPU without native bf16 (AVX-512 BF16 or AMX) torch emulates it, slower.
+  (oneDNN's packed weights). On a CPU without native bf16 (AVX-512 BF16 or AMX) torch
+  emulates it, slower.
 * ``int8`` (CPU only): the linear layers' weights in int8 with a scale per output
   channel (``cpu_linear.Int8Linear``, torch's own quantizer and kernel), everything
-  else as in bfloat16: a quarter of float32's weight bytes, the fastest at one stream,
-  and the one whose greedy text departs most from float32's.
+  else as in bfloat16: a quarter of float32's weight bytes.
+* ``int4`` (CPU only): the linear layers on torch's int4 kernel with the GGUF file's own
+  Q4_1 blocks (``int4_linear``; a model without them gets its float weights put in that
+  form), the output layer and embedding in bfloat16, the KV cache bfloat16: the fastest
+  at one stream.
 
-``default_precision`` is what ``auto`` (the app's default) means on a device.
+On a CPU, every precision but float32 runs its linear layers a row at a time as far as
+the bits go: ``batch_invariance`` measures at load, per layer shape, how many rows a call
+may take with every row keeping its solo bits, on the CPU it runs on. A precision whose
+kernel has no such size is refused (``PrecisionError``) before the model is changed.
+
+``default_precision`` is what ``auto`` (the app's default) tries first on a device, and
+``auto_candidates`` the order it falls back in when a candidate is refused.
 
 A precision the device cannot run raises ``PrecisionError`` before anything is built;
 the app names its setting in the message.
@@ -26,18 +35,21 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from . import cpu_linear
+from . import batch_invariance, cpu_linear, int4_linear
 from .errors import PrecisionError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-PRECISIONS = ("float32", "bfloat16", "int8")  # each batch-invariant (tests/test_engine_identity)
+# Each batch-invariant (tests/test_engine_identity.py runs every one).
+PRECISIONS = ("float32", "bfloat16", "int8", "int4")
+CPU_ONLY = ("int8", "int4")  # torch's weight-only kernels: CPU ones
 
 
 def native_bf16_cpu() -> bool:
@@ -53,12 +65,27 @@ def native_bf16_cpu() -> bool:
 
 
 def default_precision(device: torch.device) -> str:
-    """What ``auto`` chooses: bfloat16 on a CPU that computes it natively (measured on
-    one with AMX: the fastest from 8 streams up, 1.7x float32's tokens/s at 32, no slower
-    at one; docs/results.md), float32 elsewhere (a GPU's bfloat16 is not measured here)."""
+    """What ``auto`` tries first: bfloat16 on a CPU that computes it natively, float32
+    elsewhere (a GPU's bfloat16 is not measured here).
+
+    Measured (docs/results.md, "int4"; issue 44's AMD figures): on a CPU with native
+    bfloat16 no precision is fastest at both ends. int4 is the fastest at one row (4.6x
+    bfloat16 on an AMD EPYC), bfloat16 the fastest at 32 rows (int4 1.25x slower there on
+    AMD). ``auto`` takes the one that serves 32 streams best, bfloat16; ``int4`` is the
+    setting for a single stream (the README's "Precision")."""
     if device.type == "cpu" and native_bf16_cpu() and cpu_linear.packing_available():
         return "bfloat16"
     return "float32"
+
+
+def auto_candidates(device: torch.device) -> list[str]:
+    """``auto``'s order: ``default_precision`` first, then, should calibration refuse it
+    on this CPU (``batch_invariance``), the next fastest at 32 rows, float32 last (its
+    layers are not sliced: nothing to refuse)."""
+    first = default_precision(device)
+    if first == "bfloat16":
+        return ["bfloat16", "int4", "int8", "float32"]
+    return [first]
 
 
 def check(precision: str, device: torch.device) -> None:
@@ -66,26 +93,63 @@ def check(precision: str, device: torch.device) -> None:
     if precision not in PRECISIONS:
         raise PrecisionError(
             f"unknown precision {precision!r}: one of {', '.join(PRECISIONS)}")
-    if precision == "int8" and device.type != "cpu":
+    if precision in CPU_ONLY and device.type != "cpu":
         raise PrecisionError(
-            f"int8 runs on the CPU only (torch's int8 weight kernel), not {device}")
+            f"{precision} runs on the CPU only (torch's {precision} weight kernel), not {device}")
     if precision == "bfloat16" and device.type == "cuda" and not (
             torch.cuda.is_available() and torch.cuda.is_bf16_supported()):
         raise PrecisionError(f"bfloat16 needs a GPU that computes it; {device} does not")
 
 
-def apply(model: PreTrainedModel, precision: str) -> PreTrainedModel:
-    """``model`` (float32, on its device, in eval mode) in ``precision``; ``check`` first."""
+def apply(
+    model: PreTrainedModel, precision: str, gguf_file: Path | None = None,
+    keep: Path | None = None,
+) -> PreTrainedModel:
+    """``model`` (float32, on its device, in eval mode) in ``precision``; ``check`` first.
+    ``gguf_file``: the file ``model`` was loaded from (``int4`` repacks its Q4_1 blocks;
+    ``keep``: where they are kept for the next start, ``int4_linear.gguf_layers``).
+    Raises ``PrecisionError`` (``model`` unchanged) if calibration finds no exact call size."""
     # The linear layers are made from the float32 weights (quantized or packed), then the
     # rest (embeddings, norms) is cast: no bfloat16 copy of the whole model in between.
-    if precision == "int8":
-        cpu_linear.swap_linears(model, cpu_linear.Int8Linear)
-    elif precision == "bfloat16" and model.device.type == "cpu" and cpu_linear.packing_available():
-        cpu_linear.swap_linears(model, cpu_linear.PackedLinear)
-    if precision in ("bfloat16", "int8"):
+    make = _layer_maker(model, precision, gguf_file, keep)
+    if make is not None:
+        cpu_linear.swap_linears(model, make, before=lambda layers: batch_invariance.calibrate(
+            layers, precision))
+    if precision != "float32":
         model = model.to(dtype=torch.bfloat16)  # type: ignore[call-arg]
         _return_freed_memory()
     return model
+
+
+def _layer_maker(
+    model: PreTrainedModel, precision: str, gguf_file: Path | None, keep: Path | None
+) -> Callable[[torch.nn.Module], cpu_linear._RowWise] | None:
+    """How ``precision`` makes each linear layer, or None (the layers stay as they are)."""
+    if precision == "int8":
+        return cpu_linear.Int8Linear
+    packing = model.device.type == "cpu" and cpu_linear.packing_available()
+    if precision == "bfloat16":
+        return cpu_linear.PackedLinear if packing else None
+    if precision != "int4":
+        return None
+    config = model.config
+    blocks = {} if gguf_file is None else int4_linear.gguf_layers(
+        gguf_file, config.num_attention_heads,
+        getattr(config, "num_key_value_heads", None) or config.num_attention_heads, keep)
+    names = {id(module): name for name, module in model.named_modules()}
+    head = model.get_output_embeddings()
+    other = cpu_linear.PackedLinear if packing else cpu_linear.Int8Linear
+
+    def make(layer: torch.nn.Module) -> cpu_linear._RowWise:
+        name = names[id(layer)]
+        if name in blocks:
+            _, bias = cpu_linear.linear_weight(layer)
+            return int4_linear.Int4Linear(blocks.pop(name), bias)
+        if layer is head or not int4_linear.fits(layer):
+            return other(layer)  # the output layer: bfloat16 (int4_linear's docstring)
+        return int4_linear.Int4Linear.from_float(layer)
+
+    return make
 
 
 def _return_freed_memory() -> None:

@@ -96,7 +96,8 @@ def identity_of(name: str, device: str, block_size: int) -> dict[str, Any]:
     engine_dir = Path(__file__).parent
     code = hashlib.sha256(b"".join((engine_dir / f).read_bytes()
                                    for f in ("attention.py", "model_runner.py", "cpu_linear.py",
-                                             "precision.py")))
+                                             "precision.py", "int4_linear.py",
+                                             "batch_invariance.py")))
     return {
         "model": name, "files": _files_of(name), "device": device,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
@@ -108,7 +109,7 @@ def identity_of(name: str, device: str, block_size: int) -> dict[str, Any]:
 def _files_of(name: str) -> list[Any]:
     """Size and mtime of the model's files: the GGUF file, or a folder's weights."""
     if name == "smollm2":
-        from .model import smollm2_path
+        from .smollm2_file import smollm2_path
 
         paths = [smollm2_path()]
     elif Path(name).is_dir():

@@ -17,7 +17,7 @@ from tools.bench.int8compile import rows_invariant
 
 def test_the_probe_passes_the_eager_int8_kernel() -> None:
     layer = Int8Linear(torch.nn.Linear(64, 48))
-    probe = rows_invariant(types.MethodType(Int8Linear._rows, layer), 64, 40)
+    probe = rows_invariant(types.MethodType(Int8Linear._call, layer), 64, 40)
     assert probe == {"invariant": True, "first_differing_rows": None}
 
 

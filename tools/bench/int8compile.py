@@ -106,12 +106,12 @@ def run(args: argparse.Namespace) -> Report:
     # the ATen kernel instead of the template's (``graphs`` counts them: one per layer).
     with torch._inductor.config.patch(INDUCTOR):
         for index, layer in enumerate(layers):
-            layer._rows = compile_kernel(layer, index)  # type: ignore[method-assign]
+            layer._call = compile_kernel(layer, index)  # type: ignore[method-assign]
             shape = (layer.out_features, layer.in_features)
             if shape not in shapes:
-                shapes[shape] = {"compiled": rows_invariant(layer._rows, shape[1], args.max_rows),
+                shapes[shape] = {"compiled": rows_invariant(layer._call, shape[1], args.max_rows),
                                  "eager": rows_invariant(types.MethodType(
-                                     Int8Linear._rows, layer), shape[1], args.max_rows)}
+                                     Int8Linear._call, layer), shape[1], args.max_rows)}
         compile_s = time.perf_counter() - started
         rows = [side_by_side(loaded, compiled_model, b, args) for b in args.batches]
     summary: dict[str, Any] = {

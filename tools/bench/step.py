@@ -27,6 +27,8 @@ from tqdm import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
 from engine import GenerationRequest, SamplingParams
+from engine.batch_invariance import shape_key
+from engine.cpu_linear import _RowWise
 from engine.engine import Engine
 from engine.model import LoadedModel, load_model
 from tools.bench.common import bench
@@ -87,6 +89,13 @@ def measure(
     return statistics.median(engine_ms[warmup:]), statistics.median(plain_ms[warmup:])
 
 
+def rows_per_call(loaded: LoadedModel) -> dict[str, int]:
+    """The calibrated rows per call of each layer shape (``engine.batch_invariance``)."""
+    return {f"{kind} {in_f}->{out_f}": m.rows_per_call
+            for m in loaded.model.modules() if isinstance(m, _RowWise)
+            for kind, out_f, in_f in [shape_key(m)]}
+
+
 def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None)
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
@@ -125,5 +134,6 @@ def run(args: argparse.Namespace) -> Report:
         "engine_ms_by_batch": {str(r["batch"]): r["engine_ms"] for r in rows},
         "ratio_at_largest_batch": rows[-1]["ratio"],
         "largest_over_smallest_batch": round(rows[-1]["engine_ms"] / base, 3),
+        "rows_per_call": rows_per_call(loaded),
     }
     return Report(summary, {"rows": rows})

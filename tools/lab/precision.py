@@ -49,7 +49,7 @@ TOP = 2  # the top two logits at each position
 
 def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=None,
-                        help="default: float32, bfloat16 and int8")
+                        help="default: every one (float32, bfloat16, int8, int4)")
     parser.add_argument("--prompts", type=int, default=None, help="greedy prompts (32)")
     parser.add_argument("--seeded", type=int, default=None, help="seeded prompts (8)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="(64)")

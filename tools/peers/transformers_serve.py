@@ -14,7 +14,8 @@ given that folder by path (``force_model``), with ``HF_HUB_OFFLINE=1``, so both 
 run the same float32 weights and nothing is downloaded.
 
 The command is ``transformers serve <folder> --continuous-batching --cb-block-size 16
---cb-num-blocks 1024 --device cpu --dtype float32 --host 127.0.0.1 --port 0``. The cache
+--cb-num-blocks 1024 --dtype float32 --device cpu --host 127.0.0.1 --port 0`` (the device
+``STREAMSCOPE_DEVICE``'s where set: ours and the peer on one GPU). The cache
 flags matter: without them its continuous batching sizes its paged KV cache from the
 machine's memory when the first request arrives, and on this 24 GB CPU machine that
 first request waited 132 s (transformers 5.24.0; 0.9 s with 1,024 blocks of 16 positions:
@@ -80,7 +81,9 @@ def peer_command(model_dir: Path) -> list[str]:
     return [
         str(Path(sys.executable).with_name("transformers")), "serve", str(model_dir),
         "--continuous-batching", "--cb-block-size", str(CB_BLOCK_SIZE),
-        "--cb-num-blocks", str(CB_NUM_BLOCKS), "--device", "cpu", "--dtype", "float32",
+        "--cb-num-blocks", str(CB_NUM_BLOCKS), "--dtype", "float32",
+        # ours reads STREAMSCOPE_DEVICE: the peer runs on the same device (tools.gpu_check)
+        "--device", os.environ.get("STREAMSCOPE_DEVICE") or "cpu",
         "--host", "127.0.0.1", "--port", "0",
     ]
 
