@@ -47,6 +47,7 @@ from .costs import StepCosts, cost_tokens, tokens_within
 from .inbox import Inbox, Op
 from .logprobs import Outcome
 from .prefix_cache import PrefixCache
+from .priority import priority_victim
 from .residency import Residency
 from .sequence import Chunk, Sequence, SequenceState
 from .token_record import TokenRecorder
@@ -111,7 +112,7 @@ class Scheduler:
         self.prefix = PrefixCache(allocator)
         self.residency = Residency(allocator, self.prefix, max_batch=max_batch,
                                    max_prefill_tokens=max_prefill_tokens,
-                                   admission=admission, watermark=watermark)
+                                   admission=admission, watermark=watermark, clock=clock)
         self.clock = clock
         self.max_batch = max_batch
         self.max_prefill_tokens = max_prefill_tokens
@@ -135,6 +136,10 @@ class Scheduler:
         if (self.waiting and len(self.running) < self.max_batch
                 and self.residency.fits(self.waiting[0])):
             return True
+        if self.waiting and self.running:  # a higher band waits for a preemption
+            head = min(self.waiting, key=lambda s: s.request.priority)
+            if priority_victim(self.running.values(), head) is not None:
+                return True
         return any(not s.is_paused for s in self.running.values())
 
     # -- the step's phases: the stepping thread only ------------------------------
@@ -142,8 +147,13 @@ class Scheduler:
     def apply_inbox(self) -> list[EngineEvent]:
         """Apply the posted wishes in order; return the finishes of cancels."""
         events: list[EngineEvent] = []
+        active: set[str] | None = None  # the tenants with work (fair shares), once a step
         for wish in self.inbox.take():
             if isinstance(wish, Sequence):
+                wish.submitted_at = self.clock()
+                active = self.active_tenants() if active is None else active
+                self.residency.fair.arrive(wish.request.tenant, active)
+                active.add(wish.request.tenant)
                 self.waiting.append(wish)
                 if wish.generated_ids:  # a stream rebuilt elsewhere (Engine.submit)
                     events += self._replay(wish)
@@ -185,6 +195,7 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         """Admit what fits, then choose this step's decode rows and prompt chunks."""
+        self.residency.fair.weigh(self.costs, self.num_decoding)  # fair shares' weights
         self.residency.grant()  # decode rows' blocks (preempting), then admission
         decode = [s for s in self.running.values() if not s.is_paused and not s.needs_prefill]
         budget = self.prefill_budget(len(decode))
@@ -246,6 +257,8 @@ class Scheduler:
         except Exception as exc:
             return [self.finish(seq, FinishReason.ERROR, error=f"token {index} failed: {exc!r}")]
         seq.generated_ids.append(read.token_id)
+        if index:  # a decode row's token (the first is its prompt's, charged at admission)
+            self.residency.fair.charge(seq.request.tenant, decode_tokens=1)
         self.prefix.commit(seq, seq.num_cached)  # prefix cache: its full blocks
         events: list[EngineEvent] = [TokenEvent(seq.request_id, index, read.token_id, read.text,
                                                 read.logprobs)]
@@ -268,6 +281,10 @@ class Scheduler:
         if request_id in self.running:
             return self.running[request_id]
         return next((s for s in self.waiting if s.request_id == request_id), None)
+
+    def active_tenants(self) -> set[str]:
+        """The tenants with a sequence waiting or running (fair shares)."""
+        return {s.request.tenant for s in (*self.waiting, *self.running.values())}
 
     def prompt_tokens_to_prefill(self) -> int:
         """Positions to prefill (prompts, recomputes), of every waiting and admitted one."""
