@@ -110,8 +110,9 @@ class RecordingEngine:
         return self._engine.has_work()
 
     def estimate_ttft_ms(self, prompt_tokens: int, prompt_ids: Sequence[int] = (),
-                         cache_namespace: bytes = b"") -> float | None:
-        return self._engine.estimate_ttft_ms(prompt_tokens, prompt_ids, cache_namespace)
+                         cache_namespace: bytes = b"", priority: int = 0) -> float | None:
+        return self._engine.estimate_ttft_ms(prompt_tokens, prompt_ids, cache_namespace,
+                                             priority)
 
     def tokenize(self, prompt: str) -> list[int]:
         return self._engine.tokenize(prompt)

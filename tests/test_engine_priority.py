@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from engine import EngineEvent, GenerationRequest, SamplingParams, TokenEvent
+from engine.costs import StepCosts
 from engine.engine import Engine
 from engine.priority import PRIORITY_PREEMPTION_CAP, FairShare
 from tests.engine_steps import run_until_idle
@@ -220,3 +221,28 @@ def test_streams_preempted_for_a_higher_band_equal_their_solo_runs(
     events += run_until_idle(engine)
     assert engine.statistics().priority_preemptions >= 2
     assert _tokens(events) == solo
+
+
+def test_a_higher_bands_ttft_estimate_has_lower_bands_behind_it_and_preemption_in_view() -> None:
+    """Two band-5 streams fill the batch and six band-5 prompts of 40 tokens wait: a
+    band-5 newcomer waits for their prefills and for a slot to free (up to 20 decode
+    steps); a band-0 newcomer waits for neither, only for one preemption."""
+    engine = scripted_engine(max_batch=2, max_prefill_tokens=32)
+    for i in range(2):
+        _submit(engine, f"run{i}", priority=5, max_new=20, prompt="a")
+    engine.step()
+    for i in range(6):
+        _submit(engine, f"wait{i}", priority=5, max_new=4, prompt="abcdefghij" * 4)
+    engine.step()
+    engine.step()
+    costs = engine.scheduler.costs = StepCosts()  # known costs, not this machine's
+    for tokens, ms in ((8, 8.0), (32, 20.0)):
+        costs.observe_prefill(tokens, ms)  # 4 ms + 0.5 ms per token
+    costs.observe_decode(2, 10.0)
+    low = engine.estimate_ttft_ms(4, priority=5)
+    high = engine.estimate_ttft_ms(4, priority=0)
+    assert low is not None and high is not None
+    in_flight = engine.statistics().last_step_ms or 0.0
+    # high: its own 4 tokens in one step (10 + 4 + 0.5 * 4 ms) and one preemption's step.
+    assert high == pytest.approx(in_flight + 10.0 + (10.0 + 4.0) + 0.5 * 4, rel=0.05)
+    assert low > high + 6 * 40 * 0.5 + 10 * 10.0
