@@ -64,6 +64,7 @@ from engine import FinishEvent, TokenEvent
 from streams import StreamItem
 
 from .errors import ApiError
+from .metrics_bands import band_metrics
 from .metrics_vllm import VllmNames
 
 CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
@@ -350,6 +351,7 @@ class RuntimeCollector(Collector):
         for name, key, doc in _ENGINE_COUNTERS + _RESUME_COUNTERS:
             if name not in self._hidden:
                 yield CounterMetricFamily(name, doc, value=stats.get(key) or 0)
+        yield from band_metrics(stats)  # per band (engine.priority)
 
 
 def make_metrics_blueprint(metrics: Metrics) -> Blueprint:
