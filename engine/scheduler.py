@@ -138,7 +138,8 @@ class Scheduler:
             return True
         if self.waiting and self.running:  # a higher band waits for a preemption
             head = min(self.waiting, key=lambda s: s.request.priority)
-            if priority_victim(self.running.values(), head) is not None:
+            full = len(self.running) >= self.max_batch or not self.residency.fits(head)
+            if full and priority_victim(self.running.values(), head) is not None:
                 return True
         return any(not s.is_paused for s in self.running.values())
 

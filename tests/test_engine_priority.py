@@ -246,3 +246,24 @@ def test_a_higher_bands_ttft_estimate_has_lower_bands_behind_it_and_preemption_i
     # high: its own 4 tokens in one step (10 + 4 + 0.5 * 4 ms) and one preemption's step.
     assert high == pytest.approx(in_flight + 10.0 + (10.0 + 4.0) + 0.5 * 4, rel=0.05)
     assert low > high + 6 * 40 * 0.5 + 10 * 10.0
+
+
+def test_a_paused_low_band_past_the_cap_lets_the_loop_idle_and_one_under_it_wakes_it() -> None:
+    """A higher band waiting behind a full batch of paused sequences: has_work says a step
+    would do something only if one of them may still be preempted for it (no spin)."""
+    engine = scripted_engine(max_batch=1)
+    _submit(engine, "low", priority=5, max_new=20, prompt="a")
+    engine.step()
+    engine.pause("low")  # its reader is behind: nothing to decode
+    low = engine.scheduler.running["low"]
+    low.num_priority_preemptions = PRIORITY_PREEMPTION_CAP  # as if preempted twice before
+    _submit(engine, "high", priority=0, max_new=2)
+    engine.step()
+    assert list(engine.scheduler.running) == ["low"] and not engine.has_work()
+    low.num_priority_preemptions = 0
+    assert engine.has_work()
+    engine.step()
+    assert list(engine.scheduler.running) == ["high"]
+    engine.resume("low")
+    run_until_idle(engine)
+    _assert_whole(engine)
