@@ -12,19 +12,19 @@ never ends a sequence that has a token.
 preempting by recompute while none is free, then, in a step that preempted nobody,
 admission in arrival order (its docstring tells how). Then it takes the decode rows
 (every running, unpaused sequence whose prefill is done) and then the prefills (fresh
-prompts and recomputes) of this step, in arrival order, within the step's prefill
-budget: ``max_prefill_tokens``, or fewer with a step-time target (``max_step_ms``), what
-the measured costs (``costs.StepCosts``) say fits beside this step's decode rows (a step
-with nothing to decode keeps the whole budget: no stream waits for it). A prompt that
-fits the budget's room is prefilled whole; one that does not waits for the next step,
-unless it is the first: then it is cut (chunked prefill), its first chunk fills the
-budget, and the rest follows in the next steps, so a long prompt never stalls the
-running streams for longer than the budget. Its first token comes with its last chunk.
-With a step-time target a chunk counts its cached prefix too (``costs.cost_tokens``), so
-a long prompt's late chunks, which attend over more positions, are cut shorter, and the
-budget is planned within the target over the measured margin
-(``costs.StepCosts.margin``): such a step's plan (``StepPlan.planned_ms``) is compared
-with what it took.
+prompts and recomputes) of this step, in arrival order (a higher band's first), within
+the step's prefill budget: ``max_prefill_tokens``, or fewer with a step-time target
+(``max_step_ms``), what the measured costs (``costs.StepCosts``) say fits beside this
+step's decode rows (a step with nothing to decode keeps the whole budget: no stream
+waits for it). A prompt that fits the budget's room is prefilled whole; one that does
+not waits for the next step, unless it is the first: then it is cut (chunked prefill),
+its first chunk fills the budget, and the rest follows in the next steps, so a long
+prompt never stalls the running streams for longer than the budget. Its first token
+comes with its last chunk. With a step-time target a chunk counts its cached prefix too
+(``costs.cost_tokens``), so a long prompt's late chunks, which attend over more
+positions, are cut shorter, and the budget is planned within the target over the
+measured margin (``costs.StepCosts.margin``): such a step's plan
+(``StepPlan.planned_ms``) is compared with what it took.
 
 ``record_token`` is the per-sequence error boundary: it turns one sampled token
 (or the exception its sampling raised) into events through the ``token_record.
@@ -203,7 +203,8 @@ class Scheduler:
         prefill: list[Chunk] = []
         used = 0
         timed = self.max_step_ms is not None  # then a late chunk's prefix counts (costs)
-        for seq in self.running.values():
+        # Admission order within a band; a higher band's prompt first (``engine.priority``).
+        for seq in sorted(self.running.values(), key=lambda s: s.request.priority):
             if seq.is_paused or not seq.needs_prefill:
                 continue
             left = seq.num_to_cache

@@ -267,3 +267,17 @@ def test_a_paused_low_band_past_the_cap_lets_the_loop_idle_and_one_under_it_wake
     engine.resume("low")
     run_until_idle(engine)
     _assert_whole(engine)
+
+
+def test_a_higher_bands_prompt_is_prefilled_first_within_the_step_budget() -> None:
+    engine = scripted_engine(max_batch=4, max_prefill_tokens=8)
+    _submit(engine, "low", priority=3, max_new=4, prompt="abcdefghijklmnopqrstuvwx")
+    engine.step()  # low's first chunk of three
+    _submit(engine, "high", priority=0, max_new=4, prompt="abcdefgh")
+    for _ in range(3):
+        engine.step()
+        if "high" in engine.scheduler.running:
+            break
+    assert engine.statistics().last_step_prefill_ids[0] == "high"
+    run_until_idle(engine)
+    _assert_whole(engine)
