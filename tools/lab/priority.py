@@ -57,6 +57,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--every", type=int, default=None, help="interactive arrival (12)")
     parser.add_argument("--answer", type=int, default=None, help="interactive tokens (16)")
     parser.add_argument("--compare", type=int, default=None, help="preempted re-run (8)")
+    parser.add_argument("--long-answer", type=int, default=None,
+                        help="flood and long tenant's answer tokens (96; quick 24)")
 
 
 @dataclass
@@ -96,7 +98,7 @@ async def priority(lab: Lab) -> Report:
     size = {"batch": lab.option("batch", 8, 4), "flood": lab.option("flood", 12, 6),
             "steps": lab.option("steps", 300, 60), "every": lab.option("every", 12, 6),
             "answer": lab.option("answer", 16, 6), "compare": lab.option("compare", 8, 3),
-            "long_prompt": lab.pick(6, 2), "long_answer": lab.pick(96, 24),
+            "long_prompt": lab.pick(6, 2), "long_answer": lab.option("long_answer", 96, 24),
             "short_answer": lab.pick(16, 6)}
     return await trio.to_thread.run_sync(_run_all, lab, model, size)
 
