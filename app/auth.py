@@ -168,7 +168,9 @@ def owned_request(generation: GenerationRequest) -> GenerationRequest:
     its key's prefix-cache namespace: ``cache_namespace`` holds the body's
     ``cache_salt`` (``schemas.salt_bytes``) and becomes the namespace of the key and that
     salt (``api_keys.cache_namespace``; the keyless server's one tenant has a fixed key),
-    so that no key's request finds another key's prompt blocks cached."""
+    so that no key's request finds another key's prompt blocks cached. Its ``tenant`` is
+    the key's name, whose share of the engine's work within a band is kept fair
+    (``engine.priority``; "" on a server without keys)."""
     access = _access()
     credential = None if access is None else access.credential
     cache_key = KEYLESS_CACHE_KEY if credential is None else credential.cache_key
@@ -176,7 +178,7 @@ def owned_request(generation: GenerationRequest) -> GenerationRequest:
     if credential is None:
         return dataclasses.replace(generation, cache_namespace=namespace)
     return dataclasses.replace(generation, request_id=credential.new_owned_id(),
-                               cache_namespace=namespace)
+                               cache_namespace=namespace, tenant=credential.name)
 
 
 def key_name() -> str | None:

@@ -15,6 +15,8 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .metrics_bands import band_metrics
+
 # (metric name, /stats key, help) for the gauges read at scrape time.
 _GAUGES = (
     ("streamscope_num_requests_running", "running",
@@ -132,3 +134,4 @@ class RuntimeCollector(Collector):
         for name, key, doc in _ENGINE_COUNTERS + _RESUME_COUNTERS:
             if name not in self._hidden:
                 yield CounterMetricFamily(name, doc, value=stats.get(key) or 0)
+        yield from band_metrics(stats)  # per band (engine.priority)

@@ -270,16 +270,17 @@ class Engine:
         return self._round.statistics
 
     def estimate_ttft_ms(self, prompt_tokens: int, prompt_ids: Seq[int] = (),
-                         cache_namespace: bytes = b"") -> float | None:
+                         cache_namespace: bytes = b"", priority: int = 0) -> float | None:
         """How long until a request of ``prompt_tokens`` submitted now gets its first
         token, in ms, by the measured step costs; None before any was measured
         (``ttft.TtftEstimator``), less its ids' cached prefix in ``cache_namespace``
-        (the request's: another namespace's blocks are never counted). Thread-safe: it
-        reads the last step boundary's state.
+        (the request's: another namespace's blocks are never counted), with its band
+        ``priority``'s place in view (lower bands behind it, preemptible). Thread-safe:
+        it reads the last step boundary's state.
         """
         cached = self.scheduler.prefix.cached_tokens(prompt_ids, self._ttft.ahead,
                                                      cache_namespace)
-        return self._ttft.estimate_ms(prompt_tokens - cached)
+        return self._ttft.estimate_ms(prompt_tokens - cached, priority)
 
     # -- the step: only its one caller runs it --------------------------------
 

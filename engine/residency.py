@@ -19,6 +19,15 @@ never preempted). Admission stops at the first one that does not fit, so a long 
 is never overtaken forever by short ones, or (``PrefixCache.waits_for``) that would
 compute a block another's prefill is computing: it shares it once committed.
 
+Bands and fair shares (``engine.priority``). Before each admission the waiting queue is
+ordered (``priority.order_waiting``: band, the tenant's virtual token counter, started
+ones, arrival; all one band and one tenant, that is arrival order with the
+preempted at the head, as above), and an admitted prompt is charged to its tenant. In a
+step that preempted nobody for blocks, a head that cannot be admitted because the batch
+or the pool is full preempts the lowest band's youngest running sequence below its own
+band (``priority.priority_victim``, at most one a step); an exhausted pool's victim is
+also the lowest band's youngest (all one band: the newest, as above).
+
 Blocks go back to the allocator in two places only, both here: ``remove`` (the
 scheduler's ``finish``, the only way out) and ``preempt``, which also drops the table
 (a readmitted sequence gets a new one); so whatever mix of preemption, cancel and
@@ -30,10 +39,18 @@ Python: no torch.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from .admission import AdmissionPolicy
 from .block_allocator import BlockAllocator
 from .prefix_cache import PrefixCache
+from .priority import (
+    BandStatistics,
+    FairShare,
+    lowest_band_youngest,
+    order_waiting,
+    priority_victim,
+)
 from .sequence import Sequence, SequenceState
 
 
@@ -48,6 +65,7 @@ class Residency:
         max_prefill_tokens: the step's prompt-token cap (the prefix cache's ``defer``).
         admission: how many positions a table covers at admission.
         watermark: share of the blocks an admission leaves free while others run.
+        clock: what a queue wait is measured with (the scheduler's).
     """
 
     def __init__(
@@ -59,6 +77,7 @@ class Residency:
         max_prefill_tokens: int,
         admission: AdmissionPolicy,
         watermark: float,
+        clock: Callable[[], float],
     ) -> None:
         if not 0 <= watermark < 1:
             raise ValueError(f"watermark must be in [0, 1), got {watermark}")
@@ -72,12 +91,31 @@ class Residency:
         self.running: dict[str, Sequence] = {}  # insertion order = admission order
         self.num_admitted = 0
         self.num_preemptions = 0
+        self.num_priority_preemptions = 0  # of those, for a higher band
+        self.fair = FairShare()  # the tenants' counters (``engine.priority``)
+        self.bands = BandStatistics()
+        self.clock = clock
 
     def grant(self) -> None:
         """This step's blocks: every decode row's next one (preempting while none is
-        free), then, unless that preempted, admission of what fits."""
+        free), then, unless that preempted, a preemption for a higher band if one
+        waits that does not fit, and admission of what fits."""
         if not self.grow_decoding():
+            self.preempt_for_priority()
             self.admit()
+
+    def preempt_for_priority(self) -> None:
+        """At most one preemption: the waiting head (ordered) cannot be admitted because
+        the batch or the pool is full, and a lower band runs (``priority_victim``)."""
+        if not self.waiting:
+            return
+        order_waiting(self.waiting, self.fair)
+        head = self.waiting[0]
+        if len(self.running) < self.max_batch and self.fits(head):
+            return
+        victim = priority_victim(self.running.values(), head)
+        if victim is not None:
+            self.preempt(victim, by_priority=True)
 
     def fits(self, seq: Sequence) -> bool:
         """Whether ``seq`` fits now (the watermark only while others run: alone, one
@@ -89,6 +127,7 @@ class Residency:
         """Admit waiting sequences in arrival order up to the first that may not run now."""
         pending = self.prefix.in_flight(self.running.values())  # prefix cache: shared
         while self.waiting and len(self.running) < self.max_batch:
+            order_waiting(self.waiting, self.fair)  # the last admission charged a tenant
             head = self.waiting[0]
             if (not self.fits(head) or self.prefix.waits_for(head, pending)
                     or self.prefix.defer(self.running, self.max_prefill_tokens)):
@@ -100,8 +139,19 @@ class Residency:
             head.state = SequenceState.RUNNING
             self.running[head.request_id] = head
             self.num_admitted += 1
+            self.admitted(head)
             pending |= self.prefix.in_flight([head])  # the next waits for these
 
+    def admitted(self, seq: Sequence) -> None:
+        """Count a first admission's queue wait in its band, and charge the prompt
+        positions it will compute (not a cached prefix, not a recompute) to its tenant."""
+        if seq.was_admitted:
+            return
+        seq.was_admitted = True
+        waited = 0.0 if seq.submitted_at is None else self.clock() - seq.submitted_at
+        self.bands.admit(seq.request.priority, max(waited, 0.0))
+        if not seq.generated_ids:
+            self.fair.charge(seq.request.tenant, prefill_tokens=seq.num_to_cache)
     def grow_decoding(self) -> bool:
         """Give every decode row the block its next position falls in, preempting the
         most recently admitted sequence while none is free; whether any was preempted."""
@@ -112,7 +162,7 @@ class Residency:
             table, positions = seq.block_table, seq.num_cached + 1
             assert table is not None
             while self.allocator.blocks_to_grow(table, positions) > self.allocator.num_free:
-                victim = next(reversed(self.running.values()))  # the newest: see above
+                victim = lowest_band_youngest(self.running.values())  # see above
                 self.preempt(victim)
                 preempted = True
                 if victim is seq:
@@ -121,7 +171,7 @@ class Residency:
                 self.allocator.grow(table, positions)
         return preempted
 
-    def preempt(self, seq: Sequence) -> None:
+    def preempt(self, seq: Sequence, by_priority: bool = False) -> None:
         """Take a running sequence's blocks (released once, the table dropped) and put
         it at the head of the waiting queue; it keeps its tokens and its generator."""
         del self.running[seq.request_id]
@@ -132,6 +182,9 @@ class Residency:
         seq.forget_cache()
         seq.num_preemptions += 1
         self.num_preemptions += 1
+        seq.num_priority_preemptions += by_priority
+        self.num_priority_preemptions += by_priority
+        self.bands.preempt(seq.request.priority, by_priority)
         self.waiting.appendleft(seq)
 
     def remove(self, seq: Sequence) -> None:

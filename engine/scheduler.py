@@ -12,19 +12,19 @@ never ends a sequence that has a token.
 preempting by recompute while none is free, then, in a step that preempted nobody,
 admission in arrival order (its docstring tells how). Then it takes the decode rows
 (every running, unpaused sequence whose prefill is done) and then the prefills (fresh
-prompts and recomputes) of this step, in arrival order, within the step's prefill
-budget: ``max_prefill_tokens``, or fewer with a step-time target (``max_step_ms``), what
-the measured costs (``costs.StepCosts``) say fits beside this step's decode rows (a step
-with nothing to decode keeps the whole budget: no stream waits for it). A prompt that
-fits the budget's room is prefilled whole; one that does not waits for the next step,
-unless it is the first: then it is cut (chunked prefill), its first chunk fills the
-budget, and the rest follows in the next steps, so a long prompt never stalls the
-running streams for longer than the budget. Its first token comes with its last chunk.
-With a step-time target a chunk counts its cached prefix too (``costs.cost_tokens``), so
-a long prompt's late chunks, which attend over more positions, are cut shorter, and the
-budget is planned within the target over the measured margin
-(``costs.StepCosts.margin``): such a step's plan (``StepPlan.planned_ms``) is compared
-with what it took.
+prompts and recomputes) of this step, in arrival order (a higher band's first), within
+the step's prefill budget: ``max_prefill_tokens``, or fewer with a step-time target
+(``max_step_ms``), what the measured costs (``costs.StepCosts``) say fits beside this
+step's decode rows (a step with nothing to decode keeps the whole budget: no stream
+waits for it). A prompt that fits the budget's room is prefilled whole; one that does
+not waits for the next step, unless it is the first: then it is cut (chunked prefill),
+its first chunk fills the budget, and the rest follows in the next steps, so a long
+prompt never stalls the running streams for longer than the budget. Its first token
+comes with its last chunk. With a step-time target a chunk counts its cached prefix too
+(``costs.cost_tokens``), so a long prompt's late chunks, which attend over more
+positions, are cut shorter, and the budget is planned within the target over the
+measured margin (``costs.StepCosts.margin``): such a step's plan
+(``StepPlan.planned_ms``) is compared with what it took.
 
 ``record_token`` is the per-sequence error boundary: it turns one sampled token
 (or the exception its sampling raised) into events through the ``token_record.
@@ -47,6 +47,7 @@ from .costs import StepCosts, cost_tokens, tokens_within
 from .inbox import Inbox, Op
 from .logprobs import Outcome
 from .prefix_cache import PrefixCache
+from .priority import priority_victim
 from .residency import Residency
 from .sequence import Chunk, Sequence, SequenceState
 from .token_record import TokenRecorder
@@ -111,7 +112,7 @@ class Scheduler:
         self.prefix = PrefixCache(allocator)
         self.residency = Residency(allocator, self.prefix, max_batch=max_batch,
                                    max_prefill_tokens=max_prefill_tokens,
-                                   admission=admission, watermark=watermark)
+                                   admission=admission, watermark=watermark, clock=clock)
         self.clock = clock
         self.max_batch = max_batch
         self.max_prefill_tokens = max_prefill_tokens
@@ -135,6 +136,11 @@ class Scheduler:
         if (self.waiting and len(self.running) < self.max_batch
                 and self.residency.fits(self.waiting[0])):
             return True
+        if self.waiting and self.running:  # a higher band waits for a preemption
+            head = min(self.waiting, key=lambda s: s.request.priority)
+            full = len(self.running) >= self.max_batch or not self.residency.fits(head)
+            if full and priority_victim(self.running.values(), head) is not None:
+                return True
         return any(not s.is_paused for s in self.running.values())
 
     # -- the step's phases: the stepping thread only ------------------------------
@@ -142,8 +148,13 @@ class Scheduler:
     def apply_inbox(self) -> list[EngineEvent]:
         """Apply the posted wishes in order; return the finishes of cancels."""
         events: list[EngineEvent] = []
+        active: set[str] | None = None  # the tenants with work (fair shares), once a step
         for wish in self.inbox.take():
             if isinstance(wish, Sequence):
+                wish.submitted_at = self.clock()
+                active = self.active_tenants() if active is None else active
+                self.residency.fair.arrive(wish.request.tenant, active)
+                active.add(wish.request.tenant)
                 self.waiting.append(wish)
                 if wish.generated_ids:  # a stream rebuilt elsewhere (Engine.submit)
                     events += self._replay(wish)
@@ -185,13 +196,15 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         """Admit what fits, then choose this step's decode rows and prompt chunks."""
+        self.residency.fair.weigh(self.costs, self.num_decoding)  # fair shares' weights
         self.residency.grant()  # decode rows' blocks (preempting), then admission
         decode = [s for s in self.running.values() if not s.is_paused and not s.needs_prefill]
         budget = self.prefill_budget(len(decode))
         prefill: list[Chunk] = []
         used = 0
         timed = self.max_step_ms is not None  # then a late chunk's prefix counts (costs)
-        for seq in self.running.values():
+        # Admission order within a band; a higher band's prompt first (``engine.priority``).
+        for seq in sorted(self.running.values(), key=lambda s: s.request.priority):
             if seq.is_paused or not seq.needs_prefill:
                 continue
             left = seq.num_to_cache
@@ -246,6 +259,8 @@ class Scheduler:
         except Exception as exc:
             return [self.finish(seq, FinishReason.ERROR, error=f"token {index} failed: {exc!r}")]
         seq.generated_ids.append(read.token_id)
+        if index:  # a decode row's token (the first is its prompt's, charged at admission)
+            self.residency.fair.charge(seq.request.tenant, decode_tokens=1)
         self.prefix.commit(seq, seq.num_cached)  # prefix cache: its full blocks
         events: list[EngineEvent] = [TokenEvent(seq.request_id, index, read.token_id, read.text,
                                                 read.logprobs)]
@@ -268,6 +283,10 @@ class Scheduler:
         if request_id in self.running:
             return self.running[request_id]
         return next((s for s in self.waiting if s.request_id == request_id), None)
+
+    def active_tenants(self) -> set[str]:
+        """The tenants with a sequence waiting or running (fair shares)."""
+        return {s.request.tenant for s in (*self.waiting, *self.running.values())}
 
     def prompt_tokens_to_prefill(self) -> int:
         """Positions to prefill (prompts, recomputes), of every waiting and admitted one."""

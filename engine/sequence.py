@@ -50,6 +50,9 @@ class Sequence:
     # preemption all but the last generated token (see forget_cache).
     num_recompute: int = 0
     num_preemptions: int = 0  # times this sequence lost its blocks to a preemption
+    num_priority_preemptions: int = 0  # of those, for a higher band (``engine.priority``)
+    submitted_at: float | None = None  # the scheduler's clock when its submit was applied
+    was_admitted: bool = False  # once admitted (its queue wait is counted then)
     num_lost: int = 0  # positions cached when last preempted: the ones computed again
     # Prompt positions its first admission found in the prefix cache (None before it):
     # what its usage reports as cached. A later admission, after a preemption, does not

@@ -6,7 +6,7 @@ themselves: the stepping thread builds one frozen ``EngineStatistics`` from them
 step boundary (and before a step hands events to its ``on_prefill``, so a finish its
 reader has seen is always counted) and replaces the published one whole. Reading it
 never waits for a step. The counts come from the allocator (blocks), the scheduler
-(sequences, preemptions, the prefix cache's counters), the step costs (the margin of a
+(sequences, preemptions, per band too, the prefix cache's counters), the step costs (the margin of a
 step-time target), the step timing and the last step's plan. The stepping thread only;
 no torch.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .priority import waiting_by_band
 from .scheduler import Scheduler, StepPlan
 from .step_timing import StepTiming
 from .types import EngineStatistics
@@ -44,7 +45,18 @@ def boundary_statistics(scheduler: Scheduler, timing: StepTiming,
         last_step_ms=timing.last_step_ms,
         median_decode_step_ms=timing.median_decode_step_ms(),
         step_target_ms=scheduler.max_step_ms, **({} if plan is None else plan_statistics(plan)),
+        **band_statistics(scheduler),
     )
+
+
+def band_statistics(scheduler: Scheduler) -> dict[str, Any]:
+    """Per band (``engine.priority``): waiting now, mean queue wait, preemptions."""
+    residency = scheduler.residency
+    bands = residency.bands
+    return {"waiting_by_band": waiting_by_band(scheduler.waiting),
+            "wait_ms_by_band": bands.mean_wait_ms(),
+            "preemptions_by_band": tuple(sorted(bands.preempted.items())),
+            "priority_preemptions": residency.num_priority_preemptions}
 
 
 def plan_statistics(plan: StepPlan) -> dict[str, Any]:

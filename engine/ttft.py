@@ -14,6 +14,12 @@ now on with the measured step costs (``costs.StepCosts``):
 * if every batch slot is taken, the decode steps until one frees are added
   (``slot_wait_steps``); a wait for blocks is not in it.
 
+With bands (``engine.priority``), for a request of ``priority`` p: the waiting sequences
+of a lower band (a greater priority) are not ahead of it (they are admitted after it),
+and every running one of a lower band that may still be preempted by priority is a slot
+it can take, one a step (preemption in view): its deadline is judged by the work of its
+own band and above. All in one band, the estimate is as above.
+
 It reads the scheduler's state as the last step boundary left it (``Boundary``, taken
 by the stepping thread and replaced whole), and the inbox, which is thread-safe.
 """
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .priority import PRIORITY_PREEMPTION_CAP
 from .scheduler import Scheduler
 from .step_timing import StepTiming
 
@@ -37,6 +44,10 @@ class Boundary:
     # Prefix cache: the identities of the full blocks that the admitted and the waiting
     # will have computed (a newcomer waits for them and shares them: none to compute).
     ahead: frozenset[bytes] = frozenset()
+    # Bands: (priority, positions to prefill) of each waiting sequence; the priorities of
+    # the running ones that a higher band may still preempt (``priority_victim``).
+    waiting_bands: tuple[tuple[int, int], ...] = ()
+    preemptible: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, scheduler: Scheduler) -> Boundary:
@@ -55,6 +66,9 @@ class Boundary:
             steps_left=tuple(sorted(s.request.max_new_tokens - len(s.generated_ids)
                                     for s in scheduler.running.values())),
             ahead=frozenset(ahead),
+            waiting_bands=tuple((s.request.priority, s.num_to_cache) for s in scheduler.waiting),
+            preemptible=tuple(s.request.priority for s in scheduler.running.values()
+                              if s.num_priority_preemptions < PRIORITY_PREEMPTION_CAP),
         )
 
 
@@ -75,9 +89,10 @@ class TtftEstimator:
         """The stepping thread is at a step boundary: take the scheduler's state."""
         self._boundary = Boundary.of(self._scheduler)
 
-    def estimate_ms(self, prompt_tokens: int) -> float | None:
-        """Milliseconds until a request of ``prompt_tokens`` submitted now gets its first
-        token; None before any step cost was measured. Any thread."""
+    def estimate_ms(self, prompt_tokens: int, priority: int = 0) -> float | None:
+        """Milliseconds until a request of ``prompt_tokens`` in band ``priority``
+        submitted now gets its first token; None before any step cost was measured. Any
+        thread."""
         scheduler, at = self._scheduler, self._boundary
         costs = scheduler.costs
         line = costs.step_line(at.decoding, scheduler.mixed_step)
@@ -85,22 +100,29 @@ class TtftEstimator:
         if line is None or decode is None:
             return None
         fixed, per_token = line  # a mixed step's fixed: only what it adds to the decode
-        ahead = at.to_prefill + scheduler.inbox.prompt_tokens() + prompt_tokens
+        behind = sum(n for band, n in at.waiting_bands if band > priority)  # admitted later
+        ahead = max(at.to_prefill - behind, 0) + scheduler.inbox.prompt_tokens() + prompt_tokens
         steps = -(-ahead // max(scheduler.prefill_budget(at.decoding), 1))
         in_flight = self._timing.last_step_ms or 0.0
         period = self._timing.busy_period_ms or 0.0  # a step as paced, if longer
-        waits = self.slot_wait_steps(at, scheduler.inbox.submits()) * max(decode, period)
+        waits = self.slot_wait_steps(at, scheduler.inbox.submits(), priority) * max(
+            decode, period)
         return in_flight + waits + steps * max(decode + fixed, period) + per_token * ahead
 
-    def slot_wait_steps(self, at: Boundary, inbox_submits: int) -> int:
+    def slot_wait_steps(self, at: Boundary, inbox_submits: int, priority: int = 0) -> int:
         """Decode steps until a batch slot frees for a request submitted now (0 if one is
         free): the k-th soonest end among the running sequences, k its place in the
         queue for slots, counting each as running to its max_new_tokens (an upper
         bound: eos ends one sooner), plus a round of the longest for each full batch
-        queued ahead."""
+        queued ahead. With bands, only the waiting of its band and above queue ahead,
+        and a preemptible running sequence of a lower band frees a slot a step."""
         left = at.steps_left
-        k = at.queued + inbox_submits + 1 - (self._scheduler.max_batch - len(left))
+        queued = at.queued - sum(band > priority for band, _ in at.waiting_bands)
+        k = queued + inbox_submits + 1 - (self._scheduler.max_batch - len(left))
         if k <= 0 or not left:
             return 0
-        rounds, index = divmod(k - 1, len(left))
-        return left[index] + rounds * left[-1]
+        victims = sum(band > priority for band in at.preemptible)
+        if k <= victims:
+            return k  # one preemption a step
+        rounds, index = divmod(k - victims - 1, len(left))
+        return victims + left[index] + rounds * left[-1]

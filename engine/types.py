@@ -105,6 +105,12 @@ class GenerationRequest:
     cache_namespace: bytes = b""
     # The form the output must take (None: free text).
     constraint: Constraint | None = None
+    # Its band (vLLM's ``priority``: lower is sooner; ``engine.priority``): the waiting
+    # queue is ordered by it, and a waiting lower value preempts a running higher one.
+    priority: int = 0
+    # Whose work it is, for fair shares by tokens served within a band (the app passes
+    # the API key's name): "" for everyone else.
+    tenant: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,3 +196,8 @@ class EngineStatistics:
     last_step_prefilled: int = 0  # prompt positions the last step prefilled
     last_step_prefill_ids: tuple[str, ...] = ()  # the requests whose prompt it prefilled
     step_target_ms: float | None = None  # the step-time target (``max_step_ms``), if any
+    # Per band (``GenerationRequest.priority``), as (band, value) pairs, bands ascending:
+    waiting_by_band: tuple[tuple[int, int], ...] = ()  # sequences waiting now
+    wait_ms_by_band: tuple[tuple[int, float], ...] = ()  # mean wait before first admission
+    preemptions_by_band: tuple[tuple[int, int], ...] = ()  # sequences of it preempted
+    priority_preemptions: int = 0  # of all preemptions, those for a higher band

@@ -45,7 +45,7 @@ class TtftDeadlines:
         left_ms = (deadline - time.monotonic()) * 1000
         ids = request.prompt_token_ids
         estimate = self._engine.estimate_ttft_ms(len(ids or ()), ids or (),
-                                                 request.cache_namespace)
+                                                 request.cache_namespace, request.priority)
         if left_ms <= 0 or (estimate is not None and estimate > left_ms):
             self.refused += 1
             raise DeadlineUnmeetable(estimate, left_ms)

@@ -44,11 +44,12 @@ class StepEngine(Protocol):
     def has_work(self) -> bool: ...
     def statistics(self) -> EngineStatistics: ...
     def estimate_ttft_ms(self, prompt_tokens: int, prompt_ids: Sequence[int] = (),
-                         cache_namespace: bytes = b"") -> float | None:
+                         cache_namespace: bytes = b"", priority: int = 0) -> float | None:
         """ms until a request of ``prompt_tokens`` submitted now gets its first token,
         or None before the engine measured anything; given the prompt's ids, what of
         them is cached (prefix caching) in the request's ``cache_namespace`` is not
-        counted. Thread-safe; never waits a step."""
+        counted; in band ``priority``, lower bands are behind it and preemptible.
+        Thread-safe; never waits a step."""
         ...
 
 

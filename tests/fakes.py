@@ -142,7 +142,7 @@ class ScriptedEngine:
         return can_admit or any(not seq.is_paused for seq in self._running.values())
 
     def estimate_ttft_ms(self, prompt_tokens: int, prompt_ids: Sequence[int] = (),
-                         cache_namespace: bytes = b"") -> float | None:
+                         cache_namespace: bytes = b"", priority: int = 0) -> float | None:
         return None  # nothing measured: a deadline never refuses here
 
     def step(self, on_prefill: OnPrefill | None = None) -> list[EngineEvent]:

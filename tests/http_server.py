@@ -119,8 +119,9 @@ class RecordingEngine:
         return self._engine.has_work()
 
     def estimate_ttft_ms(self, prompt_tokens: int, prompt_ids: Sequence[int] = (),
-                         cache_namespace: bytes = b"") -> float | None:
-        return self._engine.estimate_ttft_ms(prompt_tokens, prompt_ids, cache_namespace)
+                         cache_namespace: bytes = b"", priority: int = 0) -> float | None:
+        return self._engine.estimate_ttft_ms(prompt_tokens, prompt_ids, cache_namespace,
+                                             priority)
 
     @property
     def max_positions(self) -> int:

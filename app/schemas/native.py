@@ -39,6 +39,8 @@ from .limits import (
 from .penalties import LogitBias, Penalty, RepetitionPenalty, bias_pairs
 
 _HOW = "validate a GenerateBody with parse_generate_body(raw, limits)"
+# The lowest band a request may ask for (``priority``: 0, the default, to this).
+MAX_PRIORITY = 10
 
 
 class GenerateBody(BaseModel):
@@ -76,6 +78,10 @@ class GenerateBody(BaseModel):
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
     logit_bias: LogitBias | None = None
+    # Its band (vLLM's priority: lower is sooner, ``engine.priority``). A request may only
+    # lower itself below the default 0 (a batch job's flex); raising itself above the
+    # others waits for the operator's per-key ceilings.
+    priority: int = Field(default=0, ge=0, le=MAX_PRIORITY)
 
     @field_validator("prompt")
     @classmethod
@@ -144,6 +150,7 @@ class GenerateBody(BaseModel):
             ttft_deadline=ttft_deadline,
             cache_namespace=salt_bytes(self.cache_salt),
             constraint=None if self.constraint is None else self.constraint.to_constraint(),
+            priority=self.priority,
         )
 
 

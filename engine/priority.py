@@ -1,0 +1,158 @@
+"""Priority bands and fair shares by work: the waiting queue's order and a band's victim.
+
+Theory of operation. Every request has a ``priority`` (vLLM's field: lower is sooner),
+its band, and a ``tenant`` (the app passes the API key's name; "" for all others). The
+residency admits from the head of its waiting queue, so the order of that queue is the
+scheduling policy; ``order_waiting`` sorts it, stably, before each admission by:
+
+1. band: a lower ``priority`` first, always (strict priority between bands);
+2. within a band, the tenant with the least *virtual token counter* first (VTC, Sheng et
+   al., "Fairness in Serving Large Language Models", OSDI 2024): each tenant's counter
+   grows by the work the engine did for it, prefill tokens and decode tokens weighted as
+   the step's costs weigh them (``FairShare.weigh``), so a tenant with long prompts and
+   long answers is served less often, in proportion, than one with short ones, and two
+   tenants that keep work waiting get equal work whatever their stream counts;
+3. then a sequence that has already streamed tokens (a preempted one, to be recomputed)
+   before one that has not; then arrival (the sort is stable and the queue is in arrival
+   order, a preempted sequence at its head). Not by ``ttft_deadline`` within a band: the
+   deadline gate refuses at the door what its estimate says cannot be met, on the premise
+   that a band's queue is served in arrival order (``ttft``), and a deadline-first order
+   would let a late arrival with a deadline overtake admitted work the gate already
+   promised.
+
+Idle credit is bounded as VTC bounds it: a tenant with nothing in the engine that submits
+gets its counter lifted to the least counter of the tenants that have work in it
+(``FairShare.arrive``), so being idle banks nothing; with nobody active the counters are
+all forgotten (nothing to be fair against), which also bounds the table between idles.
+
+Preemption by priority (``priority_victim``): when the head of the queue, after ordering,
+cannot be admitted because the batch or the pool is full, and a sequence of a lower band
+(a greater ``priority``) runs, the lowest band's youngest running sequence is preempted by
+recompute (``Residency.preempt``: its answer continues bit for bit), at most one per step.
+Floor of progress: a sequence preempted by priority ``PRIORITY_PREEMPTION_CAP`` times is
+never a priority victim again (it still yields to an exhausted pool, as every sequence
+does), so a low-band stream is preempted by priority a bounded number of times and, once
+readmitted after that, runs to its end. A low band that never gets admitted at all while
+higher bands keep the batch full waits: bands are strict. Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .costs import StepCosts
+from .sequence import Sequence
+
+# A sequence preempted by priority this many times is not a priority victim again.
+PRIORITY_PREEMPTION_CAP = 2
+# A decode token's weight over a prefill token's before the costs measured both: VTC's
+# default (w_q = 2 w_p); measured, it is their ratio (per token of a prefill pass, per
+# row of a decode pass at the step's batch), within DECODE_WEIGHT_BOUNDS.
+DEFAULT_DECODE_WEIGHT = 2.0
+DECODE_WEIGHT_BOUNDS = (1.0, 16.0)
+
+
+class FairShare:
+    """The tenants' virtual token counters (VTC). The stepping thread only.
+
+    ``decode_weight``: a decode token's weight, fixed (a test's, or an operator's who
+    wants VTC's own); None: ``DEFAULT_DECODE_WEIGHT`` until the costs measure it.
+    """
+
+    def __init__(self, decode_weight: float | None = None) -> None:
+        self.counters: dict[str, float] = {}
+        self.fixed = decode_weight is not None
+        self.decode_weight = DEFAULT_DECODE_WEIGHT if decode_weight is None else decode_weight
+
+    def counter(self, tenant: str) -> float:
+        return self.counters.get(tenant, 0.0)
+
+    def arrive(self, tenant: str, active: set[str]) -> None:
+        """``tenant`` submits while the tenants ``active`` have work in the engine: if it
+        had none, lift its counter to their least (no banked credit); nobody active:
+        forget every counter."""
+        if tenant in active:
+            return
+        if not active:
+            self.counters.clear()
+            return
+        floor = min(self.counter(t) for t in active)
+        self.counters[tenant] = max(self.counters.get(tenant, 0.0), floor)
+
+    def charge(self, tenant: str, prefill_tokens: int = 0, decode_tokens: int = 0) -> None:
+        """Work done (or, a prompt at admission, committed to) for ``tenant``."""
+        work = prefill_tokens + self.decode_weight * decode_tokens
+        if work:
+            self.counters[tenant] = self.counter(tenant) + work
+
+    def weigh(self, costs: StepCosts, decode_rows: int) -> None:
+        """Take the decode weight from the measured costs at ``decode_rows`` rows: a decode
+        row's share of its pass over a prefill pass's ms per token (kept if unmeasured)."""
+        if self.fixed:
+            return
+        line, decode = costs.prefill_line(), costs.decode_ms(max(decode_rows, 1))
+        if line is None or decode is None or line[1] <= 0:
+            return
+        low, high = DECODE_WEIGHT_BOUNDS
+        self.decode_weight = min(max(decode / max(decode_rows, 1) / line[1], low), high)
+
+
+def order_waiting(waiting: deque[Sequence], fair: FairShare) -> None:
+    """Sort the waiting queue in place (stably): band, tenant's counter, started first,
+    arrival (see the module docstring)."""
+    if len(waiting) < 2:
+        return
+
+    def key(seq: Sequence) -> tuple[int, float, bool]:
+        request = seq.request
+        return (request.priority, fair.counter(request.tenant), not seq.generated_ids)
+
+    ordered = sorted(waiting, key=key)
+    waiting.clear()
+    waiting.extend(ordered)
+
+
+def lowest_band_youngest(running: Iterable[Sequence]) -> Sequence:
+    """The sequence of the greatest ``priority`` admitted last (``running`` in admission
+    order): the victim of an exhausted pool, as of a band (all one band: the newest)."""
+    return max(reversed(list(running)), key=lambda s: s.request.priority)
+
+
+def priority_victim(running: Iterable[Sequence], head: Sequence) -> Sequence | None:
+    """The running sequence to preempt for ``head``: the youngest of the lowest band below
+    ``head``'s, among those under the cap; None if there is none."""
+    band = head.request.priority
+    under = [s for s in running if s.request.priority > band
+             and s.num_priority_preemptions < PRIORITY_PREEMPTION_CAP]
+    return lowest_band_youngest(under) if under else None
+
+
+@dataclass
+class BandStatistics:
+    """Per band (priority value): admissions and their queue wait, preemptions suffered."""
+
+    admitted: dict[int, int] = field(default_factory=dict)
+    wait_s: dict[int, float] = field(default_factory=dict)  # summed over first admissions
+    preempted: dict[int, int] = field(default_factory=dict)  # any cause
+    preempted_by_priority: dict[int, int] = field(default_factory=dict)
+
+    def admit(self, band: int, waited_s: float) -> None:
+        self.admitted[band] = self.admitted.get(band, 0) + 1
+        self.wait_s[band] = self.wait_s.get(band, 0.0) + waited_s
+
+    def preempt(self, band: int, by_priority: bool) -> None:
+        self.preempted[band] = self.preempted.get(band, 0) + 1
+        if by_priority:
+            self.preempted_by_priority[band] = self.preempted_by_priority.get(band, 0) + 1
+
+    def mean_wait_ms(self) -> tuple[tuple[int, float], ...]:
+        return tuple((b, 1000 * self.wait_s[b] / n) for b, n in sorted(self.admitted.items()))
+
+
+def waiting_by_band(waiting: Iterable[Sequence]) -> tuple[tuple[int, int], ...]:
+    counts: dict[int, int] = {}
+    for seq in waiting:
+        counts[seq.request.priority] = counts.get(seq.request.priority, 0) + 1
+    return tuple(sorted(counts.items()))
