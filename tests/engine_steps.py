@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine import EngineEvent
+from engine import EngineEvent, TokenEvent
 from engine.engine import Engine
 
 
@@ -14,3 +14,14 @@ def run_until_idle(engine: Engine, max_steps: int = 500) -> list[EngineEvent]:
             return events
         events += engine.step()
     raise AssertionError(f"the engine still has work after {max_steps} steps")
+
+
+def tokens_by_request(events: list[EngineEvent]) -> dict[str, list[int]]:
+    """Token ids per request, checking each index comes once and in order."""
+    ids: dict[str, list[int]] = {}
+    for event in events:
+        if isinstance(event, TokenEvent):
+            tokens = ids.setdefault(event.request_id, [])
+            assert event.index == len(tokens), event
+            tokens.append(event.token_id)
+    return ids

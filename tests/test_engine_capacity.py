@@ -28,7 +28,7 @@ from engine import (
 from engine.admission import ON_DEMAND
 from engine.engine import Engine
 from engine.sequence import Chunk, SequenceState
-from tests.engine_steps import run_until_idle
+from tests.engine_steps import run_until_idle, tokens_by_request
 from tests.http_clients import parse_sse, stream_body
 from tests.http_server import StartServer
 from tests.scripted_runner import ScriptedRunner, scripted_engine
@@ -40,17 +40,6 @@ def _submit(engine: Engine, request_id: str, prompt: str = "abcd", max_new: int 
             sampling: SamplingParams | None = None) -> None:
     engine.submit(GenerationRequest(request_id, prompt, max_new,
                                     sampling=sampling or SamplingParams()))
-
-
-def _tokens(events: list[EngineEvent]) -> dict[str, list[int]]:
-    """Token ids per request, checking each index comes once and in order."""
-    ids: dict[str, list[int]] = {}
-    for event in events:
-        if isinstance(event, TokenEvent):
-            tokens = ids.setdefault(event.request_id, [])
-            assert event.index == len(tokens), event
-            tokens.append(event.token_id)
-    return ids
 
 
 def _finishes(events: list[EngineEvent]) -> dict[str, FinishEvent]:
@@ -152,7 +141,7 @@ def test_a_recompute_prefills_the_prompt_and_all_but_the_last_token_and_samples_
     assert engine.scheduler.waiting[0].request_id == "b"
     events += run_until_idle(engine)
     recompute = [(ids, samples) for rid, ids, samples in runner.chunk_ids[2:] if rid == "b"]
-    generated = _tokens(events)["b"]
+    generated = tokens_by_request(events)["b"]
     assert recompute == [(list(b"mnop") + generated[: len(recompute[0][0]) - 4], False)]
     assert "".join(map(chr, generated)) == "qrstuvwx"  # no token lost, none repeated
     assert engine.statistics().recomputed_tokens == len(recompute[0][0])
@@ -167,7 +156,7 @@ def test_preempted_streams_equal_their_solo_runs(sampling: SamplingParams) -> No
         engine = scripted_engine(num_blocks=num_blocks, block_size=4, watermark=0.0)
         for i in ids:
             _submit(engine, f"r{i}", prompts[i], 14, sampling)
-        return _tokens(run_until_idle(engine)), engine
+        return tokens_by_request(run_until_idle(engine)), engine
 
     solo = {f"r{i}": run(64, [i])[0][f"r{i}"] for i in range(len(prompts))}
     got, engine = run(12, list(range(len(prompts))))
@@ -216,7 +205,7 @@ def test_every_table_is_released_exactly_once_under_preempt_cancel_pause_and_fin
             break
     finishes = _finishes(events)
     assert set(finishes) == set(live)
-    tokens = _tokens(events)
+    tokens = tokens_by_request(events)
     for rid, finish in finishes.items():
         assert finish.completion_tokens == len(tokens.get(rid, []))
     assert engine.statistics().preemptions > 0
@@ -247,11 +236,11 @@ def test_streams_preempted_mid_stream_equal_their_solo_runs(
     for request in requests:
         alone = make_tiny_engine(model, max_batch=1, num_blocks=64, block_size=4)
         alone.submit(request)
-        solo[request.request_id] = _tokens(run_until_idle(alone))[request.request_id]
+        solo[request.request_id] = tokens_by_request(run_until_idle(alone))[request.request_id]
     engine = make_tiny_engine(model, max_batch=8, num_blocks=24, block_size=4)
     for request in requests:
         engine.submit(request)
-    got = _tokens(run_until_idle(engine))
+    got = tokens_by_request(run_until_idle(engine))
     stats = engine.statistics()
     assert stats.preemptions >= 3 and stats.recomputed_tokens > 0
     assert got == solo

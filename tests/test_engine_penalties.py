@@ -26,6 +26,7 @@ from engine import (
 from engine.engine import Engine
 from engine.penalties import penalize
 from engine.precision import PRECISIONS
+from tests.engine_steps import run_until_idle
 
 MODELS = pytest.mark.parametrize("model", ["tiny-gpt2", "tiny-llama"])
 PENALISED = {
@@ -46,15 +47,6 @@ PROMPTS = ["The capital of France is", "A", "Every stream has an owner", "0123 0
 TOKENS = 20
 
 
-def _run_until_idle(engine: Engine) -> list[EngineEvent]:
-    events: list[EngineEvent] = []
-    for _ in range(500):
-        if not engine.has_work():
-            return events
-        events += engine.step()
-    raise AssertionError("the engine still has work after 500 steps")
-
-
 def _ids(events: list[EngineEvent]) -> dict[str, list[int]]:
     ids: dict[str, list[int]] = {}
     for event in events:
@@ -73,7 +65,7 @@ def _solo(make: Callable[..., Engine], request: GenerationRequest,
           resume_from: list[int] | None = None) -> list[int]:
     engine = make(max_batch=1, num_blocks=64, block_size=4)
     engine.submit(request, resume_from or [])
-    return _ids(_run_until_idle(engine)).get(request.request_id, [])
+    return _ids(run_until_idle(engine)).get(request.request_id, [])
 
 
 # -- the definitions ----------------------------------------------------------------------
@@ -146,7 +138,7 @@ def test_penalised_rows_in_a_mixed_batch_equal_solo(
     engine = make_tiny_engine(model, precision, max_batch=16, num_blocks=128, block_size=4)
     for request in requests:
         engine.submit(request)
-    got = _ids(_run_until_idle(engine))
+    got = _ids(run_until_idle(engine))
 
     def make(**options: object) -> Engine:
         return make_tiny_engine(model, precision, **options)
@@ -190,7 +182,7 @@ def test_penalised_streams_preempted_mid_stream_equal_solo(
     engine = make_tiny_engine(model, max_batch=8, num_blocks=24, block_size=4)
     for request in requests:
         engine.submit(request)
-    got = _ids(_run_until_idle(engine))
+    got = _ids(run_until_idle(engine))
     assert engine.statistics().preemptions >= 3
 
     def make(**options: object) -> Engine:
@@ -241,4 +233,4 @@ def test_a_logit_bias_token_outside_the_vocabulary_is_refused(
         engine.submit(GenerationRequest("x", "a", 2, sampling=params))
     engine.submit(GenerationRequest("y", "a", 2, sampling=SamplingParams(
         logit_bias=((vocab - 1, 1.0),))))
-    assert [e.request_id for e in _run_until_idle(engine) if isinstance(e, FinishEvent)] == ["y"]
+    assert [e.request_id for e in run_until_idle(engine) if isinstance(e, FinishEvent)] == ["y"]

@@ -16,7 +16,7 @@ from engine import EngineEvent, GenerationRequest, SamplingParams, TokenEvent
 from engine.costs import StepCosts
 from engine.engine import Engine
 from engine.priority import PRIORITY_PREEMPTION_CAP, FairShare
-from tests.engine_steps import run_until_idle
+from tests.engine_steps import run_until_idle, tokens_by_request
 from tests.scripted_runner import scripted_engine
 
 
@@ -25,16 +25,6 @@ def _submit(engine: Engine, request_id: str, priority: int = 0, max_new: int = 4
             sampling: SamplingParams | None = None) -> None:
     engine.submit(GenerationRequest(request_id, prompt, max_new, priority=priority,
                                     tenant=tenant, sampling=sampling or SamplingParams()))
-
-
-def _tokens(events: list[EngineEvent]) -> dict[str, list[int]]:
-    ids: dict[str, list[int]] = {}
-    for event in events:
-        if isinstance(event, TokenEvent):
-            tokens = ids.setdefault(event.request_id, [])
-            assert event.index == len(tokens), event
-            tokens.append(event.token_id)
-    return ids
 
 
 def _firsts(engine: Engine) -> list[str]:
@@ -85,7 +75,7 @@ def test_a_full_batch_preempts_the_lowest_bands_youngest_one_a_step() -> None:
     stats = engine.statistics()
     assert stats.priority_preemptions == 2
     assert stats.preemptions_by_band == ((1, 1), (2, 1))
-    tokens = _tokens(events + run_until_idle(engine))
+    tokens = tokens_by_request(events + run_until_idle(engine))
     assert all("".join(map(chr, tokens[r])) == "bcdefghijklmnopqrstu" for r in "bc")
     _assert_whole(engine)
 
@@ -107,7 +97,7 @@ def test_a_stream_preempted_cap_times_is_not_preempted_again_and_finishes() -> N
     events += engine.step()
     assert list(engine.scheduler.running) == ["low"]  # the floor: it keeps its slot
     events += run_until_idle(engine)
-    tokens = _tokens(events)
+    tokens = tokens_by_request(events)
     assert "".join(map(chr, tokens["low"])) == "bcdefghijklmnopqrstuvwxyz"[:24]
     order = [e.request_id for e in events if hasattr(e, "reason")]
     assert order.index("low") < order.index("late")
@@ -210,7 +200,7 @@ def test_streams_preempted_for_a_higher_band_equal_their_solo_runs(
     for request in flood + urgent:
         alone = make_tiny_engine("tiny-llama", max_batch=1, num_blocks=64, block_size=4)
         alone.submit(request)
-        solo[request.request_id] = _tokens(run_until_idle(alone))[request.request_id]
+        solo[request.request_id] = tokens_by_request(run_until_idle(alone))[request.request_id]
     engine = make_tiny_engine("tiny-llama", max_batch=4, num_blocks=64, block_size=4)
     for request in flood:
         engine.submit(request)
@@ -220,7 +210,7 @@ def test_streams_preempted_for_a_higher_band_equal_their_solo_runs(
         engine.submit(request)
     events += run_until_idle(engine)
     assert engine.statistics().priority_preemptions >= 2
-    assert _tokens(events) == solo
+    assert tokens_by_request(events) == solo
 
 
 def test_a_higher_bands_ttft_estimate_has_lower_bands_behind_it_and_preemption_in_view() -> None:
