@@ -7,8 +7,8 @@ system turn, a ``previous_response_id``'s stored context and output, then its in
 items: ``template_messages``), rendered by the model's chat template and encoded in one
 call (``Runtime.render_chat``, then ``prepare``), exactly as ``/v1/chat/completions`` does. Then:
 
-* foreground (the default): the stream is the connection's (``own``), as every stream
-  here: a client that disconnects cancels it, promptly and exactly once
+* foreground (the default): the stream is the connection's (``close_with_connection``),
+  as every stream here: a client that disconnects cancels it, promptly and exactly once
   (``docs/cancellation.md``). Streamed (``stream: true``) through the one SSE body with
   the Responses events (``app.wire.responses_events``), or answered whole as the
   response object;
@@ -35,7 +35,7 @@ from engine import GenerationRequest, InvalidConstraint, SamplingParams
 from streams.resume import spec_of, with_seed
 
 from ..auth import key_name, owned_request
-from ..edge.connection import own
+from ..edge.connection import close_with_connection
 from ..error_handlers import answer_errors_under, error_response
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics
@@ -192,7 +192,7 @@ class ResponsesViews:
                 writer.forget(document)
             raise
         settle = Settle(writer, document)
-        own(request.scope, settle)
+        close_with_connection(request.scope, settle)
         if stream:
             body = EventStreamBody(opened, settle.events,
                                    keepalive_s=self.runtime.settings.keepalive_s,

@@ -32,7 +32,7 @@ from quart import Response, request
 from streams.resume import ResumeRegistry, StoreUnavailable
 
 from ..auth import observer
-from ..edge.connection import own
+from ..edge.connection import close_with_connection
 from ..errors import ApiError, ErrorType
 from ..metrics import RequestTimer
 from ..runtime import Prepared, Runtime
@@ -138,7 +138,7 @@ async def start_background(
         recorder.close()
         raise
     if reader is not None:
-        own(request.scope, reader)
+        close_with_connection(request.scope, reader)
     try:
         await _wait_stored(registry, opened.request_id)
     except ApiError:

@@ -27,7 +27,7 @@ from streams.resume import (
 )
 
 from ..auth import may_see
-from ..edge.connection import own
+from ..edge.connection import close_with_connection
 from ..errors import ApiError, ErrorType
 from ..runtime import SHUTDOWN_RETRY_AFTER_S, Runtime
 from ..runtime.responses_store import ResponseStore, ResponseStoreUnavailable
@@ -159,7 +159,7 @@ class StoredResponses:
         except Draining:
             raise ApiError(ErrorType.SHUTDOWN, "this replica is stopping: read the response "
                            "on another", retry_after_s=SHUTDOWN_RETRY_AFTER_S) from None
-        own(request.scope, reader)
+        close_with_connection(request.scope, reader)
         body = EventStreamBody(ResumeSource(reader, registry),
                                ReplayedEvents(events_of(document, skip_through=after)),
                                keepalive_s=self.runtime.settings.keepalive_s)

@@ -68,7 +68,7 @@ from streams.resume import (
 )
 
 from ..auth import check_owner, observer, owned_request, stream_query
-from ..edge.connection import own
+from ..edge.connection import close_with_connection
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics, RequestTimer
 from ..runtime import SHUTDOWN_RETRY_AFTER_S, Prepared, Runtime
@@ -107,7 +107,7 @@ def adopt(registry: ResumeRegistry, stream: TokenStream, timer: RequestTimer, *,
         watcher.close()
         raise
     if reader is not None:
-        own(request.scope, reader)
+        close_with_connection(request.scope, reader)
     return reader
 
 
@@ -257,7 +257,7 @@ class ResumableViews:
         except Draining:
             raise ApiError(ErrorType.SHUTDOWN, "this replica is stopping: resume the stream "
                            "on another", retry_after_s=SHUTDOWN_RETRY_AFTER_S) from None
-        own(request.scope, reader)
+        close_with_connection(request.scope, reader)
         body = EventStreamBody(ResumeSource(reader, registry), LoggedEvents(send_retry=True),
                                keepalive_s=self.runtime.settings.keepalive_s)
         return sse_response(body, request_id, headers={"X-Resume-URL": resume_url(request_id)})

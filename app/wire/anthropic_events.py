@@ -53,7 +53,7 @@ from engine import FinishEvent, FinishReason, TokenEvent
 from streams import ErrorType, encode_event
 
 from .openai_tools import call_id
-from .tool_stream import ArgumentsDelta, CallEnd, CallStart, TextDelta, ToolCallScanner
+from .tool_call_scanner import ArgumentsDelta, CallEnd, CallStart, TextDelta, ToolCallScanner
 
 if TYPE_CHECKING:
     from streams import StreamItem

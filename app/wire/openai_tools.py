@@ -22,7 +22,7 @@ from typing import Any
 
 from engine import FinishEvent, FinishReason
 
-from .tool_stream import ArgumentsDelta, CallStart, TextDelta, ToolCallScanner, ToolEvent
+from .tool_call_scanner import ArgumentsDelta, CallStart, TextDelta, ToolCallScanner, ToolEvent
 
 CALL_ID_PREFIX = "call_"
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from engine import FinishEvent, FinishReason, TokenEvent
 from streams import encode_event
 
-from . import tool_stream
+from . import tool_call_scanner
 from .encoder import KEEPALIVE_COMMENT
 
 if TYPE_CHECKING:
@@ -94,13 +94,13 @@ class PlainText:
 class ToolOutput:
     """The answer of a request with tools, in the generic tool format (``{"tool_calls":
     [...]}`` or ``{"response": ...}``, ``app.schemas.tools``), read as it streams
-    (``tool_stream.ToolCallScanner``): each call's name, then its arguments' fragments,
+    (``tool_call_scanner.ToolCallScanner``): each call's name, then its arguments' fragments,
     or the response's text. A call's id is ``<call_prefix>_<index>``: the same each time
     the answer is encoded. No log-probabilities (as on the chat route)."""
 
     def __init__(self, call_prefix: str) -> None:
         self.call_prefix = call_prefix
-        self.scanner = tool_stream.ToolCallScanner()
+        self.scanner = tool_call_scanner.ToolCallScanner()
 
     def feed(self, token: TokenEvent) -> list[OutputDelta]:
         return self._deltas(self.scanner.feed(token.text))
@@ -108,14 +108,14 @@ class ToolOutput:
     def finish(self) -> list[OutputDelta]:
         return self._deltas(self.scanner.end())
 
-    def _deltas(self, events: list[tool_stream.ToolEvent]) -> list[OutputDelta]:
+    def _deltas(self, events: list[tool_call_scanner.ToolEvent]) -> list[OutputDelta]:
         deltas: list[OutputDelta] = []
         for event in events:
-            if isinstance(event, tool_stream.TextDelta):
+            if isinstance(event, tool_call_scanner.TextDelta):
                 deltas.append(TextDelta(event.text))
-            elif isinstance(event, tool_stream.CallStart):
+            elif isinstance(event, tool_call_scanner.CallStart):
                 deltas.append(CallStart(f"{self.call_prefix}_{event.index}", event.name))
-            elif isinstance(event, tool_stream.ArgumentsDelta):
+            elif isinstance(event, tool_call_scanner.ArgumentsDelta):
                 deltas.append(CallArguments(event.fragment))
         return deltas
 
