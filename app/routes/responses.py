@@ -39,15 +39,15 @@ from ..edge.connection import close_with_connection
 from ..error_handlers import answer_errors_under, error_response
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics
-from ..runtime import Prepared, Runtime
-from ..runtime.responses_store import (
+from ..runtime import (
+    Prepared,
     ResponsesFull,
     ResponseStore,
     ResponseStoreUnavailable,
+    Runtime,
     response_store,
 )
-from ..schemas import RequestLimits
-from ..schemas.responses import ResponsesBody
+from ..schemas import RequestLimits, ResponsesBody
 from .body import EventStreamBody
 from .openai_errors import OpenAIError, ServedModels, openai_error_for
 from .responses_background import StoreWriter, start_background

@@ -35,10 +35,8 @@ from ..auth import observer
 from ..edge.connection import close_with_connection
 from ..errors import ApiError, ErrorType
 from ..metrics import RequestTimer
-from ..runtime import Prepared, Runtime
-from ..runtime.responses_store import ResponsesFull, ResponseStore, ResponseStoreUnavailable
-from ..wire import RETRY_MS, ResumableEvents
-from ..wire.responses_replay import ReplayedEvents
+from ..runtime import Prepared, ResponsesFull, ResponseStore, ResponseStoreUnavailable, Runtime
+from ..wire import RETRY_MS, ReplayedEvents, ResumableEvents
 from .body import EventStreamBody
 from .responses_objects import events_of
 from .resumable import check_detached

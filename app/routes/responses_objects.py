@@ -20,8 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ApiError, ErrorType
-from ..schemas.responses import ResponsesBody
-from ..wire.responses_events import OutputParser, PlainText, ResponseEvents, ToolOutput
+from ..schemas import ResponsesBody
+from ..wire import OutputParser, PlainText, ResponseEvents, ToolOutput
 
 RESPONSE_PREFIX = "resp_"
 FINAL = frozenset({"completed", "incomplete", "failed", "cancelled"})

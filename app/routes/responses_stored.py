@@ -29,10 +29,8 @@ from streams.resume import (
 from ..auth import may_see
 from ..edge.connection import close_with_connection
 from ..errors import ApiError, ErrorType
-from ..runtime import SHUTDOWN_RETRY_AFTER_S, Runtime
-from ..runtime.responses_store import ResponseStore, ResponseStoreUnavailable
-from ..wire import RETRY_MS
-from ..wire.responses_replay import ReplayedEvents, replay
+from ..runtime import SHUTDOWN_RETRY_AFTER_S, ResponseStore, ResponseStoreUnavailable, Runtime
+from ..wire import RETRY_MS, ReplayedEvents, replay
 from .body import EventStreamBody
 from .responses_background import StoreWriter
 from .responses_objects import FINAL, events_of, not_found, request_id_of
