@@ -33,8 +33,7 @@ from typing import Any
 
 from quart import Blueprint, Response
 
-from engine import GenerationRequest
-from streams import PolicyName, TokenStream
+from streams import TokenStream
 
 from ..auth import key_name
 from ..error_handlers import answer_errors_under, error_response
@@ -45,13 +44,13 @@ from ..schemas import CountTokensBody, MessagesBody, RequestLimits
 from ..wire import AnthropicEvents, Encoder, whole_message
 from .anthropic_errors import anthropic_error_envelope, anthropic_error_for
 from .openai_errors import ServedModels
-from .pipeline import Call, Collected, Pipeline, Prompt, answer_owned
+from .pipeline import Adapter, Call, Collected, Pipeline, Prompt, Terms, answer_owned
 from .serving import json_response, read_body
 
 MESSAGES_PATH = "/v1/messages"
 
 
-class MessagesAdapter:
+class MessagesAdapter(Adapter[MessagesBody]):
     """``/v1/messages``'s part of the pipeline: the conversation, answered by the
     assistant, as a stream of events or a message."""
 
@@ -70,29 +69,14 @@ class MessagesAdapter:
         text, ids = await runtime.render_chat(body.template_input(), True, key_name())
         return Prompt(text, ids)
 
-    def generation_request(self, body: MessagesBody, prompt: Prompt,
-                           ttft_deadline: float | None) -> GenerationRequest:
-        return body.generation_request(prompt.text, prompt.ids, ttft_deadline=ttft_deadline)
-
-    def deadline_ms(self, body: MessagesBody) -> float | None:
-        return None  # the server's default only
-
-    def policy(self, body: MessagesBody) -> PolicyName | None:
-        return None
-
-    def new_tokens_field(self, body: MessagesBody) -> str:
-        return "max_tokens"
-
-    def constraint_param(self, body: MessagesBody) -> str:
-        return "tools"  # only tools constrain a message
+    def terms(self, body: MessagesBody) -> Terms:
+        """The server's deadline only; only tools constrain a message."""
+        return Terms(new_tokens_field="max_tokens", constraint_param="tools")
 
     def field_error(self, error: ApiError, param: str) -> ApiError:
         """Anthropic's error names no field: its message does."""
         return ApiError(error.type, f"{param}: {error.message}",
                         retry_after_s=error.retry_after_s, allow=error.allow)
-
-    def registry_owned(self, body: MessagesBody) -> bool:
-        return False
 
     async def answer(self, call: Call[MessagesBody]) -> Response:
         """Cancellation: a whole answer's at the stream's receive (``with stream``

@@ -31,8 +31,7 @@ from typing import Any
 
 from quart import Blueprint, Response
 
-from engine import GenerationRequest
-from streams import PolicyName, TokenStream
+from streams import TokenStream
 
 from ..auth import may_see
 from ..errors import ApiError, ErrorType
@@ -42,13 +41,13 @@ from ..schemas import GenerateBody, RequestLimits, parse_generate_body
 from ..wire import Encoder, NativeEvents, logprobs_data, usage_data
 from .body import EventStreamBody
 from .health import add_health_routes
-from .pipeline import Call, Collected, Pipeline, Prompt, answer_owned
+from .pipeline import Adapter, Call, Collected, Pipeline, Prompt, Terms, answer_owned
 from .registry_owned import open_registry_owned, resume_url
 from .resume_source import LoggedEvents, ResumeSource
 from .serving import json_response, sse_response
 
 
-class NativeAdapter:
+class NativeAdapter(Adapter[GenerateBody]):
     """The native API's part of the pipeline: ``/v1/stream`` (``streaming``, answered
     as ``text/event-stream``, ``body.py``) or ``/v1/generate`` (the same request through
     the same hub, answered as one JSON document)."""
@@ -67,31 +66,12 @@ class NativeAdapter:
                            "resumable applies to /v1/stream and /v1/requests only")
         return body
 
-    def model(self, body: GenerateBody) -> str:
-        return ""  # the native API names no model
-
     async def prompt(self, runtime: Runtime, body: GenerateBody) -> Prompt:
         """The body's prompt as it is (encoded in ``Runtime.prepare``). No checkpoint."""
         return Prompt(body.prompt)
 
-    def generation_request(self, body: GenerateBody, prompt: Prompt,
-                           ttft_deadline: float | None) -> GenerationRequest:
-        return body.generation_request(prompt.text, prompt.ids, ttft_deadline=ttft_deadline)
-
-    def deadline_ms(self, body: GenerateBody) -> float | None:
-        return body.deadline_ms
-
-    def policy(self, body: GenerateBody) -> PolicyName | None:
-        return body.policy
-
-    def new_tokens_field(self, body: GenerateBody) -> str:
-        return "max_new_tokens"
-
-    def constraint_param(self, body: GenerateBody) -> str:
-        return "constraint"
-
-    def field_error(self, error: ApiError, param: str) -> ApiError:
-        return error  # our envelope names no field: the message says what is wrong
+    def terms(self, body: GenerateBody) -> Terms:
+        return Terms(body.deadline_ms, body.policy, registry_owned=self.registry_owned(body))
 
     def registry_owned(self, body: GenerateBody) -> bool:
         return body.resumable

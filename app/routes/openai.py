@@ -24,8 +24,7 @@ from typing import Any
 
 from quart import Blueprint, Quart, Response
 
-from engine import GenerationRequest
-from streams import PolicyName, TokenStream
+from streams import TokenStream
 
 from ..auth import key_name
 from ..error_handlers import answer_errors_under, error_response
@@ -44,11 +43,11 @@ from ..wire import (
     whole_answer,
 )
 from .openai_errors import OpenAIError, ServedModels, openai_error_envelope, openai_error_for
-from .pipeline import Call, Collected, Pipeline, Prompt, answer_owned
+from .pipeline import Adapter, Call, Collected, Pipeline, Prompt, Terms, answer_owned
 from .serving import json_response
 
 
-class CompletionsAdapter:
+class CompletionsAdapter(Adapter[OpenAIBody]):
     """``/v1/completions``'s part of the pipeline: a prompt, continued."""
 
     shape: ChoiceShape = COMPLETION
@@ -68,27 +67,12 @@ class CompletionsAdapter:
         assert isinstance(body, CompletionsBody)
         return Prompt(body.prompt)
 
-    def generation_request(self, body: OpenAIBody, prompt: Prompt,
-                           ttft_deadline: float | None) -> GenerationRequest:
-        return body.generation_request(prompt.text, prompt.ids, ttft_deadline=ttft_deadline)
-
-    def deadline_ms(self, body: OpenAIBody) -> float | None:
-        return body.deadline_ms
-
-    def policy(self, body: OpenAIBody) -> PolicyName | None:
-        return None
-
-    def new_tokens_field(self, body: OpenAIBody) -> str:
-        return "max_tokens"
-
-    def constraint_param(self, body: OpenAIBody) -> str:
-        return body.constraint_param
+    def terms(self, body: OpenAIBody) -> Terms:
+        return Terms(body.deadline_ms, new_tokens_field="max_tokens",
+                     constraint_param=body.constraint_param)
 
     def field_error(self, error: ApiError, param: str) -> ApiError:
         return OpenAIError(error, param=param)
-
-    def registry_owned(self, body: OpenAIBody) -> bool:
-        return False
 
     def tools(self, body: OpenAIBody) -> bool:
         """Whether the answer is in the generic tool format (a chat's, with tools)."""
@@ -126,9 +110,10 @@ class ChatAdapter(CompletionsAdapter):
         self.refuse_unused_field(body)
         return Prompt(text, ids)
 
-    def new_tokens_field(self, body: OpenAIBody) -> str:
+    def terms(self, body: OpenAIBody) -> Terms:
         assert isinstance(body, ChatBody)
-        return body.new_tokens_field()
+        return Terms(body.deadline_ms, new_tokens_field=body.new_tokens_field(),
+                     constraint_param=body.constraint_param)
 
     def tools(self, body: OpenAIBody) -> bool:
         assert isinstance(body, ChatBody)

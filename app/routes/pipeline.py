@@ -57,8 +57,7 @@ from .serving import (
     ttft_deadline,
 )
 
-B = TypeVar("B")
-B_contra = TypeVar("B_contra", contravariant=True)
+B = TypeVar("B", bound="RequestBody")
 
 # One stream read to its end: its text, its token events, its finish.
 Collected = tuple[str, list[TokenEvent], FinishEvent]
@@ -110,50 +109,57 @@ class Answer(Protocol):
         ...
 
 
-class Adapter(Protocol[B_contra]):
-    """One API's part of the pipeline (the module docstring). ``B``: its body."""
+class RequestBody(Protocol):
+    """Every API's body builds its engine request in one shape (``app.schemas``)."""
 
-    def parse(self, raw: bytes, limits: RequestLimits) -> Any:
-        """The body, validated. Raises what the API refuses a body with."""
-        ...
+    def generation_request(
+        self, prompt: str | None = None, prompt_ids: tuple[int, ...] | None = None, *,
+        ttft_deadline: float | None = None,
+    ) -> GenerationRequest: ...
 
-    def model(self, body: B_contra) -> str:
-        """The served model's name the answer echoes (refusing one not served)."""
-        ...
 
-    async def prompt(self, runtime: Runtime, body: B_contra) -> Prompt:
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """How the pipeline prepares one body's request: its ``deadline_ms`` (None: the
+    server's default), its slow-reader ``policy``, the body's own names for the new tokens
+    and for the field whose constraint a refusal names, and whether the resume registry
+    is to own the stream (else the connection)."""
+
+    deadline_ms: float | None = None
+    policy: PolicyName | None = None
+    new_tokens_field: str = "max_new_tokens"
+    constraint_param: str = "constraint"
+    registry_owned: bool = False
+
+
+class Adapter(Generic[B]):
+    """One API's part of the pipeline (the module docstring): a subclass parses its body
+    (``parse``, raising what the API refuses a body with), renders its prompt and answers
+    (``answer``: ``answer_owned``, or ``registry_owned.open_registry_owned``); the rest
+    has defaults."""
+
+    def parse(self, raw: bytes, limits: RequestLimits) -> B:
+        raise NotImplementedError
+
+    def model(self, body: B) -> str:
+        """The served model's name the answer echoes (refusing one not served); the
+        native API names none."""
+        return ""
+
+    async def prompt(self, runtime: Runtime, body: B) -> Prompt:
         """The rendered prompt. Cancellation: a render is never abandoned."""
-        ...
+        raise NotImplementedError
 
-    def generation_request(self, body: B_contra, prompt: Prompt,
-                           ttft_deadline: float | None) -> GenerationRequest:
-        """The engine's request (``body.generation_request``)."""
-        ...
-
-    def deadline_ms(self, body: B_contra) -> float | None: ...
-
-    def policy(self, body: B_contra) -> PolicyName | None: ...
-
-    def new_tokens_field(self, body: B_contra) -> str:
-        """The body's own name for the new tokens, which a refusal names."""
-        ...
-
-    def constraint_param(self, body: B_contra) -> str:
-        """The field whose constraint a refusal names (``tools``, ``response_format``)."""
-        ...
+    def terms(self, body: B) -> Terms:
+        return Terms()
 
     def field_error(self, error: ApiError, param: str) -> ApiError:
-        """``error`` caused by the body's field ``param``, in the API's shape."""
-        ...
+        """``error`` caused by the body's field ``param``, in the API's shape; our
+        envelope names no field (the message says what is wrong)."""
+        return error
 
-    def registry_owned(self, body: B_contra) -> bool:
-        """Whether the resume registry is to own the stream (else the connection)."""
-        ...
-
-    async def answer(self, call: Call[Any]) -> Response:
-        """Open the prepared request and answer it (``answer_owned`` or
-        ``registry_owned.open_registry_owned``)."""
-        ...
+    async def answer(self, call: Call[B]) -> Response:
+        raise NotImplementedError
 
 
 class Pipeline:
@@ -180,14 +186,15 @@ class Pipeline:
         body = adapter.parse(await read_body(), self.limits)
         model = adapter.model(body)
         prompt = await adapter.prompt(self.runtime, body)
-        deadline = ttft_deadline(timer, adapter.deadline_ms(body),
+        terms = adapter.terms(body)
+        deadline = ttft_deadline(timer, terms.deadline_ms,
                                  self.runtime.settings.ttft_deadline_ms)
-        generation = adapter.generation_request(body, prompt, deadline)
-        prepared, spec = await self.prepare(adapter, body, owned_request(generation))
+        generation = body.generation_request(prompt.text, prompt.ids, ttft_deadline=deadline)
+        prepared, spec = await self.prepare(adapter, terms, owned_request(generation))
         call = Call(self.runtime, timer, body, model, prompt, generation, prepared, spec)
         return await adapter.answer(call)
 
-    async def prepare(self, adapter: Adapter[B], body: B, generation: GenerationRequest
+    async def prepare(self, adapter: Adapter[Any], terms: Terms, generation: GenerationRequest
                       ) -> tuple[Prepared, bytes | None]:
         """The request prepared (``Runtime.prepare``) and, when the registry is to own
         it with a shared store, seeded, with its failover spec
@@ -195,17 +202,15 @@ class Pipeline:
         compile: the API's refusal naming its field.
 
         Cancellation: nothing opened yet."""
-        policy = adapter.policy(body)
-        shared = (adapter.registry_owned(body)
-                  and self.runtime.settings.resume_store is not None)
+        shared = terms.registry_owned and self.runtime.settings.resume_store is not None
         try:
             prepared = await self.runtime.prepare(
-                with_seed(generation) if shared else generation, policy,
-                new_tokens_field=adapter.new_tokens_field(body))
+                with_seed(generation) if shared else generation, terms.policy,
+                new_tokens_field=terms.new_tokens_field)
         except InvalidConstraint as exc:
             raise adapter.field_error(ApiError(ErrorType.INVALID_CONSTRAINT, str(exc)),
-                                      adapter.constraint_param(body)) from None
-        return prepared, spec_of(prepared.request, policy) if shared else None
+                                      terms.constraint_param) from None
+        return prepared, spec_of(prepared.request, terms.policy) if shared else None
 
 
 async def answer_owned(

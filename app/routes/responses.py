@@ -31,8 +31,7 @@ from pydantic_core import PydanticCustomError
 from quart import Blueprint, Quart, Response, current_app, g, request
 from quart_trio import QuartTrio
 
-from engine import GenerationRequest
-from streams import PolicyName, TokenStream
+from streams import TokenStream
 
 from ..auth import key_name
 from ..edge.connection import close_with_connection
@@ -49,7 +48,7 @@ from ..runtime import (
 from ..schemas import RequestLimits, ResponsesBody
 from ..wire import Encoder
 from .openai_errors import OpenAIError, ServedModels, openai_error_for
-from .pipeline import Call, Collected, Pipeline, Prompt, answer_owned
+from .pipeline import Adapter, Call, Collected, Pipeline, Prompt, Terms, answer_owned
 from .responses_background import StoreWriter, start_background
 from .responses_objects import FINAL, events_of, new_response, response_id_of, with_ids
 from .responses_stored import StoredResponses, unavailable
@@ -87,7 +86,7 @@ class Settle:
             self.final(self.events.snapshot())
 
 
-class ResponsesAdapter:
+class ResponsesAdapter(Adapter[ResponsesBody]):
     """``POST /v1/responses``'s part of the pipeline (see the module docstring), bound to
     one app's runtime and response store."""
 
@@ -131,27 +130,13 @@ class ResponsesAdapter:
         text, ids = await runtime.render_chat(body.prompt_turns(context), True, key_name())
         return Prompt(text, ids, tuple(context))
 
-    def generation_request(self, body: ResponsesBody, prompt: Prompt,
-                           ttft_deadline: float | None) -> GenerationRequest:
-        return body.generation_request(prompt.text, prompt.ids, ttft_deadline=ttft_deadline)
-
-    def deadline_ms(self, body: ResponsesBody) -> float | None:
-        return body.deadline_ms
-
-    def policy(self, body: ResponsesBody) -> PolicyName | None:
-        return None
-
-    def new_tokens_field(self, body: ResponsesBody) -> str:
-        return "max_output_tokens"
-
-    def constraint_param(self, body: ResponsesBody) -> str:
-        return body.constraint_param
+    def terms(self, body: ResponsesBody) -> Terms:
+        return Terms(body.deadline_ms, new_tokens_field="max_output_tokens",
+                     constraint_param=body.constraint_param,
+                     registry_owned=bool(body.background))
 
     def field_error(self, error: ApiError, param: str) -> ApiError:
         return OpenAIError(error, param=param)
-
-    def registry_owned(self, body: ResponsesBody) -> bool:
-        return bool(body.background)
 
     async def answer(self, call: Call[ResponsesBody]) -> Response:
         """Store the response as created, then open it: the connection its owner
