@@ -218,7 +218,7 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
         "ChoiceShape", "CompletionShape",
         "Encoder", "ErrorEnvelope", "NativeEvents", "OpenAIChunks", "OutputParser",
         "PlainText", "ReplayedEvents", "ResponseEvents", "ResumableEvents",
-        "ScopeEvents", "SharedFrames", "ToolOutput", "choices_usage", "encode_json_event",
+        "ScopeEvents", "SharedFrames", "ToolCalls", "choices_usage", "encode_json_event",
         "error_data", "event_without_id", "item_event", "logprobs_data", "replay",
         "start_event", "token_event",
         "tool_message", "usage", "usage_data", "whole_answer", "whole_message",

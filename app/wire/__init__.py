@@ -38,10 +38,10 @@ from .openai_shapes import CompletionShape as CompletionShape
 from .openai_shapes import usage as usage
 from .openai_shapes import whole_answer as whole_answer
 from .openai_tools import tool_message as tool_message
-from .responses_events import OutputParser as OutputParser
-from .responses_events import PlainText as PlainText
+from .output_parser import OutputParser as OutputParser
+from .output_parser import PlainText as PlainText
+from .output_parser import ToolCalls as ToolCalls
 from .responses_events import ResponseEvents as ResponseEvents
-from .responses_events import ToolOutput as ToolOutput
 from .responses_replay import ReplayedEvents as ReplayedEvents
 from .responses_replay import replay as replay
 from .resumable import RETRY_LINE as RETRY_LINE
@@ -77,7 +77,7 @@ __all__ = [
     "ResumableEvents",
     "ScopeEvents",
     "SharedFrames",
-    "ToolOutput",
+    "ToolCalls",
     "choices_usage",
     "encode_json_event",
     "error_data",
