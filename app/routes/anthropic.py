@@ -36,7 +36,7 @@ from quart import Blueprint, Response
 from streams import TokenStream
 
 from ..auth import key_name
-from ..error_handlers import answer_errors_under, error_response
+from ..error_handlers import answer_errors_under
 from ..errors import ApiError
 from ..metrics import Metrics
 from ..runtime import Runtime
@@ -44,7 +44,7 @@ from ..schemas import CountTokensBody, MessagesBody, RequestLimits
 from ..wire import AnthropicEvents, Encoder, whole_message
 from .anthropic_errors import anthropic_error_envelope, anthropic_error_for
 from .openai_errors import ServedModels
-from .pipeline import Adapter, Call, Collected, Pipeline, Prompt, Terms, answer_owned
+from .pipeline import Adapter, Call, Collected, Pipeline, Prompt, Terms, answer_owned, refusals
 from .serving import json_response, read_body
 
 MESSAGES_PATH = "/v1/messages"
@@ -110,11 +110,10 @@ class MessageAnswer:
 
 
 class AnthropicViews:
-    """``count_tokens`` and the refusals, bound to one app's runtime."""
+    """``count_tokens``, bound to one app's runtime."""
 
-    def __init__(self, runtime: Runtime, metrics: Metrics, models: ServedModels) -> None:
+    def __init__(self, runtime: Runtime, models: ServedModels) -> None:
         self.runtime = runtime
-        self.metrics = metrics
         self.limits = RequestLimits.from_settings(runtime.settings)
         self.models = models
 
@@ -129,24 +128,18 @@ class AnthropicViews:
         _, ids = await self.runtime.render_chat(body.template_input(), True, key_name())
         return json_response({"input_tokens": len(ids)})
 
-    async def refuse(self, exc: Exception) -> Response:
-        """Every error of these routes, in Anthropic's shape. Cancellation: no checkpoint."""
-        error = anthropic_error_for(exc)
-        self.metrics.refused(error)
-        return error_response(error)
-
 
 def make_anthropic_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     """The Anthropic routes, bound to one app's runtime; each request reports to ``metrics``."""
     bp = Blueprint("anthropic", __name__)
     settings = runtime.settings
     models = ServedModels(settings.model, settings.model_name, created=int(time.time()))
-    views = AnthropicViews(runtime, metrics, models)
+    views = AnthropicViews(runtime, models)
     bp.add_url_rule(MESSAGES_PATH, "messages",
                     Pipeline(runtime, metrics).view(MessagesAdapter(models)), methods=["POST"])
     bp.add_url_rule(f"{MESSAGES_PATH}/count_tokens", view_func=views.count_tokens,
                     methods=["POST"])
-    bp.register_error_handler(Exception, views.refuse)
+    bp.register_error_handler(Exception, refusals(metrics, anthropic_error_for))
     # A wrong method, an unknown path below /v1/messages, a 401 there: Anthropic's shape.
     bp.record_once(lambda state: answer_errors_under(state.app, MESSAGES_PATH,  # type: ignore[arg-type]
                                                       anthropic_error_for))

@@ -27,7 +27,7 @@ from quart import Blueprint, Quart, Response
 from streams import TokenStream
 
 from ..auth import key_name
-from ..error_handlers import answer_errors_under, error_response
+from ..error_handlers import answer_errors_under
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics
 from ..runtime import Runtime
@@ -43,7 +43,7 @@ from ..wire import (
     whole_answer,
 )
 from .openai_errors import OpenAIError, ServedModels, openai_error_envelope, openai_error_for
-from .pipeline import Adapter, Call, Collected, Pipeline, Prompt, Terms, answer_owned
+from .pipeline import Adapter, Call, Collected, Pipeline, Prompt, Terms, answer_owned, refusals
 from .serving import json_response
 
 
@@ -187,11 +187,9 @@ def with_tool_calls(choice: dict[str, Any], request_id: str, text: str) -> None:
 
 
 class OpenAIViews:
-    """The views that open nothing, and the refusals, bound to one app's runtime."""
+    """The views that open nothing: the served models."""
 
-    def __init__(self, runtime: Runtime, metrics: Metrics, models: ServedModels) -> None:
-        self.runtime = runtime
-        self.metrics = metrics
+    def __init__(self, models: ServedModels) -> None:
         self.models = models
 
     async def list_models(self) -> Response:
@@ -202,19 +200,13 @@ class OpenAIViews:
         """One model's card, or 404 model_not_found. Cancellation: no checkpoint."""
         return json_response(self.models.card(self.models.check(model_id)))
 
-    async def refuse(self, exc: Exception) -> Response:
-        """Every error of these routes, in OpenAI's shape. Cancellation: no checkpoint."""
-        error = openai_error_for(exc)
-        self.metrics.refused(error)
-        return error_response(error)
-
 
 def make_openai_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     """The OpenAI routes, bound to one app's runtime; each request reports to ``metrics``."""
     bp = Blueprint("openai", __name__)
     settings = runtime.settings
     models = ServedModels(settings.model, settings.model_name, created=int(time.time()))
-    views = OpenAIViews(runtime, metrics, models)
+    views = OpenAIViews(models)
     pipeline = Pipeline(runtime, metrics)
     bp.add_url_rule("/v1/models", view_func=views.list_models, methods=["GET"])
     bp.add_url_rule("/v1/models/<path:model_id>", view_func=views.retrieve_model,
@@ -223,7 +215,7 @@ def make_openai_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
                     pipeline.view(CompletionsAdapter(runtime, models)), methods=["POST"])
     bp.add_url_rule("/v1/chat/completions", "chat_completions",
                     pipeline.view(ChatAdapter(runtime, models)), methods=["POST"])
-    bp.register_error_handler(Exception, views.refuse)
+    bp.register_error_handler(Exception, refusals(metrics, openai_error_for))
     # A wrong method, an unknown path below these, a 401 there: OpenAI's shape.
     bp.record_once(lambda state: answer_openai_errors(state.app))  # type: ignore[arg-type]
     return bp

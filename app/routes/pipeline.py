@@ -40,6 +40,7 @@ from streams import PolicyName, TokenStream
 from streams.resume import spec_of, with_seed
 
 from ..auth import owned_request
+from ..error_handlers import ErrorFor, error_response
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics, RequestTimer
 from ..runtime import Prepared, Runtime
@@ -211,6 +212,16 @@ class Pipeline:
             raise adapter.field_error(ApiError(ErrorType.INVALID_CONSTRAINT, str(exc)),
                                       terms.constraint_param) from None
         return prepared, spec_of(prepared.request, terms.policy) if shared else None
+
+
+def refusals(metrics: Metrics, error_for: ErrorFor) -> Callable[[Exception], Awaitable[Response]]:
+    """A blueprint's error handler: every error of its routes in its API's shape
+    (``error_for``), counted as refused. Cancellation: no checkpoint."""
+    async def refuse(exc: Exception) -> Response:
+        error = error_for(exc)
+        metrics.refused(error)
+        return error_response(error)
+    return refuse
 
 
 async def answer_owned(

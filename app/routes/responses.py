@@ -35,7 +35,7 @@ from streams import TokenStream
 
 from ..auth import key_name
 from ..edge.connection import close_with_connection
-from ..error_handlers import answer_errors_under, error_response
+from ..error_handlers import answer_errors_under
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics
 from ..runtime import (
@@ -48,7 +48,7 @@ from ..runtime import (
 from ..schemas import RequestLimits, ResponsesBody
 from ..wire import Encoder
 from .openai_errors import OpenAIError, ServedModels, openai_error_for
-from .pipeline import Adapter, Call, Collected, Pipeline, Prompt, Terms, answer_owned
+from .pipeline import Adapter, Call, Collected, Pipeline, Prompt, Terms, answer_owned, refusals
 from .responses_background import StoreWriter, start_background
 from .responses_objects import FINAL, events_of, new_response, response_id_of, with_ids
 from .responses_stored import StoredResponses, unavailable
@@ -211,11 +211,10 @@ class ForegroundAnswer:
 
 
 class ResponsesViews:
-    """The stored responses' views and the refusals, bound to one app's adapter."""
+    """The stored responses' views, bound to one app's adapter."""
 
-    def __init__(self, adapter: ResponsesAdapter, metrics: Metrics) -> None:
+    def __init__(self, adapter: ResponsesAdapter) -> None:
         self.adapter = adapter
-        self.metrics = metrics
 
     async def retrieve(self, response_id: str) -> Response:
         """Cancellation: see ``StoredResponses.retrieve``."""
@@ -233,12 +232,6 @@ class ResponsesViews:
         """Cancellation: see ``StoredResponses.cancel``."""
         return await self.adapter.stored().cancel(response_id)
 
-    async def refuse(self, exc: Exception) -> Response:
-        """Every error of these routes, in OpenAI's shape. Cancellation: no checkpoint."""
-        error = openai_error_for(exc)
-        self.metrics.refused(error)
-        return error_response(error)
-
 
 # The header that names a created response (a proxy's stick table stores it).
 RESPONSE_ID_HEADER = "Streamscope-Response-Id"
@@ -250,7 +243,7 @@ def make_responses_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     settings = runtime.settings
     models = ServedModels(settings.model, settings.model_name, created=int(time.time()))
     adapter = ResponsesAdapter(runtime, response_store(settings), models)
-    views = ResponsesViews(adapter, metrics)
+    views = ResponsesViews(adapter)
     bp.add_url_rule("/v1/responses", "create", Pipeline(runtime, metrics).view(adapter),
                     methods=["POST"])
     bp.add_url_rule("/v1/responses/<response_id>", view_func=views.retrieve, methods=["GET"])
@@ -261,7 +254,7 @@ def make_responses_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     bp.add_url_rule("/v1/responses/<response_id>/cancel", view_func=views.cancel,
                     methods=["POST"])
     bp.after_request(name_the_response)
-    bp.register_error_handler(Exception, views.refuse)
+    bp.register_error_handler(Exception, refusals(metrics, openai_error_for))
     # A wrong method, an unknown path below these, a 401 there: OpenAI's shape.
     bp.record_once(lambda state: answer_responses_errors(state.app))  # type: ignore[arg-type]
     return bp
