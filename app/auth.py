@@ -12,10 +12,10 @@ kept in ``quart.g`` for the views.
 Per-key limits. A key holds at most its ``max_streams`` (else the server's
 ``key_max_streams``, which ``STREAMSCOPE_API_KEY`` gets too) streams at once:
 each of its ``POST`` requests (every route that opens a stream or a generation) takes a
-``Slot`` before its body is read, owned by the request's connection (``edge.own``) and
-given back when the request ends; a resumable stream takes its request's slot over
-(``observer``) and gives it back at its last event or when the registry forgets it, so
-its streams generating with no reader count too. Past the limit: 429
+``Slot`` before its body is read, owned by the request's connection
+(``edge.connection.close_with_connection``) and given back when the request ends; a resumable
+stream takes its request's slot over (``observer``) and gives it back at its last event or when the
+registry forgets it, so its streams generating with no reader count too. Past the limit: 429
 ``too_many_streams`` with ``Retry-After``, before the first byte. Its share of the
 server-wide caps is ``key_shares.py``'s (429 ``key_limit``).
 
@@ -67,7 +67,7 @@ from .api_keys import (
     cache_namespace,
     token_expiry,
 )
-from .edge.connection import own
+from .edge.connection import close_with_connection
 from .errors import ApiError, ErrorType
 from .key_shares import KeyShares, Slot, SlotObserver
 from .metrics import RequestTimer
@@ -137,7 +137,7 @@ def register_auth(app: Quart, settings: Settings, shares: KeyShares | None) -> N
         slot = None
         if request.method == "POST":
             slot = usage.take(credential)
-            own(request.scope, slot)  # given back when the request ends, however
+            close_with_connection(request.scope, slot)  # given back when the request ends, however
         setattr(g, _ACCESS, Access(credential, slot, ttl_s))
 
 

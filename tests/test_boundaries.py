@@ -154,13 +154,18 @@ def breaks(rule: str, importer: str, imported: str) -> bool:
     if rule == "hypercorn":
         return top == "hypercorn" and not within(importer, "app.edge")
     if rule == "roots":  # another package's internals: only its root (and streams.resume's)
-        for root in ("engine", "streams.resume", "streams"):
+        for root in FACES:
             if within(imported, root) and not within(importer, root):
                 return imported not in roots_and_their_names(root)
         return False
     if rule == "tools":
         return top in (*TOOLS_ONLY, "tests", "tools")
     raise AssertionError(rule)
+
+
+# The packages whose internals others reach only through their root (their face), the
+# more specific first: ``streams.resume`` is a face inside ``streams``.
+FACES = ("engine", "streams.resume", "streams", "app.runtime", "app.schemas", "app.wire")
 
 
 def within(module: str, package: str) -> bool:
@@ -177,7 +182,8 @@ def roots_and_their_names(root: str) -> frozenset[str]:
 @pytest.mark.parametrize("rule", ["hypercorn", "roots", "tools"])
 def test_no_service_module_crosses_a_boundary(rule: str) -> None:
     """hypercorn: only ``app.edge`` imports it. roots: other packages import ``engine``,
-    ``streams`` and ``streams.resume`` at their roots only. tools: the service never imports
+    ``streams``, ``streams.resume``, ``app.runtime``, ``app.schemas`` and ``app.wire`` at
+    their roots only. tools: the service never imports
     the tools' extra, the tests or the tools."""
     assert crossings(rule) == {}
 
@@ -196,22 +202,25 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
     ],
     "app.runtime": [
         "HANDOVER_LEAD_S", "LOADING_RETRY_AFTER_S", "SHUTDOWN_RETRY_AFTER_S",
-        "STORE_CHECK_TIMEOUT_S", "MakeEngine", "Phase", "Prepared", "Rebuilder", "Runtime",
+        "STORE_CHECK_TIMEOUT_S", "MakeEngine", "Phase", "Prepared", "Rebuilder",
+        "ResponseStore", "ResponseStoreUnavailable", "ResponsesFull", "Runtime",
         "ServingEngine",
-        "load_engine_from_settings", "stop_deadline_s",
+        "load_engine_from_settings", "response_store", "stop_deadline_s",
     ],
     "app.schemas": [
         "MAX_DEADLINE_MS", "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "OPENAI_DEFAULT_MAX_TOKENS",
         "ChatBody", "ChatMessage", "CompletionsBody", "CountTokensBody", "GenerateBody",
-        "MessagesBody", "OpenAIBody", "RequestLimits", "parse_generate_body",
+        "MessagesBody", "OpenAIBody", "RequestLimits", "ResponsesBody", "parse_generate_body",
     ],
     "app.wire": [
         "CHAT", "COMPLETION", "DONE", "FINISH_REASONS", "KEEPALIVE_COMMENT", "RETRY_LINE",
         "RETRY_MS", "TAKEN_OVER_EVENT", "AnthropicEvents", "ChatShape", "ChoiceFinish",
         "ChoiceShape", "CompletionShape",
-        "Encoder", "ErrorEnvelope", "NativeEvents", "OpenAIChunks", "ResumableEvents",
-        "ScopeEvents", "SharedFrames", "choices_usage", "encode_json_event", "error_data",
-        "event_without_id", "item_event", "logprobs_data", "start_event", "token_event",
+        "Encoder", "ErrorEnvelope", "NativeEvents", "OpenAIChunks", "OutputParser",
+        "PlainText", "ReplayedEvents", "ResponseEvents", "ResumableEvents",
+        "ScopeEvents", "SharedFrames", "ToolCalls", "choices_usage", "encode_json_event",
+        "error_data", "event_without_id", "item_event", "logprobs_data", "replay",
+        "start_event", "token_event",
         "tool_message", "usage", "usage_data", "whole_answer", "whole_message",
     ],
     "engine": [

@@ -129,7 +129,7 @@ def test_the_rebuild_spec_carries_the_constraint() -> None:
                        {"type": "grammar", "grammar": 'start: "a"'}):
         # A limit given: the default (what the context leaves) is filled in by prepare.
         raw = json.dumps({"prompt": "p", "max_new_tokens": 5, "constraint": constraint}).encode()
-        request = parse_generate_body(raw, limits).to_generation_request()
+        request = parse_generate_body(raw, limits).generation_request()
         body, _ = spec_parts(spec_of(request, None))  # the body, as the rebuilder reads it
-        rebuilt: GenerationRequest = parse_generate_body(body, limits).to_generation_request()
+        rebuilt: GenerationRequest = parse_generate_body(body, limits).generation_request()
         assert rebuilt.constraint == request.constraint is not None

@@ -27,7 +27,7 @@ def rebuilt(request: GenerationRequest, policy: PolicyName | None,
     request's cache namespace (app/runtime/rebuild.py)."""
     raw, namespace = spec_parts(spec_of(request, policy))
     body = parse_generate_body(raw, limits)
-    return replace(body.to_generation_request(), cache_namespace=namespace), body.policy
+    return replace(body.generation_request(), cache_namespace=namespace), body.policy
 
 
 @pytest.mark.parametrize("policy", [None, *PolicyName])

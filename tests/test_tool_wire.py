@@ -14,7 +14,7 @@ from app.schemas import ChatBody, MessagesBody, RequestLimits
 from app.schemas.tools import ToolSpec, ToolUse, output_schema, system_text
 from app.wire import CHAT, AnthropicEvents, OpenAIChunks, whole_message
 from app.wire.openai_tools import tool_message
-from app.wire.tool_stream import (
+from app.wire.tool_call_scanner import (
     ArgumentsDelta,
     CallEnd,
     CallStart,

@@ -11,13 +11,9 @@ from openai._streaming import SSEDecoder
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from app.wire.responses_events import (
-    CallArguments,
-    CallStart,
-    OutputDelta,
-    PlainText,
-    ResponseEvents,
-)
+from app.wire.output_parser import OutputEvent, PlainText
+from app.wire.responses_events import ResponseEvents
+from app.wire.tool_call_scanner import ArgumentsDelta, CallStart
 from engine import FinishEvent, FinishReason, TokenEvent, TokenLogprobs
 from streams import ErrorType, StreamError
 
@@ -101,13 +97,18 @@ def test_log_probabilities_ride_on_their_delta_and_the_done_text() -> None:
 class ScriptedCalls:
     """A parser that turns the tokens into one function call (the tool parser's shape)."""
 
-    def feed(self, token: TokenEvent) -> list[OutputDelta]:
-        if token.index == 0:
-            return [CallStart("call_1", "get_weather"), CallArguments(token.text)]
-        return [CallArguments(token.text)]
+    made_calls = True
 
-    def finish(self) -> list[OutputDelta]:
+    def feed(self, token: TokenEvent) -> list[OutputEvent]:
+        if token.index == 0:
+            return [CallStart(0, "get_weather"), ArgumentsDelta(0, token.text)]
+        return [ArgumentsDelta(0, token.text)]
+
+    def end(self) -> list[OutputEvent]:
         return []
+
+    def call_id(self, index: int) -> str:
+        return f"call_{index + 1}"
 
 
 def test_a_function_call_streams_its_arguments_then_is_done_whole() -> None:

@@ -12,10 +12,10 @@ response body). ``StreamingConnection`` keeps that shape and adds three things:
    runs out). In a shielded, bounded scope the body's last ``error`` event, type
    ``shutdown``, is written before Cancelled goes on. Any body with a ``farewell``
    (``Farewell``: the routes' one SSE body) gets one; this module imports no route.
-3. The closer: every stream a view opened is handed to the connection (``own``) in the
-   same step as it opens, recorded in the ASGI scope, and closed when the connection
-   ends, however it ends, including a cancel that lands after the view returned but
-   before Quart entered the body (the body's ``__aexit__`` would never run then).
+3. The closer: every stream a view opened is handed to the connection
+   (``close_with_connection``) in the same step as it opens, recorded in the ASGI scope, and closed
+   when the connection ends, however it ends, including a cancel that lands after the view returned
+   but before Quart entered the body (the body's ``__aexit__`` would never run then).
    ``close()`` is idempotent, so the usual path (the body's ``__aexit__``) and this one
    do not conflict. The request's metrics timer is owned the same way (it records
    ``cancelled`` unless its stream ended).
@@ -32,8 +32,8 @@ request's nursery when ``http.disconnect`` arrives; the handler gets Cancelled a
 await (usually ``TokenStream.receive``, inside the body); the body's ``__aexit__``, or
 ``__call__``'s backstop, calls the stream's ``close()``: synchronous, idempotent, never a
 checkpoint, so it runs inside the cancelled scope. A stream opened by a view belongs to
-the request's connection from the moment it exists: the view calls ``own`` right after
-``Runtime.open``, with no checkpoint between.
+the request's connection from the moment it exists: the view calls
+``close_with_connection`` right after ``Runtime.open``, with no checkpoint between.
 """
 
 from __future__ import annotations
@@ -77,11 +77,12 @@ class Farewell(Protocol):
         ...
 
 
-def own(scope: Mapping[str, Any], stream: Closable) -> None:
-    """Hand ``stream`` (a TokenStream, a resume reader, or the request's metrics timer)
-    to this request's connection: it is closed when the connection ends. Sync, never a
-    checkpoint: call it in the same step as the stream opens."""
-    _owned(scope).append(stream)
+def close_with_connection(scope: Mapping[str, Any], closable: Closable) -> None:
+    """Hand ``closable`` (a TokenStream, a resume reader, the request's metrics timer, its
+    API key's slot, a response's settle) to this request's connection: it is closed when
+    the connection ends. Sync, never a checkpoint: call it in the same step as the stream
+    opens."""
+    _owned(scope).append(closable)
 
 
 def _owned(scope: Mapping[str, Any]) -> list[Closable]:

@@ -5,9 +5,9 @@ HTTP/2 stream whose flow-control window is shut) is a slow reader: the hub must 
 every other stream's tokens for it (``streams/stepper.py``; the stream's policy deals
 with it). The protocol layers know when a write blocks (``body_hot_path``: the non-blocking
 ``os.write`` took only part; ``h2_flow``: the stream's buffer is full); the request's
-connection knows what it owns (``connection.own``). The write runs in the request's own
-task, so the connection puts its owned list in a context variable (``serving``) that
-the protocol layer reads (``write_blocked``). Stdlib only: both sides import it.
+connection knows what it owns (``connection.close_with_connection``). The write runs in
+the request's own task, so the connection puts its owned list in a context variable (``serving``)
+that the protocol layer reads (``write_blocked``). Stdlib only: both sides import it.
 """
 
 from __future__ import annotations

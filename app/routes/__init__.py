@@ -15,6 +15,12 @@
 * ``page``: ``GET /`` and ``/page.js``, the browser page;
 * ``scope``: ``GET /scope``, its script, token and ``/scope/events``, the live view.
 
+Every generating route is one view, ``pipeline.Pipeline.serve``, with its API's adapter
+(``native.NativeAdapter``, ``openai.CompletionsAdapter`` and ``ChatAdapter``,
+``anthropic.MessagesAdapter``, ``responses.ResponsesAdapter``, ``resumable
+.RequestsAdapter``): a new API is one adapter module. A stream opens owned by the
+request's connection (``pipeline.answer_owned``) or by the resume registry
+(``registry_owned.open_registry_owned``: resumable streams and background responses).
 Every streaming answer is ``body.EventStreamBody``: a source (a ``TokenStream``, or a
 resumable stream's reader), an encoder (``app.wire``), the keep-alive, one farewell.
 What every view does to serve a request is in ``serving``.

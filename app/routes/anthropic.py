@@ -8,7 +8,8 @@ turns only; anything else is refused naming the field), its ``model`` checked ag
 the served names (``openai_errors.ServedModels``, the same names), the conversation
 rendered by the model's own chat template and encoded in one call
 (``Runtime.render_chat``, as for ``/v1/chat/completions``), and then it runs exactly
-like every other route: ``Runtime.prepare``, ``serving.open_owned``, the same closer,
+like every other route, through the one pipeline (``pipeline.py``, with
+``MessagesAdapter``): ``Runtime.prepare``, ``serving.open_owned``, the same closer,
 timer, slow-reader
 policy and disconnect path (``docs/cancellation.md``); only the bytes differ
 (``app.wire``: ``AnthropicEvents``, ``whole_message``).
@@ -28,80 +29,93 @@ the API key's 401 there) is in Anthropic's shape as well (``answer_errors_under`
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from quart import Blueprint, Response
 
-from engine import InvalidConstraint
+from streams import TokenStream
 
-from ..auth import key_name, owned_request
-from ..error_handlers import answer_errors_under, error_response
-from ..errors import ApiError, ErrorType
+from ..auth import key_name
+from ..error_handlers import answer_errors_under
+from ..errors import ApiError
 from ..metrics import Metrics
 from ..runtime import Runtime
 from ..schemas import CountTokensBody, MessagesBody, RequestLimits
-from ..wire import AnthropicEvents, whole_message
+from ..wire import AnthropicEvents, Encoder, whole_message
 from .anthropic_errors import anthropic_error_envelope, anthropic_error_for
-from .body import EventStreamBody
 from .openai_errors import ServedModels
-from .serving import (
-    collect,
-    json_response,
-    open_owned,
-    read_body,
-    sse_response,
-    ttft_deadline,
-)
+from .pipeline import Adapter, Call, Collected, Pipeline, Prompt, Terms, answer_owned, refusals
+from .serving import json_response, read_body
 
 MESSAGES_PATH = "/v1/messages"
 
 
+class MessagesAdapter(Adapter[MessagesBody]):
+    """``/v1/messages``'s part of the pipeline: the conversation, answered by the
+    assistant, as a stream of events or a message."""
+
+    def __init__(self, models: ServedModels) -> None:
+        self.models = models
+
+    def parse(self, raw: bytes, limits: RequestLimits) -> MessagesBody:
+        return MessagesBody.model_validate_json(raw, context=limits)
+
+    def model(self, body: MessagesBody) -> str:
+        return self.models.check(body.model)
+
+    async def prompt(self, runtime: Runtime, body: MessagesBody) -> Prompt:
+        """Cancellation: while the template renders and encodes (never abandoned;
+        milliseconds), nothing was made."""
+        text, ids = await runtime.render_chat(body.template_input(), True, key_name())
+        return Prompt(text, ids)
+
+    def terms(self, body: MessagesBody) -> Terms:
+        """The server's deadline only; only tools constrain a message."""
+        return Terms(new_tokens_field="max_tokens", constraint_param="tools")
+
+    def field_error(self, error: ApiError, param: str) -> ApiError:
+        """Anthropic's error names no field: its message does."""
+        return ApiError(error.type, f"{param}: {error.message}",
+                        retry_after_s=error.retry_after_s, allow=error.allow)
+
+    async def answer(self, call: Call[MessagesBody]) -> Response:
+        """Cancellation: a whole answer's at the stream's receive (``with stream``
+        closes it), a streaming one's in the body, or the connection's backstop,
+        closes it."""
+        return await answer_owned(
+            call, lambda streams: MessageAnswer(call.body, call.model, streams[0]),
+            streaming=call.body.is_streaming)
+
+
+class MessageAnswer:
+    """One stream's Anthropic events, or its message."""
+
+    def __init__(self, body: MessagesBody, model: str, stream: TokenStream) -> None:
+        self.tools = body.tool_use() is not None
+        self.model = model
+        self.stream = stream
+
+    def headers(self) -> dict[str, str]:
+        return {"request-id": self.stream.request_id}
+
+    def encoder(self) -> Encoder[Any]:
+        return AnthropicEvents(self.stream.request_id, self.model, self.stream.prompt_tokens,
+                               error_envelope=anthropic_error_envelope, tools=self.tools)
+
+    async def whole(self, results: list[Collected]) -> dict[str, Any]:
+        """Cancellation: no checkpoint."""
+        text, _, finish = results[0]
+        return whole_message(self.stream.request_id, self.model, text, finish,
+                             tools=self.tools)
+
+
 class AnthropicViews:
-    """The views, bound to one app's runtime; each request reports to ``metrics``."""
+    """``count_tokens``, bound to one app's runtime."""
 
-    def __init__(self, runtime: Runtime, metrics: Metrics) -> None:
+    def __init__(self, runtime: Runtime, models: ServedModels) -> None:
         self.runtime = runtime
-        self.metrics = metrics
-        settings = runtime.settings
-        self.limits = RequestLimits.from_settings(settings)
-        self.models = ServedModels(settings.model, settings.model_name, created=int(time.time()))
-
-    async def messages(self) -> Response:
-        """The conversation, answered by the assistant: a stream of events or a message.
-
-        Cancellation: before the stream opens (reading, rendering), nothing to undo;
-        after, a whole answer's at the stream's receive (``with stream`` closes it), a
-        streaming one's in the body, or the connection's backstop, closes it.
-        """
-        timer = self.metrics.start_request()
-        body = MessagesBody.model_validate_json(await read_body(), context=self.limits)
-        model = self.models.check(body.model)
-        deadline = ttft_deadline(timer, None, self.runtime.settings.ttft_deadline_ms)
-
-        text, prompt_ids = await self.runtime.render_chat(body.template_input(), True,
-                                                          key_name())
-        generation = body.generation_request(text, prompt_ids, ttft_deadline=deadline)
-        try:
-            prepared = await self.runtime.prepare(owned_request(generation), None,
-                                                  new_tokens_field="max_tokens")
-        except InvalidConstraint as exc:
-            raise ApiError(ErrorType.INVALID_CONSTRAINT, f"tools: {exc}") from None
-        tools = body.tool_use() is not None
-        stream = open_owned(self.runtime, prepared, timer)
-        headers = {"request-id": stream.request_id}
-        if body.is_streaming:
-            events = AnthropicEvents(stream.request_id, model, stream.prompt_tokens,
-                                     error_envelope=anthropic_error_envelope, tools=tools)
-            return sse_response(
-                EventStreamBody(stream, events, keepalive_s=self.runtime.settings.keepalive_s,
-                                keepalives=self.runtime.keepalives, timer=timer),
-                stream.request_id, headers=headers,
-            )
-        with stream:
-            text, _, finish = await collect(stream, timer)
-        return json_response(
-            whole_message(stream.request_id, model, text, finish, tools=tools),
-            headers={"X-Request-ID": stream.request_id, **headers},
-        )
+        self.limits = RequestLimits.from_settings(runtime.settings)
+        self.models = models
 
     async def count_tokens(self) -> Response:
         """``{"input_tokens": n}``: the rendered conversation's length in tokens.
@@ -114,21 +128,18 @@ class AnthropicViews:
         _, ids = await self.runtime.render_chat(body.template_input(), True, key_name())
         return json_response({"input_tokens": len(ids)})
 
-    async def refuse(self, exc: Exception) -> Response:
-        """Every error of these routes, in Anthropic's shape. Cancellation: no checkpoint."""
-        error = anthropic_error_for(exc)
-        self.metrics.refused(error)
-        return error_response(error)
-
 
 def make_anthropic_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     """The Anthropic routes, bound to one app's runtime; each request reports to ``metrics``."""
     bp = Blueprint("anthropic", __name__)
-    views = AnthropicViews(runtime, metrics)
-    bp.add_url_rule(MESSAGES_PATH, view_func=views.messages, methods=["POST"])
+    settings = runtime.settings
+    models = ServedModels(settings.model, settings.model_name, created=int(time.time()))
+    views = AnthropicViews(runtime, models)
+    bp.add_url_rule(MESSAGES_PATH, "messages",
+                    Pipeline(runtime, metrics).view(MessagesAdapter(models)), methods=["POST"])
     bp.add_url_rule(f"{MESSAGES_PATH}/count_tokens", view_func=views.count_tokens,
                     methods=["POST"])
-    bp.register_error_handler(Exception, views.refuse)
+    bp.register_error_handler(Exception, refusals(metrics, anthropic_error_for))
     # A wrong method, an unknown path below /v1/messages, a 401 there: Anthropic's shape.
     bp.record_once(lambda state: answer_errors_under(state.app, MESSAGES_PATH,  # type: ignore[arg-type]
                                                       anthropic_error_for))

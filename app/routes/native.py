@@ -15,6 +15,10 @@ from ``app.errors``) BEFORE a stream opens; after the first byte of a stream a f
 an SSE ``error`` event and the stream ends. Views know the engine and hub only through
 ``Runtime``.
 
+Both generating routes run the one pipeline (``pipeline.py``) with ``NativeAdapter``;
+``/v1/stream`` with ``resumable`` (and ``POST /v1/requests``, ``resumable.py``) opens its
+stream in the resume registry (``registry_owned.py``) instead.
+
 Ownership: a route awaits ``Runtime.prepare`` (refusals, deadline, encode), then with no
 checkpoint between opens the stream (``Runtime.open``) and hands it to its closer, the
 request's connection (``app.edge.connection``); ``docs/cancellation.md`` walks through
@@ -27,97 +31,118 @@ from typing import Any
 
 from quart import Blueprint, Response
 
-from ..auth import may_see, owned_request
+from streams import TokenStream
+
+from ..auth import may_see
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics
 from ..runtime import Runtime
 from ..schemas import GenerateBody, RequestLimits, parse_generate_body
-from ..wire import NativeEvents, logprobs_data, usage_data
+from ..wire import Encoder, NativeEvents, logprobs_data, usage_data
 from .body import EventStreamBody
 from .health import add_health_routes
-from .resumable import open_resumable
-from .serving import (
-    collect,
-    json_response,
-    open_owned,
-    read_body,
-    sse_response,
-    ttft_deadline,
-)
+from .pipeline import Adapter, Call, Collected, Pipeline, Prompt, Terms, answer_owned
+from .registry_owned import open_registry_owned, resume_url
+from .resume_source import LoggedEvents, ResumeSource
+from .serving import json_response, sse_response
 
 
-class NativeViews:
-    """The views, bound to one app's runtime; each request reports to ``metrics``."""
+class NativeAdapter(Adapter[GenerateBody]):
+    """The native API's part of the pipeline: ``/v1/stream`` (``streaming``, answered
+    as ``text/event-stream``, ``body.py``) or ``/v1/generate`` (the same request through
+    the same hub, answered as one JSON document)."""
 
-    def __init__(self, runtime: Runtime, metrics: Metrics) -> None:
-        self.runtime = runtime
-        self.metrics = metrics
-        self.limits = RequestLimits.from_settings(runtime.settings)
+    def __init__(self, *, streaming: bool) -> None:
+        self.streaming = streaming
 
-    async def read(self) -> GenerateBody:
-        """Read (``serving.read_body``) and validate.
+    def parse(self, raw: bytes, limits: RequestLimits) -> GenerateBody:
+        """Validate (``schemas.parse_generate_body``).
 
-        Raises: RequestEntityTooLarge (413), pydantic.ValidationError (422).
-        Cancellation: while the body arrives; nothing is open yet.
-        """
-        return parse_generate_body(await read_body(), self.limits)
-
-    async def stream_tokens(self) -> Response:
-        """Open a stream and answer it as ``text/event-stream`` (``body.py``).
-
-        Cancellation: before the stream opens, nothing to undo; after, the body (or the
-        connection's backstop) closes it.
-        """
-        timer = self.metrics.start_request()
-        body = await self.read()
-        deadline = ttft_deadline(timer, body.deadline_ms, self.runtime.settings.ttft_deadline_ms)
-        generation = body.to_generation_request(deadline)
-        if body.resumable:
-            return await open_resumable(self.runtime, generation, body.policy, timer)
-        prepared = await self.runtime.prepare(owned_request(generation), body.policy)
-        stream = open_owned(self.runtime, prepared, timer)
-        events = NativeEvents(stream.request_id, stream.prompt_tokens)
-        return sse_response(
-            EventStreamBody(stream, events, keepalive_s=self.runtime.settings.keepalive_s,
-                            keepalives=self.runtime.keepalives,
-                            timer=timer),
-            stream.request_id,
-        )
-
-    async def generate(self) -> Response:
-        """The same request through the same hub, answered as one JSON document.
-
-        Cancellation: at ``stream.receive()``; ``with stream`` closes the stream, which
-        asks the engine to cancel, as for a stream.
-        """
-        timer = self.metrics.start_request()
-        body = await self.read()
-        if body.resumable:
+        Raises: pydantic.ValidationError (422); ApiError invalid_request for
+        ``resumable`` on ``/v1/generate``."""
+        body = parse_generate_body(raw, limits)
+        if body.resumable and not self.streaming:
             raise ApiError(ErrorType.INVALID_REQUEST,
                            "resumable applies to /v1/stream and /v1/requests only")
-        deadline = ttft_deadline(timer, body.deadline_ms, self.runtime.settings.ttft_deadline_ms)
-        prepared = await self.runtime.prepare(owned_request(body.to_generation_request(deadline)),
-                                              body.policy)
-        stream = open_owned(self.runtime, prepared, timer)
-        with stream:
-            text, tokens, finish = await collect(stream, timer)
+        return body
+
+    async def prompt(self, runtime: Runtime, body: GenerateBody) -> Prompt:
+        """The body's prompt as it is (encoded in ``Runtime.prepare``). No checkpoint."""
+        return Prompt(body.prompt)
+
+    def terms(self, body: GenerateBody) -> Terms:
+        return Terms(body.deadline_ms, body.policy, registry_owned=self.registry_owned(body))
+
+    def registry_owned(self, body: GenerateBody) -> bool:
+        return body.resumable
+
+    async def answer(self, call: Call[GenerateBody]) -> Response:
+        """The events, the whole document, or (``resumable``) the registry's stream.
+
+        Cancellation: a whole answer's at ``stream.receive()`` (``with stream`` closes
+        the stream, which asks the engine to cancel, as for a stream); a streaming one's
+        in the body, or the connection's backstop, closes it.
+        """
+        if call.body.resumable:
+            return await answer_resumable(call)
+        return await answer_owned(call, lambda streams: NativeAnswer(call.body, streams[0]),
+                                  streaming=self.streaming)
+
+
+async def answer_resumable(call: Call[GenerateBody]) -> Response:
+    """``POST /v1/stream`` with ``resumable``: open the stream in the registry and answer
+    it with its first reader.
+
+    Cancellation: before the stream opens, nothing to undo; after, the connection owns
+    the reader and the registry the stream. No checkpoint here.
+    """
+    runtime = call.runtime
+    stream, reader = open_registry_owned(runtime, call.prepared, call.spec, call.timer,
+                                         attach=True)
+    assert reader is not None  # attach=True
+    body = EventStreamBody(ResumeSource(reader), LoggedEvents(send_retry=False),
+                           keepalive_s=runtime.settings.keepalive_s)
+    return sse_response(body, stream.request_id,
+                        headers={"X-Resume-URL": resume_url(stream.request_id)})
+
+
+class NativeAnswer:
+    """The native events of one stream, or its whole answer."""
+
+    def __init__(self, body: GenerateBody, stream: TokenStream) -> None:
+        self.body = body
+        self.stream = stream
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+    def encoder(self) -> Encoder[Any]:
+        return NativeEvents(self.stream.request_id, self.stream.prompt_tokens)
+
+    async def whole(self, results: list[Collected]) -> dict[str, Any]:
+        """Cancellation: no checkpoint."""
+        text, tokens, finish = results[0]
         answer: dict[str, Any] = {
-            "id": stream.request_id,
+            "id": self.stream.request_id,
             "text": text,
             "tokens": [t.token_id for t in tokens],
             "finish_reason": finish.reason.value,
             "usage": usage_data(finish),
         }
-        if body.logprobs:  # a token's entry as in its token event, one per token
+        if self.body.logprobs:  # a token's entry as in its token event, one per token
             answer["logprobs"] = [None if t.logprobs is None else logprobs_data(t.logprobs)
                                   for t in tokens]
-        return json_response(answer, headers={"X-Request-ID": stream.request_id})
+        return answer
 
-    async def finished_request(self, request_id: str) -> Response:
+
+def finished_request(runtime: Runtime) -> Any:
+    """``GET /v1/requests/<id>``, bound to one app's runtime."""
+
+    async def view(request_id: str) -> Response:
         """How the engine let a request go (see the module docstring), or 404.
 
         Cancellation: no checkpoint."""
-        finish = self.runtime.finished(request_id) if may_see(request_id) else None
+        finish = runtime.finished(request_id) if may_see(request_id) else None
         if finish is None:  # another API key's request too: as if it never was
             raise ApiError(
                 ErrorType.NOT_FOUND,
@@ -129,16 +154,19 @@ class NativeViews:
             **usage_data(finish),
             "error": finish.error,
         })
+    return view
 
 
 def make_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     """``/v1/stream``, ``/v1/generate``, ``GET /v1/requests/<id>``, and the health routes
     (``health.py``)."""
     bp = Blueprint("streamscope", __name__)
-    views = NativeViews(runtime, metrics)
-    bp.add_url_rule("/v1/stream", view_func=views.stream_tokens, methods=["POST"])
-    bp.add_url_rule("/v1/generate", view_func=views.generate, methods=["POST"])
-    bp.add_url_rule("/v1/requests/<request_id>", view_func=views.finished_request,
-                    methods=["GET"])
+    pipeline = Pipeline(runtime, metrics)
+    bp.add_url_rule("/v1/stream", "stream_tokens",
+                    pipeline.view(NativeAdapter(streaming=True)), methods=["POST"])
+    bp.add_url_rule("/v1/generate", "generate",
+                    pipeline.view(NativeAdapter(streaming=False)), methods=["POST"])
+    bp.add_url_rule("/v1/requests/<request_id>", "finished_request",
+                    finished_request(runtime), methods=["GET"])
     add_health_routes(bp, runtime)
     return bp

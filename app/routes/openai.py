@@ -5,7 +5,8 @@ in OpenAI's shape (``openai_errors.OpenAIError``), the API key's 401 included; t
 routes keep our envelope. A request is read and validated (``app.schemas``), its
 ``model`` checked, chat messages rendered by the model's own chat template and encoded
 (``Runtime.render_chat``), and then it runs exactly like ``/v1/stream`` or
-``/v1/generate``: the same ``Runtime.open``, closer, timer and disconnect path
+``/v1/generate``: the one pipeline (``pipeline.py``, with ``CompletionsAdapter`` or
+``ChatAdapter``), the same ``Runtime.open``, closer, timer and disconnect path
 (``docs/cancellation.md`` walks through it); only the bytes differ (``app.wire``:
 ``OpenAIChunks`` in the route's ``ChoiceShape``, ``whole_answer``).
 
@@ -19,103 +20,104 @@ generic tool format and sent as OpenAI's tool calls (``app.wire``'s ``tool_messa
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from quart import Blueprint, Quart, Response
 
-from engine import InvalidConstraint
+from streams import TokenStream
 
-from ..auth import key_name, owned_request
-from ..error_handlers import answer_errors_under, error_response
+from ..auth import key_name
+from ..error_handlers import answer_errors_under
 from ..errors import ApiError, ErrorType
-from ..metrics import Metrics, RequestTimer
-from ..runtime import Prepared, Runtime
+from ..metrics import Metrics
+from ..runtime import Runtime
 from ..schemas import ChatBody, CompletionsBody, OpenAIBody, RequestLimits
 from ..wire import (
     CHAT,
     COMPLETION,
     ChoiceShape,
+    Encoder,
     OpenAIChunks,
     choices_usage,
     tool_message,
     whole_answer,
 )
-from .body import EventStreamBody
-from .choices import ChoiceItem, ChoicesSource, choices_prepared, collect_choices
 from .openai_errors import OpenAIError, ServedModels, openai_error_envelope, openai_error_for
-from .serving import (
-    collect,
-    json_response,
-    open_choices,
-    open_owned,
-    read_body,
-    sse_response,
-    ttft_deadline,
-)
+from .pipeline import Adapter, Call, Collected, Pipeline, Prompt, Terms, answer_owned, refusals
+from .serving import json_response
 
 
-class OpenAIViews:
-    """The views, bound to one app's runtime; each request reports to ``metrics``."""
+class CompletionsAdapter(Adapter[OpenAIBody]):
+    """``/v1/completions``'s part of the pipeline: a prompt, continued."""
 
-    def __init__(self, runtime: Runtime, metrics: Metrics) -> None:
+    shape: ChoiceShape = COMPLETION
+
+    def __init__(self, runtime: Runtime, models: ServedModels) -> None:
         self.runtime = runtime
-        self.metrics = metrics
-        settings = runtime.settings
-        self.limits = RequestLimits.from_settings(settings)
-        self.models = ServedModels(settings.model, settings.model_name, created=int(time.time()))
+        self.models = models
 
-    def deadline_of(self, timer: RequestTimer, body: OpenAIBody) -> float | None:
-        return ttft_deadline(timer, body.deadline_ms, self.runtime.settings.ttft_deadline_ms)
+    def parse(self, raw: bytes, limits: RequestLimits) -> OpenAIBody:
+        return CompletionsBody.model_validate_json(raw, context=limits)
 
-    async def list_models(self) -> Response:
-        """The served model and its alias. Cancellation: no checkpoint."""
-        return json_response(self.models.listing())
+    def model(self, body: OpenAIBody) -> str:
+        return self.models.check(body.model)
 
-    async def retrieve_model(self, model_id: str) -> Response:
-        """One model's card, or 404 model_not_found. Cancellation: no checkpoint."""
-        return json_response(self.models.card(self.models.check(model_id)))
+    async def prompt(self, runtime: Runtime, body: OpenAIBody) -> Prompt:
+        """The body's prompt as it is (encoded in ``Runtime.prepare``). No checkpoint."""
+        assert isinstance(body, CompletionsBody)
+        return Prompt(body.prompt)
 
-    async def completions(self) -> Response:
-        """A prompt, continued. Cancellation: see ``answer``."""
-        timer = self.metrics.start_request()
-        body = CompletionsBody.model_validate_json(await read_body(), context=self.limits)
-        model = self.models.check(body.model)
-        generation = body.generation_request(body.prompt, self.limits,
-                                             ttft_deadline=self.deadline_of(timer, body))
-        with refused_constraint(body):
-            prepared = await self.runtime.prepare(owned_request(generation), None,
-                                                  new_tokens_field="max_tokens")
-        if body.choices > 1:
-            return await self.answer_choices(choices_prepared(prepared, generation, body.choices),
-                                             timer, body, model, COMPLETION)
-        return await self.answer(prepared, timer, body, model, COMPLETION)
+    def terms(self, body: OpenAIBody) -> Terms:
+        return Terms(body.deadline_ms, new_tokens_field="max_tokens",
+                     constraint_param=body.constraint_param)
 
-    async def chat_completions(self) -> Response:
-        """Messages, rendered by the model's chat template, answered by the assistant.
+    def field_error(self, error: ApiError, param: str) -> ApiError:
+        return OpenAIError(error, param=param)
 
-        Cancellation: while the template renders and encodes (never abandoned;
-        milliseconds), nothing was made; then see ``answer``.
+    def tools(self, body: OpenAIBody) -> bool:
+        """Whether the answer is in the generic tool format (a chat's, with tools)."""
+        return False
+
+    async def answer(self, call: Call[OpenAIBody]) -> Response:
+        """Open the stream (a stream a choice, ``choices.py``) and answer it as chunks or
+        as one document (``tools``: in the generic tool format).
+
+        Cancellation: see ``pipeline.answer_owned``; the connection closes every stream.
         """
-        timer = self.metrics.start_request()
-        body = ChatBody.model_validate_json(await read_body(), context=self.limits)
-        model = self.models.check(body.model)
+        body = call.body
+        tools = self.tools(body)
+        return await answer_owned(
+            call, lambda streams: ChoicesAnswer(self.shape, body, call.model, streams,
+                                                tools=tools),
+            streaming=body.is_streaming, choices=body.choices)
 
-        text, prompt_ids = await self.runtime.render_chat(body.template_input(),
-                                                          body.add_generation_prompt,
-                                                          key_name())
+
+class ChatAdapter(CompletionsAdapter):
+    """``/v1/chat/completions``'s part: messages, rendered by the model's chat template,
+    answered by the assistant."""
+
+    shape = CHAT
+
+    def parse(self, raw: bytes, limits: RequestLimits) -> OpenAIBody:
+        return ChatBody.model_validate_json(raw, context=limits)
+
+    async def prompt(self, runtime: Runtime, body: OpenAIBody) -> Prompt:
+        """Cancellation: while the template renders and encodes (never abandoned;
+        milliseconds), nothing was made."""
+        assert isinstance(body, ChatBody)
+        text, ids = await runtime.render_chat(body.template_input(),
+                                              body.add_generation_prompt, key_name())
         self.refuse_unused_field(body)
-        generation = body.generation_request(text, self.limits, prompt_ids,
-                                             ttft_deadline=self.deadline_of(timer, body))
-        with refused_constraint(body):
-            prepared = await self.runtime.prepare(owned_request(generation), None,
-                                                  new_tokens_field=body.new_tokens_field())
-        tools = body.tool_use() is not None
-        if body.choices > 1:
-            return await self.answer_choices(choices_prepared(prepared, generation, body.choices),
-                                             timer, body, model, CHAT, tools=tools)
-        return await self.answer(prepared, timer, body, model, CHAT, tools=tools)
+        return Prompt(text, ids)
+
+    def terms(self, body: OpenAIBody) -> Terms:
+        assert isinstance(body, ChatBody)
+        return Terms(body.deadline_ms, new_tokens_field=body.new_tokens_field(),
+                     constraint_param=body.constraint_param)
+
+    def tools(self, body: OpenAIBody) -> bool:
+        assert isinstance(body, ChatBody)
+        return body.tool_use() is not None
 
     def refuse_unused_field(self, body: ChatBody) -> None:
         """``reasoning_effort`` is accepted, and changes nothing, where the model's chat
@@ -128,69 +130,50 @@ class OpenAIViews:
                 ErrorType.INVALID_REQUEST, "this model's chat template reads reasoning_effort, "
                 "which this server does not pass to it"), param="reasoning_effort")
 
-    async def answer(self, prepared: Prepared, timer: RequestTimer, body: OpenAIBody,
-                     model: str, shape: ChoiceShape, *, tools: bool = False) -> Response:
-        """Open the stream (no checkpoint between the open and its closer taking it) and
-        answer it as chunks or as one document (``tools``: in the generic tool format).
 
-        Cancellation: a whole answer's at the stream's receive (``with stream`` closes
-        it); a streaming one's in the body, or the connection's backstop, closes it.
-        """
-        stream = open_owned(self.runtime, prepared, timer)
-        if body.is_streaming:
-            chunks = OpenAIChunks(shape, stream.request_id, model,
-                                  error_envelope=openai_error_envelope,
-                                  include_usage=body.include_usage, tools=tools)
-            return sse_response(
-                EventStreamBody(stream, chunks, keepalive_s=self.runtime.settings.keepalive_s,
-                                keepalives=self.runtime.keepalives,
-                                timer=timer),
-                stream.request_id,
-            )
-        with stream:
-            text, tokens, finish = await collect(stream, timer)
-        answer = whole_answer(shape, stream.request_id, model, text, finish, tokens)
-        if tools:
-            with_tool_calls(answer["choices"][0], stream.request_id, text)
-        return json_response(answer, headers={"X-Request-ID": stream.request_id})
+class ChoicesAnswer:
+    """The chunks of one request's streams (a stream a choice), or its whole answer."""
 
-    async def answer_choices(self, prepared: list[Prepared], timer: RequestTimer,
-                             body: OpenAIBody, model: str, shape: ChoiceShape, *,
-                             tools: bool = False) -> Response:
-        """``answer`` for several choices (``choices.py``): a stream each, opened back to
-        back (the prefix cache serves the prompt to all but the first), read as one.
+    def __init__(self, shape: ChoiceShape, body: OpenAIBody, model: str,
+                 streams: list[TokenStream], *, tools: bool) -> None:
+        self.shape = shape
+        self.body = body
+        self.model = model
+        self.streams = streams
+        self.tools = tools
 
-        Cancellation: as ``answer``; the connection closes every stream."""
-        streams = open_choices(self.runtime, prepared, timer)
-        source = ChoicesSource(streams)
-        first = streams[0].request_id
-        if body.is_streaming:
-            chunks = OpenAIChunks(shape, first, model, error_envelope=openai_error_envelope,
-                                  include_usage=body.include_usage, tools=tools,
-                                  choices=[s.request_id for s in streams])
-            return sse_response(EventStreamBody[ChoiceItem](source, chunks,
-                                                keepalive_s=self.runtime.settings.keepalive_s,
-                                                timer=timer), first)
-        with source:
-            results = await collect_choices(source, timer)
+    def headers(self) -> dict[str, str]:
+        return {}
+
+    def encoder(self) -> Encoder[Any]:
+        first = self.streams[0].request_id
+        choices = [s.request_id for s in self.streams] if len(self.streams) > 1 else None
+        return OpenAIChunks(self.shape, first, self.model,
+                            error_envelope=openai_error_envelope,
+                            include_usage=self.body.include_usage, tools=self.tools,
+                            choices=choices)
+
+    async def whole(self, results: list[Collected]) -> dict[str, Any]:
+        """One document; with several choices, one choice each and their usage summed.
+        Cancellation: no checkpoint."""
+        first = self.streams[0].request_id
+        text, tokens, finish = results[0]
+        answer = whole_answer(self.shape, first, self.model, text, finish, tokens)
+        if len(results) == 1:
+            if self.tools:
+                with_tool_calls(answer["choices"][0], first, text)
+            return answer
         choices = []
         for index, (text, tokens, finish) in enumerate(results):
-            choice = whole_answer(shape, first, model, text, finish, tokens)["choices"][0]
+            choice = whole_answer(self.shape, first, self.model, text, finish,
+                                  tokens)["choices"][0]
             choice["index"] = index
-            if tools:
-                with_tool_calls(choice, streams[index].request_id, text)
+            if self.tools:
+                with_tool_calls(choice, self.streams[index].request_id, text)
             choices.append(choice)
-        text, tokens, finish = results[0]
-        answer = whole_answer(shape, first, model, text, finish, tokens)
         answer["choices"] = choices
         answer["usage"] = choices_usage([finish for _, _, finish in results])
-        return json_response(answer, headers={"X-Request-ID": first})
-
-    async def refuse(self, exc: Exception) -> Response:
-        """Every error of these routes, in OpenAI's shape. Cancellation: no checkpoint."""
-        error = openai_error_for(exc)
-        self.metrics.refused(error)
-        return error_response(error)
+        return answer
 
 
 def with_tool_calls(choice: dict[str, Any], request_id: str, text: str) -> None:
@@ -203,28 +186,36 @@ def with_tool_calls(choice: dict[str, Any], request_id: str, text: str) -> None:
         choice["finish_reason"] = "tool_calls"
 
 
-@contextmanager
-def refused_constraint(body: OpenAIBody) -> Iterator[None]:
-    """A constraint that does not compile as a 400 naming its field (``tools`` or
-    ``response_format``)."""
-    try:
-        yield
-    except InvalidConstraint as exc:
-        raise OpenAIError(ApiError(ErrorType.INVALID_CONSTRAINT, str(exc)),
-                          param=body.constraint_param) from None
+class OpenAIViews:
+    """The views that open nothing: the served models."""
+
+    def __init__(self, models: ServedModels) -> None:
+        self.models = models
+
+    async def list_models(self) -> Response:
+        """The served model and its alias. Cancellation: no checkpoint."""
+        return json_response(self.models.listing())
+
+    async def retrieve_model(self, model_id: str) -> Response:
+        """One model's card, or 404 model_not_found. Cancellation: no checkpoint."""
+        return json_response(self.models.card(self.models.check(model_id)))
 
 
 def make_openai_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     """The OpenAI routes, bound to one app's runtime; each request reports to ``metrics``."""
     bp = Blueprint("openai", __name__)
-    views = OpenAIViews(runtime, metrics)
+    settings = runtime.settings
+    models = ServedModels(settings.model, settings.model_name, created=int(time.time()))
+    views = OpenAIViews(models)
+    pipeline = Pipeline(runtime, metrics)
     bp.add_url_rule("/v1/models", view_func=views.list_models, methods=["GET"])
     bp.add_url_rule("/v1/models/<path:model_id>", view_func=views.retrieve_model,
                     methods=["GET"])
-    bp.add_url_rule("/v1/completions", view_func=views.completions, methods=["POST"])
-    bp.add_url_rule("/v1/chat/completions", view_func=views.chat_completions,
-                    methods=["POST"])
-    bp.register_error_handler(Exception, views.refuse)
+    bp.add_url_rule("/v1/completions", "completions",
+                    pipeline.view(CompletionsAdapter(runtime, models)), methods=["POST"])
+    bp.add_url_rule("/v1/chat/completions", "chat_completions",
+                    pipeline.view(ChatAdapter(runtime, models)), methods=["POST"])
+    bp.register_error_handler(Exception, refusals(metrics, openai_error_for))
     # A wrong method, an unknown path below these, a 401 there: OpenAI's shape.
     bp.record_once(lambda state: answer_openai_errors(state.app))  # type: ignore[arg-type]
     return bp

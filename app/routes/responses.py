@@ -5,10 +5,11 @@ A blueprint of its own whose every refusal is OpenAI's error object
 (``app.schemas.responses``), its conversation put together (``instructions`` as the
 system turn, a ``previous_response_id``'s stored context and output, then its input
 items: ``template_messages``), rendered by the model's chat template and encoded in one
-call (``Runtime.render_chat``, then ``prepare``), exactly as ``/v1/chat/completions`` does. Then:
+call (``Runtime.render_chat``, then ``prepare``), exactly as ``/v1/chat/completions`` does:
+the one pipeline (``pipeline.py``) with ``ResponsesAdapter``. Then:
 
-* foreground (the default): the stream is the connection's (``own``), as every stream
-  here: a client that disconnects cancels it, promptly and exactly once
+* foreground (the default): the stream is the connection's (``close_with_connection``),
+  as every stream here: a client that disconnects cancels it, promptly and exactly once
   (``docs/cancellation.md``). Streamed (``stream: true``) through the one SSE body with
   the Responses events (``app.wire.responses_events``), or answered whole as the
   response object;
@@ -24,43 +25,33 @@ last event goes out (``StoreWriter``; a client that left: ``cancelled``), for
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any, cast
 
 from pydantic_core import PydanticCustomError
 from quart import Blueprint, Quart, Response, current_app, g, request
 from quart_trio import QuartTrio
 
-from engine import GenerationRequest, InvalidConstraint, SamplingParams
-from streams.resume import spec_of, with_seed
+from streams import TokenStream
 
-from ..auth import key_name, owned_request
-from ..edge.connection import own
-from ..error_handlers import answer_errors_under, error_response
+from ..auth import key_name
+from ..edge.connection import close_with_connection
+from ..error_handlers import answer_errors_under
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics
-from ..runtime import Prepared, Runtime
-from ..runtime.responses_store import (
+from ..runtime import (
     ResponsesFull,
     ResponseStore,
     ResponseStoreUnavailable,
+    Runtime,
     response_store,
 )
-from ..schemas import RequestLimits
-from ..schemas.responses import ResponsesBody
-from .body import EventStreamBody
+from ..schemas import RequestLimits, ResponsesBody
+from ..wire import Encoder
 from .openai_errors import OpenAIError, ServedModels, openai_error_for
+from .pipeline import Adapter, Call, Collected, Pipeline, Prompt, Terms, answer_owned, refusals
 from .responses_background import StoreWriter, start_background
 from .responses_objects import FINAL, events_of, new_response, response_id_of, with_ids
 from .responses_stored import StoredResponses, unavailable
-from .serving import (
-    collect,
-    json_response,
-    open_owned,
-    read_body,
-    sse_response,
-    ttft_deadline,
-)
 
 SERVER_OWNER = "(server)"  # what stored responses are counted under without API keys
 
@@ -95,16 +86,15 @@ class Settle:
             self.final(self.events.snapshot())
 
 
-class ResponsesViews:
-    """``POST /v1/responses``, bound to one app's runtime and response store."""
+class ResponsesAdapter(Adapter[ResponsesBody]):
+    """``POST /v1/responses``'s part of the pipeline (see the module docstring), bound to
+    one app's runtime and response store."""
 
-    def __init__(self, runtime: Runtime, metrics: Metrics, store: ResponseStore) -> None:
+    def __init__(self, runtime: Runtime, store: ResponseStore, models: ServedModels) -> None:
         self.runtime = runtime
-        self.metrics = metrics
         self.store = store
-        settings = runtime.settings
-        self.limits = RequestLimits.from_settings(settings)
-        self.models = ServedModels(settings.model, settings.model_name, created=int(time.time()))
+        self.models = models
+        self.limits = RequestLimits.from_settings(runtime.settings)
         self._writer: StoreWriter | None = None
 
     def writer(self) -> StoreWriter:
@@ -116,94 +106,70 @@ class ResponsesViews:
     def stored(self) -> StoredResponses:
         return StoredResponses(self.runtime, self.store, self.writer())
 
-    async def create(self) -> Response:
-        """Make a response (see the module docstring).
+    def parse(self, raw: bytes, limits: RequestLimits) -> ResponsesBody:
+        return ResponsesBody.model_validate_json(raw, context=limits)
 
-        Cancellation: while the previous response is read, the template renders, the
-        document is stored: nothing is open (a stored ``queued`` document is left to
-        expire); after the open, as ``/v1/chat/completions`` (foreground) or as a
-        resumable stream (background).
-        """
-        timer = self.metrics.start_request()
-        body = ResponsesBody.model_validate_json(await read_body(), context=self.limits)
-        model = self.models.check(body.model)
-        items = body.input_items()
-        context = items
+    def model(self, body: ResponsesBody) -> str:
+        return self.models.check(body.model)
+
+    async def prompt(self, runtime: Runtime, body: ResponsesBody) -> Prompt:
+        """The conversation put together (a ``previous_response_id``'s stored context and
+        output, then this input) and rendered; its items kept as the prompt's context.
+
+        Cancellation: while the previous response is read, the template renders:
+        nothing is open."""
+        context = body.input_items()
         if body.previous_response_id is not None:
-            context = [*await self.stored().previous(body.previous_response_id), *items]
+            context = [*await self.stored().previous(body.previous_response_id), *context]
             try:  # the stored turns count too, before the template renders them all
                 body.check_conversation(context, self.limits)
             except PydanticCustomError as exc:
                 raise OpenAIError(ApiError(
                     ErrorType.INVALID_REQUEST, f"the conversation (previous_response_id's "
                     f"turns and this input): {exc}"), param="input") from None
-        constraint = body.constraint()
-        new_tokens = body.new_tokens()
-        shared = self.runtime.settings.resume_store is not None
-        deadline = ttft_deadline(timer, body.deadline_ms, self.runtime.settings.ttft_deadline_ms)
+        text, ids = await runtime.render_chat(body.prompt_turns(context), True, key_name())
+        return Prompt(text, ids, tuple(context))
 
-        text, prompt_ids = await self.runtime.render_chat(body.prompt_turns(context), True,
-                                                          key_name())
-        generation = owned_request(GenerationRequest(
-            request_id=uuid.uuid4().hex, prompt=text, max_new_tokens=new_tokens,
-            sampling=SamplingParams(
-                temperature=1.0 if body.temperature is None else body.temperature,
-                top_p=1.0 if body.top_p is None else body.top_p, seed=body.seed,
-                logprobs=body.wants_logprobs, top_logprobs=body.top_logprobs or 0),
-            prompt_token_ids=prompt_ids, ttft_deadline=deadline, constraint=constraint))
-        if body.background and shared:
-            generation = with_seed(generation)
-        try:
-            prepared = await self.runtime.prepare(generation, None,
-                                                  new_tokens_field="max_output_tokens")
-        except InvalidConstraint as exc:
-            raise OpenAIError(ApiError(ErrorType.INVALID_CONSTRAINT, str(exc)),
-                              param=body.constraint_param) from None
-        request_id = prepared.request.request_id
+    def terms(self, body: ResponsesBody) -> Terms:
+        return Terms(body.deadline_ms, new_tokens_field="max_output_tokens",
+                     constraint_param=body.constraint_param,
+                     registry_owned=bool(body.background))
+
+    def field_error(self, error: ApiError, param: str) -> ApiError:
+        return OpenAIError(error, param=param)
+
+    async def answer(self, call: Call[ResponsesBody]) -> Response:
+        """Store the response as created, then open it: the connection its owner
+        (foreground), or the registry (background).
+
+        Cancellation: while the document is stored, nothing is open (a stored
+        ``queued`` document is left to expire); after the open, as
+        ``/v1/chat/completions`` (foreground) or as a resumable stream (background).
+        """
+        body = call.body
+        request_id = call.prepared.request.request_id
         response_id = response_id_of(request_id)
         g.response_id = response_id  # named in the answer's head (name_the_response)
-        created = new_response(response_id, body, model, created_at=int(time.time()),
-                               max_output_tokens=new_tokens)
+        created = new_response(response_id, body, call.model, created_at=int(time.time()),
+                               max_output_tokens=body.new_tokens())
+        items = body.input_items()
         document = {"created": created, "response": created,
-                    "input_items": with_ids(response_id, items), "context": context,
+                    "input_items": with_ids(response_id, items),
+                    "context": list(call.prompt.context),
                     "owner": key_name() or SERVER_OWNER,
                     "parser": {"logprobs": body.wants_logprobs,
                                "tools": body.tool_use() is not None and f"call_{request_id}"}}
         if created["store"]:
             await self._store(document)
         if body.background:
-            spec = spec_of(prepared.request, None) if shared else None
-            return await start_background(self.runtime, self.writer(), prepared, spec,
-                                          document, timer, stream=bool(body.stream))
-        return await self.foreground(prepared, document, timer, stream=bool(body.stream))
-
-    async def foreground(self, prepared: Prepared, document: dict[str, Any], timer: Any, *,
-                         stream: bool) -> Response:
-        """Open the stream, the connection its owner, and answer it as events or whole.
-
-        Cancellation: a whole answer's at the stream's receive (``with opened`` closes
-        it); a streaming one's in the body, or the connection's backstop, closes it.
-        """
-        writer = self.writer() if document["created"]["store"] else None
-        try:
-            opened = open_owned(self.runtime, prepared, timer)
-        except Exception:  # refused: no response was made
-            if writer is not None:
-                writer.forget(document)
-            raise
-        settle = Settle(writer, document)
-        own(request.scope, settle)
-        if stream:
-            body = EventStreamBody(opened, settle.events,
-                                   keepalive_s=self.runtime.settings.keepalive_s,
-                                   keepalives=self.runtime.keepalives, timer=timer)
-            return sse_response(body, opened.request_id)
-        with opened:
-            _, tokens, finish = await collect(opened, timer)
-        response = settle.whole([*tokens, finish])
-        if writer is not None:  # the next turn may follow at once: stored before answering
-            await self._store({**document, "response": response})
-        return json_response(response, headers={"X-Request-ID": opened.request_id})
+            return await start_background(self.runtime, self.writer(), call.prepared,
+                                          call.spec, document, call.timer,
+                                          stream=bool(body.stream))
+        writer = self.writer() if created["store"] else None
+        return await answer_owned(
+            call, lambda streams: ForegroundAnswer(self, writer, document, streams[0]),
+            streaming=bool(body.stream),
+            not_opened=None if writer is None else lambda: writer.forget(document))
 
     async def _store(self, document: dict[str, Any]) -> None:
         """Raises: OpenAIError 429 too_many_stored; ApiError 503. Cancellation: lands or not."""
@@ -215,27 +181,56 @@ class ResponsesViews:
         except ResponseStoreUnavailable:
             raise unavailable() from None
 
+
+class ForegroundAnswer:
+    """A foreground response's events, or its whole response object (stored before it
+    is answered: the next turn may follow at once). Made right after the open: the
+    connection owns its ``Settle`` from then on."""
+
+    def __init__(self, adapter: ResponsesAdapter, writer: StoreWriter | None,
+                 document: dict[str, Any], stream: TokenStream) -> None:
+        self.adapter = adapter
+        self.writer = writer
+        self.document = document
+        self.settle = Settle(writer, document)
+        close_with_connection(request.scope, self.settle)
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+    def encoder(self) -> Encoder[Any]:
+        return self.settle.events
+
+    async def whole(self, results: list[Collected]) -> dict[str, Any]:
+        """Cancellation: while the final document is stored (it lands or not)."""
+        _, tokens, finish = results[0]
+        response = self.settle.whole([*tokens, finish])
+        if self.writer is not None:  # the next turn may follow at once: stored before
+            await self.adapter._store({**self.document, "response": response})
+        return response
+
+
+class ResponsesViews:
+    """The stored responses' views, bound to one app's adapter."""
+
+    def __init__(self, adapter: ResponsesAdapter) -> None:
+        self.adapter = adapter
+
     async def retrieve(self, response_id: str) -> Response:
         """Cancellation: see ``StoredResponses.retrieve``."""
-        return await self.stored().retrieve(response_id)
+        return await self.adapter.stored().retrieve(response_id)
 
     async def input_items(self, response_id: str) -> Response:
         """Cancellation: a read."""
-        return await self.stored().input_items(response_id)
+        return await self.adapter.stored().input_items(response_id)
 
     async def delete(self, response_id: str) -> Response:
         """Cancellation: see ``StoredResponses.delete``."""
-        return await self.stored().delete(response_id)
+        return await self.adapter.stored().delete(response_id)
 
     async def cancel(self, response_id: str) -> Response:
         """Cancellation: see ``StoredResponses.cancel``."""
-        return await self.stored().cancel(response_id)
-
-    async def refuse(self, exc: Exception) -> Response:
-        """Every error of these routes, in OpenAI's shape. Cancellation: no checkpoint."""
-        error = openai_error_for(exc)
-        self.metrics.refused(error)
-        return error_response(error)
+        return await self.adapter.stored().cancel(response_id)
 
 
 # The header that names a created response (a proxy's stick table stores it).
@@ -245,8 +240,12 @@ RESPONSE_ID_HEADER = "Streamscope-Response-Id"
 def make_responses_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     """The Responses API's routes, bound to one app's runtime."""
     bp = Blueprint("responses", __name__)
-    views = ResponsesViews(runtime, metrics, response_store(runtime.settings))
-    bp.add_url_rule("/v1/responses", view_func=views.create, methods=["POST"])
+    settings = runtime.settings
+    models = ServedModels(settings.model, settings.model_name, created=int(time.time()))
+    adapter = ResponsesAdapter(runtime, response_store(settings), models)
+    views = ResponsesViews(adapter)
+    bp.add_url_rule("/v1/responses", "create", Pipeline(runtime, metrics).view(adapter),
+                    methods=["POST"])
     bp.add_url_rule("/v1/responses/<response_id>", view_func=views.retrieve, methods=["GET"])
     bp.add_url_rule("/v1/responses/<response_id>", view_func=views.delete,
                     methods=["DELETE"])
@@ -255,7 +254,7 @@ def make_responses_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     bp.add_url_rule("/v1/responses/<response_id>/cancel", view_func=views.cancel,
                     methods=["POST"])
     bp.after_request(name_the_response)
-    bp.register_error_handler(Exception, views.refuse)
+    bp.register_error_handler(Exception, refusals(metrics, openai_error_for))
     # A wrong method, an unknown path below these, a 401 there: OpenAI's shape.
     bp.record_once(lambda state: answer_responses_errors(state.app))  # type: ignore[arg-type]
     return bp

@@ -1,7 +1,8 @@
 """Background responses (``background: true``): a resumable stream under the Responses API.
 
 A background response runs as the resumable streams of ``POST /v1/requests`` do
-(``resumable.py``): the resume registry owns its stream from the moment it opens,
+(``resumable.py``), opened by the same opener (``registry_owned.open_registry_owned``):
+the resume registry owns its stream from the moment it opens,
 logs its items as native events (memory, or the shared Redis with its failover), and
 holds it with no reader; it counts against ``max_detached_streams`` and, with API keys,
 against its key's fair share of that cap (``app.key_shares``, as the other resumable
@@ -27,27 +28,19 @@ import logging
 from typing import Any
 
 import trio
-from quart import Response, request
+from quart import Response
 
-from streams.resume import ResumeRegistry, StoreUnavailable
-
-from ..auth import observer
-from ..edge.connection import own
-from ..errors import ApiError, ErrorType
+from ..errors import ApiError
 from ..metrics import RequestTimer
-from ..runtime import Prepared, Runtime
-from ..runtime.responses_store import ResponsesFull, ResponseStore, ResponseStoreUnavailable
-from ..wire import RETRY_MS, ResumableEvents
-from ..wire.responses_replay import ReplayedEvents
+from ..runtime import Prepared, ResponsesFull, ResponseStore, ResponseStoreUnavailable, Runtime
+from ..wire import ReplayedEvents
 from .body import EventStreamBody
+from .registry_owned import open_registry_owned, wait_stored
 from .responses_objects import events_of
-from .resumable import check_detached
 from .resume_source import ResumeSource
 from .serving import json_response, sse_response
 
 log = logging.getLogger("streamscope.responses")
-
-STORED_WAIT_S = 2.0  # as resumable.py: how long a new stream may take to reach the store
 
 
 class StoreWriter:
@@ -118,54 +111,22 @@ async def start_background(
     the stream goes on, as a background response does.
     """
     try:
-        registry = runtime.resume_registry()
-        check_detached(runtime, registry)
-        # resumable: the key's share of max_detached_streams is checked and counted, as
-        # for the registry's other streams (key_shares.py); else one key's background
-        # responses could take every place of the cap from the other keys.
-        opened = runtime.open(prepared, resumable=True)
+        opened, reader = open_registry_owned(
+            runtime, prepared, spec, timer, attach=stream,
+            hold_s=runtime.settings.responses_background_s,
+            watch=lambda inner: Recorder(document, writer, inner))
     except Exception:  # refused: no response was made
         writer.forget(document)
         raise
-    timer.submitted(opened.prompt_tokens, opened.request_id, prepared.request.max_new_tokens)
-    recorder = Recorder(document, writer, observer(timer))
-    encode = ResumableEvents(opened.request_id, opened.prompt_tokens)
     try:
-        reader = registry.adopt(opened, encode, encode.opening(), observer=recorder,
-                                attach=stream, spec=spec,
-                                hold_s=runtime.settings.responses_background_s)
-    except RuntimeError:  # not running (the stream is closed): nobody else closes it
-        recorder.close()
-        raise
-    if reader is not None:
-        own(request.scope, reader)
-    try:
-        await _wait_stored(registry, opened.request_id)
+        await wait_stored(runtime, opened.request_id)
     except ApiError:
         writer.forget(document)
         raise
     if reader is None:
         return json_response(document["response"],
                              headers={"X-Request-ID": opened.request_id})
-    body = EventStreamBody(ResumeSource(reader, registry),
+    body = EventStreamBody(ResumeSource(reader, runtime.resume_registry()),
                            ReplayedEvents(events_of(document)),
                            keepalive_s=runtime.settings.keepalive_s)
     return sse_response(body, opened.request_id)
-
-
-async def _wait_stored(registry: ResumeRegistry, request_id: str) -> None:
-    """With a shared store, return once the new stream is in it (any replica then finds
-    it); one that does not take it within ``STORED_WAIT_S``: the stream is cancelled and
-    the request refused (503). Without one, at once.
-
-    Cancellation: the registry holds the stream, which goes on.
-    """
-    with trio.move_on_after(STORED_WAIT_S):
-        try:
-            await registry.stored()
-            return
-        except StoreUnavailable:
-            pass
-    registry.cancel(request_id)
-    raise ApiError(ErrorType.UNAVAILABLE, "the shared stream log does not answer; try again",
-                   retry_after_s=RETRY_MS / 1000)

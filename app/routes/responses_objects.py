@@ -20,8 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ApiError, ErrorType
-from ..schemas.responses import ResponsesBody
-from ..wire.responses_events import OutputParser, PlainText, ResponseEvents, ToolOutput
+from ..schemas import ResponsesBody
+from ..wire import OutputParser, PlainText, ResponseEvents, ToolCalls
 
 RESPONSE_PREFIX = "resp_"
 FINAL = frozenset({"completed", "incomplete", "failed", "cancelled"})
@@ -102,7 +102,7 @@ def parser_of(spec: dict[str, Any]) -> OutputParser:
     """What the model's text becomes, as the document says (``parser``): function calls
     or text (``tools``: the calls' id prefix), or text."""
     if spec.get("tools"):
-        return ToolOutput(spec["tools"])
+        return ToolCalls(spec["tools"])
     return PlainText(with_logprobs=bool(spec.get("logprobs")))
 
 

@@ -27,12 +27,10 @@ from streams.resume import (
 )
 
 from ..auth import may_see
-from ..edge.connection import own
+from ..edge.connection import close_with_connection
 from ..errors import ApiError, ErrorType
-from ..runtime import SHUTDOWN_RETRY_AFTER_S, Runtime
-from ..runtime.responses_store import ResponseStore, ResponseStoreUnavailable
-from ..wire import RETRY_MS
-from ..wire.responses_replay import ReplayedEvents, replay
+from ..runtime import SHUTDOWN_RETRY_AFTER_S, ResponseStore, ResponseStoreUnavailable, Runtime
+from ..wire import RETRY_MS, ReplayedEvents, replay
 from .body import EventStreamBody
 from .responses_background import StoreWriter
 from .responses_objects import FINAL, events_of, not_found, request_id_of
@@ -159,7 +157,7 @@ class StoredResponses:
         except Draining:
             raise ApiError(ErrorType.SHUTDOWN, "this replica is stopping: read the response "
                            "on another", retry_after_s=SHUTDOWN_RETRY_AFTER_S) from None
-        own(request.scope, reader)
+        close_with_connection(request.scope, reader)
         body = EventStreamBody(ResumeSource(reader, registry),
                                ReplayedEvents(events_of(document, skip_through=after)),
                                keepalive_s=self.runtime.settings.keepalive_s)

@@ -39,7 +39,8 @@ The wire contract (a browser page builds on it; keep it exactly):
   does not answer).
 
 Ownership: the stream belongs to the resume registry from the moment it opens
-(``adopt``, right after ``Runtime.open``, no checkpoint between); a response's
+(``registry_owned.open_registry_owned``, right after ``Runtime.open``, no checkpoint
+between); both ways of making one run the one pipeline (``pipeline.py``); a response's
 connection owns its ``Reader``, whose ``close()`` hands the stream back to the registry
 when the response ends, however it ends. ``streams.resume`` tells the hand-over and what
 happens when nobody comes back. With ``STREAMSCOPE_RESUME_STORE=redis://...`` the GET works on
@@ -50,139 +51,62 @@ any replica: one that does not own the stream serves the shared log (a
 
 from __future__ import annotations
 
-import trio
 from quart import Blueprint, Response, request
 
-from engine import GenerationRequest
-from streams import PolicyName, TokenStream
 from streams.resume import (
     BadPosition,
     Draining,
     NothingToResume,
-    Reader,
     ReaderBusy,
-    ResumeRegistry,
     StoreUnavailable,
-    spec_of,
-    with_seed,
 )
 
-from ..auth import check_owner, observer, owned_request, stream_query
-from ..edge.connection import own
+from ..auth import check_owner, stream_query
+from ..edge.connection import close_with_connection
 from ..errors import ApiError, ErrorType
-from ..metrics import Metrics, RequestTimer
-from ..runtime import SHUTDOWN_RETRY_AFTER_S, Prepared, Runtime
-from ..schemas import RequestLimits, parse_generate_body
-from ..wire import RETRY_MS, ResumableEvents
+from ..metrics import Metrics
+from ..runtime import SHUTDOWN_RETRY_AFTER_S, Runtime
+from ..schemas import GenerateBody
+from ..wire import RETRY_MS
 from .body import EventStreamBody
+from .native import NativeAdapter
+from .pipeline import Call, Pipeline
+from .registry_owned import open_registry_owned, resume_url, wait_stored
 from .resume_source import LoggedEvents, ResumeSource
-from .serving import json_response, read_body, sse_response, ttft_deadline
+from .serving import json_response, sse_response
 
 # n in an event id has at most this many digits: far more events than max_new_tokens allows.
 MAX_POSITION_DIGITS = 9
-# With a shared store, how long ``POST /v1/requests`` waits for the new stream to be in
-# it before its 201 (a write takes milliseconds; a store away that long: 503).
-STORED_WAIT_S = 2.0
 
 
-def resume_url(request_id: str) -> str:
-    return f"/v1/stream/{request_id}"
+class RequestsAdapter(NativeAdapter):
+    """``POST /v1/requests``: the native body, always registry-owned, answered 201."""
+
+    def __init__(self) -> None:
+        super().__init__(streaming=True)
+
+    def registry_owned(self, body: GenerateBody) -> bool:
+        return True
+
+    async def answer(self, call: Call[GenerateBody]) -> Response:
+        return await create_request(call)
 
 
-def adopt(registry: ResumeRegistry, stream: TokenStream, timer: RequestTimer, *,
-          attach: bool, spec: bytes | None, attach_within_s: float | None = None,
-          ) -> Reader | None:
-    """The registry takes a stream just opened (``Runtime.open``), and its timer (closed
-    when the registry forgets the stream) with the request's slot of its API key
-    (``auth.observer``); with ``attach``, the request's connection owns its first
-    reader, else a reader must come within ``attach_within_s``. Sync, never a
-    checkpoint: call it right after the open."""
-    timer.submitted(stream.prompt_tokens, stream.request_id)
-    events = ResumableEvents(stream.request_id, stream.prompt_tokens)
-    watcher = observer(timer)
-    try:
-        reader = registry.adopt(stream, events, events.opening(), observer=watcher,
-                                attach=attach, spec=spec, attach_within_s=attach_within_s)
-    except RuntimeError:  # not running (the stream is closed): nobody else closes watcher
-        watcher.close()
-        raise
-    if reader is not None:
-        own(request.scope, reader)
-    return reader
+async def create_request(call: Call[GenerateBody]) -> Response:
+    """``POST /v1/requests``: open a resumable stream with no reader; 201 with where to
+    read it.
 
-
-async def open_resumable(
-    runtime: Runtime,
-    generation: GenerationRequest,
-    policy: PolicyName | None,
-    timer: RequestTimer,
-) -> Response:
-    """``POST /v1/stream`` with ``resumable``: open the stream in the registry and answer
-    it with its first reader.
-
-    Cancellation: before the stream opens, nothing to undo; after, the connection owns
-    the reader and the registry the stream.
+    Cancellation: before the stream opens, nothing to undo; after, the registry owns it
+    (while the 201 waits for a shared store, its grace period runs).
     """
-    prepared, spec = await _prepare(runtime, owned_request(generation), policy)
-    registry = runtime.resume_registry()
-    check_detached(runtime, registry)
-    stream = runtime.open(prepared, resumable=True)
-    reader = adopt(registry, stream, timer, attach=True, spec=spec)
-    assert reader is not None  # attach=True
-    body = EventStreamBody(ResumeSource(reader), LoggedEvents(send_retry=False),
-                           keepalive_s=runtime.settings.keepalive_s)
-    return sse_response(body, stream.request_id,
-                        headers={"X-Resume-URL": resume_url(stream.request_id)})
-
-
-async def _prepare(
-    runtime: Runtime, generation: GenerationRequest, policy: PolicyName | None
-) -> tuple[Prepared, bytes | None]:
-    """The request prepared (``Runtime.prepare``) and, with a shared store, seeded, with
-    its failover spec (``streams.resume.spec_of``); else None for the spec.
-    Cancellation: nothing opened yet."""
-    if runtime.settings.resume_store is None:
-        return await runtime.prepare(generation, policy), None
-    prepared = await runtime.prepare(with_seed(generation), policy)
-    return prepared, spec_of(prepared.request, policy)
-
-
-def check_detached(runtime: Runtime, registry: ResumeRegistry) -> None:
-    """Refuse a new resumable stream while ``max_detached_streams`` generate with no
-    reader (each may become one). Sync: call it right before the open.
-
-    Raises: ApiError 429 too_many_detached (``Retry-After``: the attach timeout, within
-    which a created stream nobody reads ends).
-    """
-    settings = runtime.settings
-    if registry.generating_detached() >= settings.max_detached_streams:
-        raise ApiError(ErrorType.TOO_MANY_DETACHED,
-                       f"{settings.max_detached_streams} resumable streams generate with no "
-                       f"reader, this server's limit; try again later",
-                       retry_after_s=settings.attach_timeout_s)
-
-
-async def _wait_stored(runtime: Runtime, request_id: str) -> None:
-    """With a shared store, return once the stream just opened is in it (spec, owner
-    lease, event 1), so that a resume on any replica finds it: a 201 promises that (a
-    replica that does not know the stream answers 204, and an EventSource stops). A
-    store that does not take it within ``STORED_WAIT_S``: the stream is cancelled and
-    the request refused with 503 ``unavailable`` (``Retry-After``), as a resume of
-    another replica's stream is then. Without a shared store, at once.
-
-    Raises: ApiError 503. Cancellation: the registry holds the stream (its grace period
-    runs), as when a client leaves right after its 201.
-    """
-    registry = runtime.resume_registry()
-    with trio.move_on_after(STORED_WAIT_S):
-        try:
-            await registry.stored()
-            return
-        except StoreUnavailable:
-            pass
-    registry.cancel(request_id)
-    raise ApiError(ErrorType.UNAVAILABLE, "the shared stream log does not answer; try again",
-                   retry_after_s=RETRY_MS / 1000)
+    runtime = call.runtime
+    stream, _ = open_registry_owned(runtime, call.prepared, call.spec, call.timer,
+                                    attach=False,
+                                    attach_within_s=runtime.settings.attach_timeout_s)
+    await wait_stored(runtime, stream.request_id)
+    url = resume_url(stream.request_id) + stream_query(stream.request_id)
+    return json_response({"id": stream.request_id, "stream_url": url}, status=201,
+                         headers={"Location": url, "X-Request-ID": stream.request_id})
 
 
 def parse_position(value: str | None, request_id: str) -> int:
@@ -204,32 +128,8 @@ def parse_position(value: str | None, request_id: str) -> int:
 class ResumableViews:
     """The views, bound to one app's runtime; each request reports to ``metrics``."""
 
-    def __init__(self, runtime: Runtime, metrics: Metrics) -> None:
+    def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
-        self.metrics = metrics
-        self.limits = RequestLimits.from_settings(runtime.settings)
-
-    async def create_request(self) -> Response:
-        """Open a resumable stream with no reader; 201 with where to read it.
-
-        Cancellation: before the stream opens, nothing to undo; after, the registry
-        owns it (while the 201 waits for a shared store, its grace period runs).
-        """
-        settings = self.runtime.settings
-        timer = self.metrics.start_request()
-        body = parse_generate_body(await read_body(), self.limits)
-        deadline = ttft_deadline(timer, body.deadline_ms, settings.ttft_deadline_ms)
-        generation = owned_request(body.to_generation_request(deadline))
-        prepared, spec = await _prepare(self.runtime, generation, body.policy)
-        registry = self.runtime.resume_registry()
-        check_detached(self.runtime, registry)
-        stream = self.runtime.open(prepared, resumable=True)
-        adopt(registry, stream, timer, attach=False, spec=spec,
-              attach_within_s=settings.attach_timeout_s)
-        await _wait_stored(self.runtime, stream.request_id)
-        url = resume_url(stream.request_id) + stream_query(stream.request_id)
-        return json_response({"id": stream.request_id, "stream_url": url}, status=201,
-                             headers={"Location": url, "X-Request-ID": stream.request_id})
 
     async def resume(self, request_id: str) -> Response:
         """Replay after Last-Event-ID, then follow live (see the module docstring).
@@ -257,7 +157,7 @@ class ResumableViews:
         except Draining:
             raise ApiError(ErrorType.SHUTDOWN, "this replica is stopping: resume the stream "
                            "on another", retry_after_s=SHUTDOWN_RETRY_AFTER_S) from None
-        own(request.scope, reader)
+        close_with_connection(request.scope, reader)
         body = EventStreamBody(ResumeSource(reader, registry), LoggedEvents(send_retry=True),
                                keepalive_s=self.runtime.settings.keepalive_s)
         return sse_response(body, request_id, headers={"X-Resume-URL": resume_url(request_id)})
@@ -281,8 +181,9 @@ class ResumableViews:
 def make_resumable_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     """``POST /v1/requests``, ``GET /v1/stream/<id>``, ``DELETE /v1/requests/<id>``."""
     bp = Blueprint("resumable", __name__)
-    views = ResumableViews(runtime, metrics)
-    bp.add_url_rule("/v1/requests", view_func=views.create_request, methods=["POST"])
+    views = ResumableViews(runtime)
+    bp.add_url_rule("/v1/requests", "create_request",
+                    Pipeline(runtime, metrics).view(RequestsAdapter()), methods=["POST"])
     bp.add_url_rule("/v1/stream/<request_id>", view_func=views.resume, methods=["GET"])
     bp.add_url_rule("/v1/requests/<request_id>", view_func=views.cancel_request,
                     methods=["DELETE"])

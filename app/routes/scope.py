@@ -41,7 +41,7 @@ from streams.resume import Holding
 
 from ..api_keys import Credential, all_keys
 from ..auth import SCOPE_EVENTS_PATH, key_name, scope_query
-from ..edge.connection import own
+from ..edge.connection import close_with_connection
 from ..errors import ApiError, ErrorType
 from ..runtime import Runtime
 from ..settings import Settings
@@ -144,7 +144,7 @@ def make_scope_blueprint(runtime: Runtime) -> Blueprint:
         feed.show_text = settings.scope_show_text
         last = request.headers.get("Last-Event-ID") or request.args.get("last_event_id")
         watcher = feed.subscribe(last, tag=name)
-        own(request.scope, watcher)
+        close_with_connection(request.scope, watcher)
         body = EventStreamBody(watcher, ScopeEvents(viewer(), shared),
                                keepalive_s=settings.keepalive_s, keepalives=runtime.keepalives)
         return sse_response(body, None)

@@ -26,7 +26,7 @@ from quart.wrappers.response import ResponseBody
 from engine import FinishEvent, TokenEvent
 from streams import StreamError, TokenStream
 
-from ..edge.connection import own
+from ..edge.connection import close_with_connection
 from ..errors import ApiError, ErrorType
 from ..metrics import RequestTimer
 from ..runtime import Prepared, Runtime
@@ -100,9 +100,9 @@ def open_owned(runtime: Runtime, prepared: Prepared, timer: RequestTimer) -> Tok
     Raises: what ``Runtime.open`` raises; nothing was submitted then.
     """
     stream = runtime.open(prepared)
-    own(request.scope, stream)
+    close_with_connection(request.scope, stream)
     timer.submitted(stream.prompt_tokens, stream.request_id, prepared.request.max_new_tokens)
-    own(request.scope, timer)
+    close_with_connection(request.scope, timer)
     return stream
 
 
@@ -116,10 +116,10 @@ def open_choices(runtime: Runtime, prepared: list[Prepared], timer: RequestTimer
     streams = []
     for one in prepared:
         stream = runtime.open(one)
-        own(request.scope, stream)
+        close_with_connection(request.scope, stream)
         streams.append(stream)
     timer.submitted(streams[0].prompt_tokens)
-    own(request.scope, timer)
+    close_with_connection(request.scope, timer)
     return streams
 
 

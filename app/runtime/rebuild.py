@@ -68,7 +68,7 @@ class Rebuilder:
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreRejected(f"the stored events of stream {request_id} say no tokens: "
                                 f"{exc}") from None
-        request = replace(body.to_generation_request(), request_id=request_id,
+        request = replace(body.generation_request(), request_id=request_id,
                           cache_namespace=namespace)
         if len(tokens) > request.max_new_tokens:
             raise StoreRejected(f"the stored events of stream {request_id} hold "

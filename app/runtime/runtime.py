@@ -17,8 +17,8 @@ then makes the hub and the resume registry and starts them in the same nursery w
 A stream opens in two steps: ``prepare`` (async: the refusals, the deadline check, the
 prompt's encode or the chat template's rendering, ``prompts.py``) and ``open`` (sync:
 the phase again, then ``Hub.open_stream``). The caller hands the stream to its closer
-(the connection's ``own``, or the resume registry) right after ``open``, with no
-checkpoint between: nothing can cancel a stream that nobody closes.
+(the connection's ``close_with_connection``, or the resume registry) right after
+``open``, with no checkpoint between: nothing can cancel a stream that nobody closes.
 
 Stopping: a drain. ``drain()`` is synchronous and idempotent, so any signal source can
 call it (``app/edge/signals.py``; an embedding program calls it itself and can pass
@@ -245,7 +245,8 @@ class Runtime:
         (a failover's continuation, counted as resumable but never refused by a share).
 
         Sync, never a checkpoint: the caller hands the stream to its closer (the
-        connection's ``own``, or the resume registry) before anything can cancel it.
+        connection's ``close_with_connection``, or the resume registry) before anything
+        can cancel it.
 
         Raises:
             ApiError: the phase changed since ``prepare`` (503); the key's share (429

@@ -4,7 +4,8 @@
 messages), ``native`` the body of ``/v1/stream`` and ``/v1/generate``, ``openai`` those
 of ``/v1/completions`` and ``/v1/chat/completions`` (with ``unsupported``, the OpenAI
 fields refused unless neutral), ``anthropic`` those of ``/v1/messages`` and
-``/v1/messages/count_tokens``. Other modules import from this root only.
+``/v1/messages/count_tokens``, ``responses`` that of ``/v1/responses``. Other modules
+import from this root only.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .openai import ChatBody as ChatBody
 from .openai import ChatMessage as ChatMessage
 from .openai import CompletionsBody as CompletionsBody
 from .openai import OpenAIBody as OpenAIBody
+from .responses import ResponsesBody as ResponsesBody
 
 __all__ = [
     "MAX_DEADLINE_MS",
@@ -36,5 +38,6 @@ __all__ = [
     "MessagesBody",
     "OpenAIBody",
     "RequestLimits",
+    "ResponsesBody",
     "parse_generate_body",
 ]

@@ -270,10 +270,15 @@ class MessagesBody(AnthropicPrompt):
         return tuple(self.stop_sequences or ())
 
     def generation_request(
-        self, prompt: str, prompt_ids: tuple[int, ...], ttft_deadline: float | None = None
+        self, prompt: str | None = None, prompt_ids: tuple[int, ...] | None = None, *,
+        ttft_deadline: float | None = None,
     ) -> GenerationRequest:
         """The engine's request for the rendered ``prompt`` and its ids, due its first
-        token by ``ttft_deadline`` (see ``serving.ttft_deadline``)."""
+        token by ``ttft_deadline`` (see ``serving.ttft_deadline``).
+
+        Raises: ValueError without ``prompt``: a conversation has no prompt of its own."""
+        if prompt is None:
+            raise ValueError("a conversation has no prompt of its own: render it")
         return GenerationRequest(
             request_id=uuid.uuid4().hex,
             prompt=prompt,

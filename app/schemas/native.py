@@ -125,13 +125,17 @@ class GenerateBody(BaseModel):
             )
         return value
 
-    def to_generation_request(self, ttft_deadline: float | None = None) -> GenerationRequest:
-        """The engine's request, under a fresh id (which the client sees as ``id``);
-        ``ttft_deadline``: see ``serving.ttft_deadline``."""
+    def generation_request(
+        self, prompt: str | None = None, prompt_ids: tuple[int, ...] | None = None, *,
+        ttft_deadline: float | None = None,
+    ) -> GenerationRequest:
+        """The engine's request, under a fresh id (which the client sees as ``id``), for
+        ``prompt`` (None: the body's own) and its ids if already encoded; ``ttft_deadline``:
+        see ``serving.ttft_deadline``. (Every body's builder has this name and shape.)"""
         assert self.max_new_tokens is not None  # the validator filled in the default
         return GenerationRequest(
             request_id=uuid.uuid4().hex,
-            prompt=self.prompt,
+            prompt=self.prompt if prompt is None else prompt,
             max_new_tokens=self.max_new_tokens,
             stop=tuple(self.stop),
             sampling=SamplingParams(
@@ -147,6 +151,7 @@ class GenerateBody(BaseModel):
                 repetition_penalty=self.repetition_penalty,
                 logit_bias=bias_pairs(self.logit_bias),
             ),
+            prompt_token_ids=prompt_ids,
             ttft_deadline=ttft_deadline,
             cache_namespace=salt_bytes(self.cache_salt),
             constraint=None if self.constraint is None else self.constraint.to_constraint(),

@@ -46,7 +46,6 @@ from .limits import (
     DeadlineMs,
     NewTokens,
     Prompt,
-    RequestLimits,
     Seed,
     StopString,
     StopStrings,
@@ -161,25 +160,32 @@ class OpenAIBody(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def new_tokens(self, limits: RequestLimits) -> int:
+    def new_tokens(self) -> int:
         return self.max_tokens or OPENAI_DEFAULT_MAX_TOKENS
 
     def logprob_request(self) -> tuple[bool, int]:
         """(whether to report log-probabilities, how many likeliest tokens)."""
         return False, 0
 
+    def own_prompt(self) -> str:
+        """The body's own prompt (a completion's); a chat body has none: it is rendered.
+
+        Raises: ValueError for a body that has none."""
+        raise ValueError(f"{type(self).__name__} has no prompt of its own: render it")
+
     def generation_request(
-        self, prompt: str, limits: RequestLimits, prompt_ids: tuple[int, ...] | None = None,
+        self, prompt: str | None = None, prompt_ids: tuple[int, ...] | None = None, *,
         ttft_deadline: float | None = None,
     ) -> GenerationRequest:
-        """The engine's request for ``prompt`` (and its ids, if already encoded), due
-        its first token by ``ttft_deadline`` (see ``serving.ttft_deadline``)."""
+        """The engine's request for ``prompt`` (None: the body's own, a completion's) and
+        its ids, if already encoded, due its first token by ``ttft_deadline`` (see
+        ``serving.ttft_deadline``)."""
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         logprobs, top_logprobs = self.logprob_request()
         return GenerationRequest(
             request_id=uuid.uuid4().hex,
-            prompt=prompt,
-            max_new_tokens=self.new_tokens(limits),
+            prompt=self.own_prompt() if prompt is None else prompt,
+            max_new_tokens=self.new_tokens(),
             stop=tuple(stops),
             sampling=SamplingParams(
                 temperature=1.0 if self.temperature is None else self.temperature,
@@ -222,6 +228,9 @@ class CompletionsBody(OpenAIBody):
 
     def logprob_request(self) -> tuple[bool, int]:
         return self.logprobs is not None, self.logprobs or 0
+
+    def own_prompt(self) -> str:
+        return self.prompt
 
 
 class ChatBody(OpenAIBody):
@@ -320,7 +329,7 @@ class ChatBody(OpenAIBody):
         use = self.tool_use()
         return turns if use is None else with_system_text(turns, system_text(use))
 
-    def new_tokens(self, limits: RequestLimits) -> int:
+    def new_tokens(self) -> int:
         return self.max_completion_tokens or self.max_tokens or UNTIL_CONTEXT
 
     def new_tokens_field(self) -> str:

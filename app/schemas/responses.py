@@ -26,6 +26,7 @@ Defaults follow OpenAI: ``temperature`` and ``top_p`` 1, ``store`` true; for
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -38,7 +39,13 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from engine import MAX_TOP_LOGPROBS, Constraint, ConstraintKind
+from engine import (
+    MAX_TOP_LOGPROBS,
+    Constraint,
+    ConstraintKind,
+    GenerationRequest,
+    SamplingParams,
+)
 
 from ..new_tokens import UNTIL_CONTEXT
 from .limits import (
@@ -319,3 +326,22 @@ class ResponsesBody(BaseModel):
     def new_tokens(self) -> int:
         """``max_output_tokens``, or ``UNTIL_CONTEXT``: what the context leaves."""
         return self.max_output_tokens or UNTIL_CONTEXT
+
+    def generation_request(
+        self, prompt: str | None = None, prompt_ids: tuple[int, ...] | None = None, *,
+        ttft_deadline: float | None = None,
+    ) -> GenerationRequest:
+        """The engine's request for the rendered conversation ``prompt`` and its ids, due
+        its first token by ``ttft_deadline`` (see ``serving.ttft_deadline``).
+
+        Raises: ValueError without ``prompt``: a conversation has no prompt of its own."""
+        if prompt is None:
+            raise ValueError("a conversation has no prompt of its own: render it")
+        return GenerationRequest(
+            request_id=uuid.uuid4().hex, prompt=prompt, max_new_tokens=self.new_tokens(),
+            sampling=SamplingParams(
+                temperature=1.0 if self.temperature is None else self.temperature,
+                top_p=1.0 if self.top_p is None else self.top_p, seed=self.seed,
+                logprobs=self.wants_logprobs, top_logprobs=self.top_logprobs or 0),
+            prompt_token_ids=prompt_ids, ttft_deadline=ttft_deadline,
+            constraint=self.constraint())

@@ -5,7 +5,9 @@ tested without a server (as ``streams.sse`` is) and the one SSE body of ``app.ro
 drives any of them through the same four calls (``Encoder``). Four encoders:
 ``NativeEvents`` (``/v1/stream``), ``OpenAIChunks`` (the OpenAI-compatible routes, in a
 ``ChoiceShape``: ``COMPLETION`` or ``CHAT``), ``AnthropicEvents`` (``/v1/messages``)
-and ``ResumableEvents`` (a resumable stream's events, ids ``<request_id>:<n>``).
+``ResumableEvents`` (a resumable stream's events, ids ``<request_id>:<n>``) and
+``ResponseEvents`` (``/v1/responses``; made again from a background response's log by
+``ReplayedEvents``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,12 @@ from .openai_shapes import CompletionShape as CompletionShape
 from .openai_shapes import usage as usage
 from .openai_shapes import whole_answer as whole_answer
 from .openai_tools import tool_message as tool_message
+from .output_parser import OutputParser as OutputParser
+from .output_parser import PlainText as PlainText
+from .output_parser import ToolCalls as ToolCalls
+from .responses_events import ResponseEvents as ResponseEvents
+from .responses_replay import ReplayedEvents as ReplayedEvents
+from .responses_replay import replay as replay
 from .resumable import RETRY_LINE as RETRY_LINE
 from .resumable import RETRY_MS as RETRY_MS
 from .resumable import TAKEN_OVER_EVENT as TAKEN_OVER_EVENT
@@ -62,15 +70,21 @@ __all__ = [
     "ErrorEnvelope",
     "NativeEvents",
     "OpenAIChunks",
+    "OutputParser",
+    "PlainText",
+    "ReplayedEvents",
+    "ResponseEvents",
     "ResumableEvents",
     "ScopeEvents",
     "SharedFrames",
+    "ToolCalls",
     "choices_usage",
     "encode_json_event",
     "error_data",
     "event_without_id",
     "item_event",
     "logprobs_data",
+    "replay",
     "start_event",
     "token_event",
     "tool_message",

@@ -52,8 +52,8 @@ from typing import TYPE_CHECKING, Any
 from engine import FinishEvent, FinishReason, TokenEvent
 from streams import ErrorType, encode_event
 
-from .openai_tools import call_id
-from .tool_stream import ArgumentsDelta, CallEnd, CallStart, TextDelta, ToolCallScanner
+from .output_parser import OutputEvent, ToolCalls
+from .tool_call_scanner import ArgumentsDelta, CallEnd, CallStart, TextDelta
 
 if TYPE_CHECKING:
     from streams import StreamItem
@@ -131,15 +131,14 @@ def whole_message(request_id: str, model: str, text: str, finish: FinishEvent,
     if not tools:
         return message_object(request_id, model, [{"type": "text", "text": text}],
                               finish.prompt_tokens, finish)
-    scanner = ToolCallScanner()
-    events = scanner.feed(text) + scanner.end()
-    said = "".join(e.text for e in events if isinstance(e, TextDelta))
+    parser = ToolCalls(TOOL_USE_ID_PREFIX + request_id)
+    said = parser.read_whole(text)
     content: list[dict[str, Any]] = [{"type": "text", "text": said}] if said else []
-    for index, call in enumerate(scanner.calls):
-        content.append({"type": "tool_use", "id": call_id(request_id, index, TOOL_USE_ID_PREFIX),
+    for index, call in enumerate(parser.calls):
+        content.append({"type": "tool_use", "id": parser.call_id(index),
                         "name": call.name, "input": _input(call.arguments)})
     message = message_object(request_id, model, content, finish.prompt_tokens, finish)
-    if scanner.made_calls and finish.reason is not FinishReason.LENGTH:
+    if parser.made_calls and finish.reason is not FinishReason.LENGTH:
         message["stop_reason"] = "tool_use"
     return message
 
@@ -207,7 +206,7 @@ class AnthropicEvents:
     def _encode(self, item: StreamItem) -> bytes:
         tools = self._tools
         if tools is not None and isinstance(item, TokenEvent):
-            return tools.feed(item.text)
+            return tools.feed(item)
         if isinstance(item, TokenEvent):
             if not item.text:
                 return b""
@@ -221,7 +220,7 @@ class AnthropicEvents:
                 ended = _event("content_block_stop", {"index": 0})
             else:
                 ended = tools.end()
-                if tools.scanner.made_calls and item.reason is not FinishReason.LENGTH:
+                if tools.parser.made_calls and item.reason is not FinishReason.LENGTH:
                     delta["stop_reason"] = "tool_use"
             return (ended + _event("message_delta", {"delta": delta, "usage": usage})
                     + _event("message_stop", {}))
@@ -229,22 +228,23 @@ class AnthropicEvents:
 
 
 class _ToolBlocks:
-    """The content blocks of an answer in the generic tool format, as they stream."""
+    """The content blocks of an answer in the generic tool format, as they stream, of
+    the one output parser (``output_parser.ToolCalls``)."""
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
-        self.scanner = ToolCallScanner()
+        self.parser = ToolCalls(TOOL_USE_ID_PREFIX + request_id)
         self._index = -1  # the last block opened
         self._open: str | None = None  # its type while it is open
 
-    def feed(self, text: str) -> bytes:
-        return self._blocks(self.scanner.feed(text))
+    def feed(self, token: TokenEvent) -> bytes:
+        return self._blocks(self.parser.feed(token))
 
     def end(self) -> bytes:
         """The answer ended: close its last block."""
-        return self._blocks(self.scanner.end()) + self._close()
+        return self._blocks(self.parser.end()) + self._close()
 
-    def _blocks(self, events: list[Any]) -> bytes:
+    def _blocks(self, events: list[OutputEvent]) -> bytes:
         out = b""
         for event in events:
             if isinstance(event, TextDelta):
@@ -252,7 +252,7 @@ class _ToolBlocks:
                     out += self._start({"type": "text", "text": ""})
                 out += self._delta({"type": "text_delta", "text": event.text})
             elif isinstance(event, CallStart):
-                block_id = call_id(self.request_id, event.index, TOOL_USE_ID_PREFIX)
+                block_id = self.parser.call_id(event.index)
                 out += self._start({"type": "tool_use", "id": block_id,
                                     "name": event.name, "input": {}})
             elif isinstance(event, ArgumentsDelta) and self._open == "tool_use":

@@ -137,7 +137,7 @@ class OpenAIChunks:
             index = self._index[item.request_id]
             if self._tools is not None:
                 return b"".join(self._chunk([_choice(index, d, None)])
-                                for d in self._tools[index].feed(item.text))
+                                for d in self._tools[index].feed(item))
             logprobs = (None if item.logprobs is None
                         else self.shape.logprobs([item], self._chars[index]))
             self._chars[index] += len(item.text)

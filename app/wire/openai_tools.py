@@ -20,45 +20,43 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine import FinishEvent, FinishReason
+from engine import FinishEvent, FinishReason, TokenEvent
 
-from .tool_stream import ArgumentsDelta, CallStart, TextDelta, ToolCallScanner, ToolEvent
+from .output_parser import OutputEvent, ToolCalls
+from .tool_call_scanner import ArgumentsDelta, CallStart, TextDelta
 
 CALL_ID_PREFIX = "call_"
 
 
-def call_id(request_id: str, index: int, prefix: str = CALL_ID_PREFIX) -> str:
-    return f"{prefix}{request_id}_{index}"
-
-
 class ToolDeltas:
-    """One streamed answer's deltas (the module docstring)."""
+    """One streamed answer's deltas (the module docstring), of the one output parser
+    (``output_parser.ToolCalls``)."""
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
-        self.scanner = ToolCallScanner()
+        self.parser = ToolCalls(CALL_ID_PREFIX + request_id)
 
-    def feed(self, text: str) -> list[dict[str, Any]]:
-        """The chat deltas the next text of the answer completes."""
-        return self._deltas(self.scanner.feed(text))
+    def feed(self, token: TokenEvent) -> list[dict[str, Any]]:
+        """The chat deltas the next token of the answer completes."""
+        return self._deltas(self.parser.feed(token))
 
     def end(self) -> list[dict[str, Any]]:
-        return self._deltas(self.scanner.end())
+        return self._deltas(self.parser.end())
 
     def finish_reason(self, finish: FinishEvent, otherwise: str) -> str:
         """``tool_calls`` if a call was made and not cut short, else ``otherwise``."""
-        if self.scanner.made_calls and finish.reason is not FinishReason.LENGTH:
+        if self.parser.made_calls and finish.reason is not FinishReason.LENGTH:
             return "tool_calls"
         return otherwise
 
-    def _deltas(self, events: list[ToolEvent]) -> list[dict[str, Any]]:
+    def _deltas(self, events: list[OutputEvent]) -> list[dict[str, Any]]:
         deltas: list[dict[str, Any]] = []
         for event in events:
             if isinstance(event, TextDelta):
                 deltas.append({"content": event.text})
             elif isinstance(event, CallStart):
                 deltas.append({"tool_calls": [{
-                    "index": event.index, "id": call_id(self.request_id, event.index),
+                    "index": event.index, "id": self.parser.call_id(event.index),
                     "type": "function", "function": {"name": event.name, "arguments": ""},
                 }]})
             elif isinstance(event, ArgumentsDelta):
@@ -69,12 +67,11 @@ class ToolDeltas:
 
 def tool_message(request_id: str, text: str) -> tuple[dict[str, Any], bool]:
     """A whole answer's ``message`` and whether it made calls."""
-    scanner = ToolCallScanner()
-    events = scanner.feed(text) + scanner.end()
-    content = "".join(e.text for e in events if isinstance(e, TextDelta))
-    calls = [{"id": call_id(request_id, index), "type": "function",
+    parser = ToolCalls(CALL_ID_PREFIX + request_id)
+    content = parser.read_whole(text)
+    calls = [{"id": parser.call_id(index), "type": "function",
               "function": {"name": call.name, "arguments": call.arguments}}
-             for index, call in enumerate(scanner.calls) if call.started]
+             for index, call in enumerate(parser.calls) if call.started]
     message: dict[str, Any] = {"role": "assistant", "content": None if calls else content,
                                "refusal": None}
     if calls:

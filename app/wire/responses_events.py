@@ -18,9 +18,11 @@ sequence numbers are what a reader resumes from (``starting_after``): the events
 pure function of the stream's items, so encoding the same items again gives the same
 numbers, and a resumed reader skips those it has (``skip_through``).
 
-What the model's text becomes is the ``OutputParser``'s job: plain text by default
-(``PlainText``), or the tool-call parser when the request has tools, which turns the
-constrained output into function calls. The encoder only numbers and frames its deltas.
+What the model's text becomes is the ``OutputParser``'s job (``output_parser``, the one
+every encoder takes): plain text by default (``PlainText``), or the tool-call parser
+(``ToolCalls``) when the request has tools, which turns the constrained output into
+function calls, each with its id (``call_id``). The encoder only numbers and frames its
+deltas.
 The response object itself (``ResponseObject``) is built once from the request and
 updated here as the output grows, so the final event and ``GET /v1/responses/{id}``
 show the same document.
@@ -30,103 +32,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from engine import FinishEvent, FinishReason, TokenEvent
 from streams import encode_event
 
-from . import tool_stream
 from .encoder import KEEPALIVE_COMMENT
+from .output_parser import OutputEvent, OutputParser
+from .tool_call_scanner import ArgumentsDelta, CallStart, TextDelta
 
 if TYPE_CHECKING:
     from streams import StreamItem
-
-
-@dataclass(frozen=True, slots=True)
-class TextDelta:
-    """Text of the answer's message."""
-
-    text: str
-    logprobs: tuple[dict[str, Any], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class CallStart:
-    """A function call begins: its name is known, its arguments follow."""
-
-    call_id: str
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class CallArguments:
-    """A fragment of the current function call's arguments (JSON text)."""
-
-    fragment: str
-
-
-OutputDelta = TextDelta | CallStart | CallArguments
-
-
-class OutputParser(Protocol):
-    """Turns the model's text, as it streams, into the response's output deltas."""
-
-    def feed(self, token: TokenEvent) -> list[OutputDelta]: ...
-
-    def finish(self) -> list[OutputDelta]: ...
-
-
-class PlainText:
-    """Every token's text is the message's text (a request without tools)."""
-
-    def __init__(self, with_logprobs: bool = False) -> None:
-        self.with_logprobs = with_logprobs
-
-    def feed(self, token: TokenEvent) -> list[OutputDelta]:
-        logprobs = (output_logprobs(token),) if self.with_logprobs and token.logprobs else ()
-        return [TextDelta(token.text, logprobs)] if token.text or logprobs else []
-
-    def finish(self) -> list[OutputDelta]:
-        return []
-
-
-class ToolOutput:
-    """The answer of a request with tools, in the generic tool format (``{"tool_calls":
-    [...]}`` or ``{"response": ...}``, ``app.schemas.tools``), read as it streams
-    (``tool_stream.ToolCallScanner``): each call's name, then its arguments' fragments,
-    or the response's text. A call's id is ``<call_prefix>_<index>``: the same each time
-    the answer is encoded. No log-probabilities (as on the chat route)."""
-
-    def __init__(self, call_prefix: str) -> None:
-        self.call_prefix = call_prefix
-        self.scanner = tool_stream.ToolCallScanner()
-
-    def feed(self, token: TokenEvent) -> list[OutputDelta]:
-        return self._deltas(self.scanner.feed(token.text))
-
-    def finish(self) -> list[OutputDelta]:
-        return self._deltas(self.scanner.end())
-
-    def _deltas(self, events: list[tool_stream.ToolEvent]) -> list[OutputDelta]:
-        deltas: list[OutputDelta] = []
-        for event in events:
-            if isinstance(event, tool_stream.TextDelta):
-                deltas.append(TextDelta(event.text))
-            elif isinstance(event, tool_stream.CallStart):
-                deltas.append(CallStart(f"{self.call_prefix}_{event.index}", event.name))
-            elif isinstance(event, tool_stream.ArgumentsDelta):
-                deltas.append(CallArguments(event.fragment))
-        return deltas
-
-
-def output_logprobs(token: TokenEvent) -> dict[str, Any]:
-    """One token's entry in ``output_text``'s ``logprobs``, as OpenAI writes it."""
-    lp = token.logprobs
-    assert lp is not None
-    return {"token": lp.token, "logprob": lp.logprob, "bytes": list(lp.token.encode()),
-            "top_logprobs": [{"token": text, "logprob": value, "bytes": list(text.encode())}
-                             for _, text, value in lp.top]}
 
 
 # OpenAI's error object for a failure of this type with this message.
@@ -139,7 +55,7 @@ class ResponseEvents:
     Args:
         response: the response object as created (``status`` queued or in_progress,
             ``output`` empty); this encoder fills in its output, status and usage.
-        parser: what the model's text becomes (``PlainText`` or the tool-call parser).
+        parser: what the model's text becomes (``PlainText`` or ``ToolCalls``).
         new_id: makes an output item's id from a prefix (``msg``, ``fc``).
         skip_through: a resumed reader's ``starting_after``: events numbered up to it
             are not sent again.
@@ -195,7 +111,7 @@ class ResponseEvents:
             return self._finish(item)
         return self.error(str(item.type.value), item.message)  # a StreamError
 
-    def _delta(self, delta: OutputDelta) -> bytes:
+    def _delta(self, delta: OutputEvent) -> bytes:
         if isinstance(delta, TextDelta):
             opened = b"" if self._is_open("message") else self._close() + self._open_message()
             self._text.append(delta.text)
@@ -205,6 +121,8 @@ class ResponseEvents:
                 delta=delta.text, logprobs=list(delta.logprobs))
         if isinstance(delta, CallStart):
             return self._close() + self._open_call(delta)
+        if not isinstance(delta, ArgumentsDelta):  # a CallEnd: the next item closes it
+            return b""
         self._text.append(delta.fragment)
         return self._event("response.function_call_arguments.delta", **self._where(),
                            delta=delta.fragment)
@@ -218,7 +136,8 @@ class ResponseEvents:
 
     def _open_call(self, call: CallStart) -> bytes:
         self._item = {"id": self.new_id("fc"), "type": "function_call",
-                      "status": "in_progress", "call_id": call.call_id, "name": call.name,
+                      "status": "in_progress", "call_id": self.parser.call_id(call.index),
+                      "name": call.name,
                       "arguments": ""}
         return self._added()
 
@@ -264,7 +183,7 @@ class ResponseEvents:
                 self.on_final(self.snapshot())
 
     def _last_event(self, finish: FinishEvent) -> bytes:
-        tail = b"".join(self._delta(d) for d in self.parser.finish())
+        tail = b"".join(self._delta(d) for d in self.parser.end())
         incomplete = finish.reason is FinishReason.LENGTH
         tail += self._close("incomplete" if incomplete else "completed")
         self.response["usage"] = {

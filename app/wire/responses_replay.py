@@ -17,7 +17,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from engine import FinishEvent, FinishReason, TokenEvent, TokenLogprobs
-from streams import ErrorType, StreamError
+from streams import ErrorType
 
 from .encoder import KEEPALIVE_COMMENT
 from .resumable import TAKEN_OVER_EVENT
@@ -59,6 +59,10 @@ def logged_item(data: bytes) -> StreamItem | None:
             kind = ErrorType(error.get("type"))
         except ValueError:
             kind = ErrorType.INTERNAL_ERROR
+        # Imported here: ``StreamError`` lives beside ``TokenStream``, which loads Trio,
+        # and ``app.wire`` (which exports this module) loads no Trio at import.
+        from streams import StreamError
+
         return StreamError(kind, str(error.get("message", "")))
     return None
 

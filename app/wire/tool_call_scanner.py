@@ -27,30 +27,44 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 _WS = " \t\r\n"
 _SIMPLE_ESCAPE_CHARS = frozenset('"\\/bfnrt')
 
 
+# The output events of every encoder's parser (``output_parser``), defined once here.
+
+
 @dataclass(frozen=True, slots=True)
 class TextDelta:
+    """Text of the answer's message (with its tokens' log-probabilities, as OpenAI writes
+    them, when a plain-text parser was asked for them)."""
+
     text: str
+    logprobs: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class CallStart:
+    """A function call begins: its name is known, its arguments follow."""
+
     index: int
     name: str
 
 
 @dataclass(frozen=True, slots=True)
 class ArgumentsDelta:
+    """A fragment of call ``index``'s arguments (JSON text)."""
+
     index: int
     fragment: str
 
 
 @dataclass(frozen=True, slots=True)
 class CallEnd:
+    """Call ``index``'s object closed (or the output was cut)."""
+
     index: int
 
 
