@@ -77,15 +77,16 @@ class AnthropicViews:
         model = self.models.check(body.model)
         deadline = ttft_deadline(timer, None, self.runtime.settings.ttft_deadline_ms)
 
+        body.speak_tools_of(self.runtime.engine)  # its template's tool format, if any
         text, prompt_ids = await self.runtime.render_chat(body.template_input(), True,
-                                                          key_name())
+                                                          key_name(), body.template_tools())
         generation = body.generation_request(text, prompt_ids, ttft_deadline=deadline)
         try:
             prepared = await self.runtime.prepare(owned_request(generation), None,
                                                   new_tokens_field="max_tokens")
         except InvalidConstraint as exc:
             raise ApiError(ErrorType.INVALID_CONSTRAINT, f"tools: {exc}") from None
-        tools = body.tool_use() is not None
+        tools = body.tool_format()
         stream = open_owned(self.runtime, prepared, timer)
         headers = {"request-id": stream.request_id}
         if body.is_streaming:
@@ -111,7 +112,9 @@ class AnthropicViews:
         """
         body = CountTokensBody.model_validate_json(await read_body(), context=self.limits)
         self.models.check(body.model)
-        _, ids = await self.runtime.render_chat(body.template_input(), True, key_name())
+        body.speak_tools_of(self.runtime.engine)
+        _, ids = await self.runtime.render_chat(body.template_input(), True, key_name(),
+                                                body.template_tools())
         return json_response({"input_tokens": len(ids)})
 
     async def refuse(self, exc: Exception) -> Response:

@@ -101,17 +101,17 @@ class OpenAIViews:
         timer = self.metrics.start_request()
         body = ChatBody.model_validate_json(await read_body(), context=self.limits)
         model = self.models.check(body.model)
-
+        body.speak_tools_of(self.runtime.engine)  # its template's tool format, if any
         text, prompt_ids = await self.runtime.render_chat(body.template_input(),
                                                           body.add_generation_prompt,
-                                                          key_name())
+                                                          key_name(), body.template_tools())
         self.refuse_unused_field(body)
         generation = body.generation_request(text, self.limits, prompt_ids,
                                              ttft_deadline=self.deadline_of(timer, body))
         with refused_constraint(body):
             prepared = await self.runtime.prepare(owned_request(generation), None,
                                                   new_tokens_field=body.new_tokens_field())
-        tools = body.tool_use() is not None
+        tools = body.tool_format()
         if body.choices > 1:
             return await self.answer_choices(choices_prepared(prepared, generation, body.choices),
                                              timer, body, model, CHAT, tools=tools)
@@ -129,7 +129,7 @@ class OpenAIViews:
                 "which this server does not pass to it"), param="reasoning_effort")
 
     async def answer(self, prepared: Prepared, timer: RequestTimer, body: OpenAIBody,
-                     model: str, shape: ChoiceShape, *, tools: bool = False) -> Response:
+                     model: str, shape: ChoiceShape, *, tools: str | None = None) -> Response:
         """Open the stream (no checkpoint between the open and its closer taking it) and
         answer it as chunks or as one document (``tools``: in the generic tool format).
 
@@ -151,12 +151,12 @@ class OpenAIViews:
             text, tokens, finish = await collect(stream, timer)
         answer = whole_answer(shape, stream.request_id, model, text, finish, tokens)
         if tools:
-            with_tool_calls(answer["choices"][0], stream.request_id, text)
+            with_tool_calls(answer["choices"][0], stream.request_id, text, tools)
         return json_response(answer, headers={"X-Request-ID": stream.request_id})
 
     async def answer_choices(self, prepared: list[Prepared], timer: RequestTimer,
                              body: OpenAIBody, model: str, shape: ChoiceShape, *,
-                             tools: bool = False) -> Response:
+                             tools: str | None = None) -> Response:
         """``answer`` for several choices (``choices.py``): a stream each, opened back to
         back (the prefix cache serves the prompt to all but the first), read as one.
 
@@ -178,7 +178,7 @@ class OpenAIViews:
             choice = whole_answer(shape, first, model, text, finish, tokens)["choices"][0]
             choice["index"] = index
             if tools:
-                with_tool_calls(choice, streams[index].request_id, text)
+                with_tool_calls(choice, streams[index].request_id, text, tools)
             choices.append(choice)
         text, tokens, finish = results[0]
         answer = whole_answer(shape, first, model, text, finish, tokens)
@@ -193,11 +193,12 @@ class OpenAIViews:
         return error_response(error)
 
 
-def with_tool_calls(choice: dict[str, Any], request_id: str, text: str) -> None:
-    """A chat choice whose answer is in the generic tool format, as OpenAI's message:
+def with_tool_calls(choice: dict[str, Any], request_id: str, text: str,
+                    tools: str = "generic") -> None:
+    """A chat choice whose answer is in the tool format ``tools``, as OpenAI's message:
     its tool calls, and ``tool_calls`` as its finish reason if it made any (and was not
     cut short)."""
-    choice["message"], called = tool_message(request_id, text)
+    choice["message"], called = tool_message(request_id, text, tools)
     choice["logprobs"] = None
     if called and choice["finish_reason"] != "length":
         choice["finish_reason"] = "tool_calls"

@@ -53,7 +53,8 @@ from engine import FinishEvent, FinishReason, TokenEvent
 from streams import ErrorType, encode_event
 
 from .openai_tools import call_id
-from .tool_stream import ArgumentsDelta, CallEnd, CallStart, TextDelta, ToolCallScanner
+from .tool_formats import tool_scanner
+from .tool_stream import ArgumentsDelta, CallEnd, CallStart, TextDelta
 
 if TYPE_CHECKING:
     from streams import StreamItem
@@ -125,13 +126,14 @@ def message_object(
 
 
 def whole_message(request_id: str, model: str, text: str, finish: FinishEvent,
-                  *, tools: bool = False) -> dict[str, Any]:
+                  *, tools: bool | str | None = False) -> dict[str, Any]:
     """The answer of a request without ``"stream": true``: one text block, or with
-    ``tools`` the blocks of the generic tool format's answer."""
+    ``tools`` the blocks of the tool format's answer (True: the generic format; a
+    format's name: ``tool_formats.tool_scanner``)."""
     if not tools:
         return message_object(request_id, model, [{"type": "text", "text": text}],
                               finish.prompt_tokens, finish)
-    scanner = ToolCallScanner()
+    scanner = tool_scanner(tools)
     events = scanner.feed(text) + scanner.end()
     said = "".join(e.text for e in events if isinstance(e, TextDelta))
     content: list[dict[str, Any]] = [{"type": "text", "text": said}] if said else []
@@ -159,7 +161,8 @@ class AnthropicEvents:
         model: the name the message carries.
         input_tokens: the prompt's length in tokens (``message_start``'s usage).
         error_envelope: Anthropic's error object for a failure (the routes own it).
-        tools: the answer is in the generic tool format (the module docstring).
+        tools: the answer is in the generic tool format (the module docstring), or
+            (a format's name) in the model's own (``tool_formats.py``).
     """
 
     def __init__(
@@ -169,13 +172,13 @@ class AnthropicEvents:
         input_tokens: int,
         *,
         error_envelope: AnthropicErrorEnvelope,
-        tools: bool = False,
+        tools: bool | str | None = False,
     ) -> None:
         self.request_id = request_id
         self.model = model
         self.input_tokens = input_tokens
         self.error_envelope = error_envelope
-        self._tools = _ToolBlocks(request_id) if tools else None
+        self._tools = _ToolBlocks(request_id, tools) if tools else None
 
     def opening(self) -> bytes:
         """``message_start``, ``content_block_start`` and a first ``ping``."""
@@ -231,9 +234,9 @@ class AnthropicEvents:
 class _ToolBlocks:
     """The content blocks of an answer in the generic tool format, as they stream."""
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, tools: bool | str | None = True) -> None:
         self.request_id = request_id
-        self.scanner = ToolCallScanner()
+        self.scanner = tool_scanner(tools)
         self._index = -1  # the last block opened
         self._open: str | None = None  # its type while it is open
 

@@ -1,4 +1,5 @@
-"""A chat answer in the generic tool format, as OpenAI sends tool calls.
+"""A chat answer in the generic tool format (or the model's own: ``tool_formats.py``),
+as OpenAI sends tool calls.
 
 A request with tools (``app.schemas.tools``) is answered with ``{"tool_calls": [...]}``
 or ``{"response": ...}``; a client expects neither, but OpenAI's shapes:
@@ -22,7 +23,8 @@ from typing import Any
 
 from engine import FinishEvent, FinishReason
 
-from .tool_stream import ArgumentsDelta, CallStart, TextDelta, ToolCallScanner, ToolEvent
+from .tool_formats import tool_scanner
+from .tool_stream import ArgumentsDelta, CallStart, TextDelta, ToolEvent
 
 CALL_ID_PREFIX = "call_"
 
@@ -34,9 +36,9 @@ def call_id(request_id: str, index: int, prefix: str = CALL_ID_PREFIX) -> str:
 class ToolDeltas:
     """One streamed answer's deltas (the module docstring)."""
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, tools: bool | str | None = True) -> None:
         self.request_id = request_id
-        self.scanner = ToolCallScanner()
+        self.scanner = tool_scanner(tools)
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         """The chat deltas the next text of the answer completes."""
@@ -67,9 +69,11 @@ class ToolDeltas:
         return deltas
 
 
-def tool_message(request_id: str, text: str) -> tuple[dict[str, Any], bool]:
-    """A whole answer's ``message`` and whether it made calls."""
-    scanner = ToolCallScanner()
+def tool_message(request_id: str, text: str,
+                 tools: bool | str | None = True) -> tuple[dict[str, Any], bool]:
+    """A whole answer's ``message`` and whether it made calls; ``tools``: its format
+    (True: the generic one; ``tool_formats.tool_scanner``)."""
+    scanner = tool_scanner(tools)
     events = scanner.feed(text) + scanner.end()
     content = "".join(e.text for e in events if isinstance(e, TextDelta))
     calls = [{"id": call_id(request_id, index), "type": "function",

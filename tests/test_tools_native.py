@@ -1,0 +1,164 @@
+"""Tool calls in a model's own format, over real HTTP with the official SDKs.
+
+The tiny random models are given chat templates that render ``tools`` as the Hermes /
+Qwen 2.5, Llama 3.1 and Mistral families' do (``tests/tool_templates.py``). A random
+model writes nothing on purpose: the constraint (the family's grammar) is what makes its
+answer a call in that syntax, and the server reads it back into OpenAI's and Anthropic's
+tool calls. Each test checks that a call is required and made, its arguments validate,
+the streamed fragments join into them, and the prompt the template rendered holds the
+family's own tool block and not the generic format's text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from app.schemas.tools import ANSWER_FORMAT
+from app.settings import Settings
+from engine.engine import Engine
+from engine.model import LoadedModel
+from tests.http_server import RecordingEngine, RunningServer, StartServer
+from tests.test_openai_sdk import with_chat_template
+from tests.tool_servers import BIG_BODIES, CLIENT_TIMEOUT_S, MODEL, Wx, constrain_once
+from tests.tool_templates import (
+    CHATML,
+    HERMES_TEMPLATE,
+    HERMES_TOOL_BLOCK,
+    LLAMA3_TEMPLATE,
+    LLAMA3_TOOL_BLOCK,
+    MISTRAL_TEMPLATE,
+)
+
+QUESTION: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
+WX_TOOL = openai.pydantic_function_tool(Wx, name="wx")
+# (model, template, what its rendered prompt holds of the tools)
+FAMILIES = {
+    "hermes": ("tiny-gpt2", HERMES_TEMPLATE, HERMES_TOOL_BLOCK),
+    "llama3_json": ("tiny-llama", LLAMA3_TEMPLATE, LLAMA3_TOOL_BLOCK),
+    "mistral": ("tiny-llama", MISTRAL_TEMPLATE, "[AVAILABLE_TOOLS] [{"),
+}
+
+
+class PromptRecordingEngine(RecordingEngine):
+    """The recording engine, keeping each prompt the chat template rendered."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self.prompts: list[str] = []
+
+    def render_chat(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> tuple[str, list[int]]:
+        text, ids = super().render_chat(messages, add_generation_prompt, tools)
+        self.prompts.append(text)
+        return text, ids
+
+
+@pytest.fixture(scope="module", autouse=True)
+def constrained_once(tiny_model: Callable[[str], LoadedModel]) -> None:
+    constrain_once(tiny_model("tiny-gpt2"))
+
+
+async def family_server(start_server: StartServer, loaded: LoadedModel,
+                        template: str) -> tuple[RunningServer, PromptRecordingEngine]:
+    engines: list[PromptRecordingEngine] = []
+
+    def make(s: Settings) -> PromptRecordingEngine:
+        engines.append(PromptRecordingEngine(Engine(
+            with_chat_template(loaded, template), max_batch=s.max_batch,
+            num_blocks=s.cache_blocks, block_size=s.block_size)))
+        return engines[-1]
+
+    server = await start_server(make_engine=make, model_name=MODEL,
+                                max_body_bytes=BIG_BODIES)
+    return server, engines[0]
+
+
+def sdk(server: RunningServer) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused",
+                              max_retries=0, timeout=CLIENT_TIMEOUT_S)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+async def test_a_required_call_streams_in_the_family_s_format_as_openai_tool_calls(
+    family: str, start_server: StartServer, tiny_model: Callable[[str], LoadedModel],
+) -> None:
+    name, template, tool_block = FAMILIES[family]
+    server, engine = await family_server(start_server, tiny_model(name), template)
+    fragments: list[str] = []
+    async with sdk(server) as client, client.chat.completions.stream(
+        model=MODEL, messages=QUESTION, tools=[WX_TOOL], tool_choice="required",
+        parallel_tool_calls=False, max_tokens=80, temperature=0,
+    ) as stream:
+        async for event in stream:
+            if event.type == "tool_calls.function.arguments.delta":
+                fragments.append(event.arguments_delta)
+        final = await stream.get_final_completion()
+
+    choice = final.choices[0]
+    [call] = choice.message.tool_calls or []
+    assert choice.finish_reason == "tool_calls"
+    assert call.function.name == "wx" and call.id.startswith("call_")
+    assert isinstance(call.function.parsed_arguments, Wx)
+    assert "".join(fragments) == call.function.arguments
+    [prompt] = engine.prompts
+    assert tool_block in prompt and ANSWER_FORMAT not in prompt
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+async def test_a_whole_answer_with_a_named_function_is_one_call_of_it(
+    family: str, start_server: StartServer, tiny_model: Callable[[str], LoadedModel],
+) -> None:
+    name, template, _ = FAMILIES[family]
+    server, _ = await family_server(start_server, tiny_model(name), template)
+    async with sdk(server) as client:
+        completion = await client.chat.completions.create(
+            model=MODEL, messages=QUESTION, tools=[WX_TOOL], max_tokens=80, seed=7,
+            tool_choice={"type": "function", "function": {"name": "wx"}})
+
+    choice = completion.choices[0]
+    [call] = choice.message.tool_calls or []
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert call.function.name == "wx" and Wx.model_validate_json(call.function.arguments)
+
+
+async def test_an_anthropic_tool_use_in_the_hermes_format(
+    start_server: StartServer, tiny_model: Callable[[str], LoadedModel],
+) -> None:
+    server, engine = await family_server(start_server, tiny_model("tiny-gpt2"),
+                                         HERMES_TEMPLATE)
+    tool = {"name": "wx", "input_schema": Wx.model_json_schema()}
+    async with anthropic.AsyncAnthropic(base_url=server.base_url, api_key="unused",
+                                        max_retries=0, timeout=CLIENT_TIMEOUT_S) as client:
+        async with client.messages.stream(
+            model=MODEL, max_tokens=80, messages=QUESTION, tools=[tool],  # type: ignore[list-item]
+            tool_choice={"type": "any", "disable_parallel_tool_use": True},
+            extra_body={"temperature": 0},
+        ) as stream:
+            final = await stream.get_final_message()
+
+    assert final.stop_reason == "tool_use"
+    [block] = final.content
+    assert block.type == "tool_use" and block.name == "wx"
+    assert Wx.model_validate(block.input)
+    assert HERMES_TOOL_BLOCK in engine.prompts[0]
+
+
+async def test_a_template_without_tools_keeps_the_generic_format(
+    start_server: StartServer, tiny_model: Callable[[str], LoadedModel],
+) -> None:
+    server, engine = await family_server(start_server, tiny_model("tiny-gpt2"), CHATML)
+    async with sdk(server) as client:
+        completion = await client.chat.completions.create(
+            model=MODEL, messages=QUESTION, tools=[WX_TOOL], tool_choice="required",
+            parallel_tool_calls=False, max_tokens=80, temperature=0)
+
+    [call] = completion.choices[0].message.tool_calls or []
+    assert Wx.model_validate_json(call.function.arguments)
+    assert ANSWER_FORMAT in engine.prompts[0]
