@@ -122,7 +122,7 @@ def test_the_grammar_asks_for_the_family_s_framing_and_one_call_when_named() -> 
     assert '"<tool_call>\\n"' in named.source and '"\\n</tool_call>"' in named.source
     assert "call)*" not in named.source and '"wx"' not in named.source
     assert '"[TOOL_CALLS] ["' in parallel.source and '(", " call)*' in parallel.source
-    assert auto.source.startswith("start: TEXT | calls\n")
+    assert auto.source.startswith("start: text | calls\n")
     assert '"parameters"' in auto.source
 
 

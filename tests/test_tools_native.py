@@ -134,14 +134,14 @@ async def test_an_anthropic_tool_use_in_the_hermes_format(
     server, engine = await family_server(start_server, tiny_model("tiny-gpt2"),
                                          HERMES_TEMPLATE)
     tool = {"name": "wx", "input_schema": Wx.model_json_schema()}
-    async with anthropic.AsyncAnthropic(base_url=server.base_url, api_key="unused",
-                                        max_retries=0, timeout=CLIENT_TIMEOUT_S) as client:
-        async with client.messages.stream(
-            model=MODEL, max_tokens=80, messages=QUESTION, tools=[tool],  # type: ignore[list-item]
-            tool_choice={"type": "any", "disable_parallel_tool_use": True},
-            extra_body={"temperature": 0},
-        ) as stream:
-            final = await stream.get_final_message()
+    client = anthropic.AsyncAnthropic(base_url=server.base_url, api_key="unused",
+                                      max_retries=0, timeout=CLIENT_TIMEOUT_S)
+    async with client, client.messages.stream(
+        model=MODEL, max_tokens=80, messages=QUESTION, tools=[tool],  # type: ignore[list-item]
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+        extra_body={"temperature": 0},
+    ) as stream:
+        final = await stream.get_final_message()
 
     assert final.stop_reason == "tool_use"
     [block] = final.content

@@ -64,7 +64,10 @@ class Framing:
         call_open: before each call's JSON, and ``call_close`` after it.
         separator: between two calls.
         text_before: text may come before the calls (else text or calls, not both).
-        text_regex: what an answer in text alone may be: never the start of a call.
+        text_rules: the Lark rules of ``text``, what an answer's text may be: never
+            the start of a call (Hermes: pieces without ``<``, or a ``<`` alone, so
+            that the lexer ends a piece where ``<tool_call>`` may begin; once the
+            text has ``<t``, the call has begun).
     """
 
     arguments_key: str
@@ -74,16 +77,17 @@ class Framing:
     call_close: str
     separator: str
     text_before: bool
-    text_regex: str
+    text_rules: tuple[str, ...]
 
 
 FRAMINGS: dict[str, Framing] = {
     HERMES: Framing("arguments", "", "", "<tool_call>\n", "\n</tool_call>", "\n",
-                    text_before=True, text_regex=r"(.|\n)*"),
+                    text_before=True,
+                    text_rules=("text: TEXT_PIECE+", r'TEXT_PIECE: /[^<]+/ | "<"')),
     LLAMA3_JSON: Framing("parameters", "", "", "", "", "; ",
-                         text_before=False, text_regex=r"[^{\s](.|\n)*"),
+                         text_before=False, text_rules=(r"text: /[^{\s](.|\n)*/",)),
     MISTRAL: Framing("arguments", "[TOOL_CALLS] [", "]", "", "", ", ",
-                     text_before=False, text_regex=r"[^\[\s](.|\n)*"),
+                     text_before=False, text_rules=(r"text: /[^\[\s](.|\n)*/",)),
 }
 
 # What a template names when it speaks a family's format (its own text, as the
@@ -158,8 +162,8 @@ def format_grammar(framing: Framing, use: ToolUse) -> str:
     if use.required:
         start = "start: calls"
     else:
-        rules.append(f"TEXT: /{framing.text_regex}/")
-        start = "start: TEXT | TEXT? calls" if framing.text_before else "start: TEXT | calls"
+        rules += framing.text_rules
+        start = "start: text | text? calls" if framing.text_before else "start: text | calls"
     return "\n".join([start, *rules]) + "\n"
 
 
