@@ -5,9 +5,9 @@ own: the same variables, tool block and call syntax, fewer words).
 * ``HERMES_TEMPLATE``: Hermes 2 Pro and Qwen 2.5's ChatML with the tools as JSON lines
   in ``<tools></tools>`` in the system turn, calls in ``<tool_call></tool_call>``, a
   tool's result as a user turn in ``<tool_response>``;
-* ``LLAMA3_TEMPLATE``: Llama 3.1's headers, the tools as indented JSON in the system
-  turn under "Respond ... in the format {"name": function name, "parameters":
-  dictionary of argument name and its value}", results under the ``ipython`` role;
+* ``LLAMA3_TEMPLATE``: Llama 3.1's headers, the tools as JSON in the system turn under
+  "... in the format {"name": function name, "parameters": dictionary of argument name
+  and its value}", results under the ``ipython`` role;
 * ``MISTRAL_TEMPLATE``: Mistral v0.3's ``[AVAILABLE_TOOLS]`` before the last user turn,
   a past assistant call as ``[TOOL_CALLS]``, results as ``[TOOL_RESULTS]``.
 """
@@ -16,15 +16,14 @@ from __future__ import annotations
 
 from tests.test_openai_sdk import CHATML as CHATML
 
-HERMES_TOOL_BLOCK = "# Tools\n\nFunctions you may call, inside <tools></tools>:\n<tools>\n"
+HERMES_TOOL_BLOCK = "# Tools\n<tools>\n"
 
 HERMES_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\n"
     "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
     + HERMES_TOOL_BLOCK +
     "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n\n"
-    "For a call, answer with <tool_call>\n"
-    "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
+    "Call: <tool_call>\n{\"name\": <name>, \"arguments\": <args>}\n</tool_call><|im_end|>\n"
     "{% elif messages[0]['role'] == 'system' %}"
     "<|im_start|>system\n{{ messages[0]['content'] }}<|im_end|>\n{% endif %}"
     "{% for m in messages %}{% if not (loop.first and m['role'] == 'system') %}"
@@ -35,14 +34,14 @@ HERMES_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-LLAMA3_TOOL_BLOCK = ('Respond with JSON for a function call, in the format {"name": function '
-                     'name, "parameters": dictionary of argument name and its value}.')
+LLAMA3_TOOL_BLOCK = ('Call in the format {"name": function name, "parameters": dictionary '
+                     'of argument name and its value}.')
 
 LLAMA3_TEMPLATE = (
     "{%- if tools %}<|start_header_id|>system<|end_header_id|>\n\n"
     "Environment: ipython\n"
     + LLAMA3_TOOL_BLOCK + "\n\n"
-    "{% for t in tools %}{{ t | tojson(indent=4) }}\n\n{% endfor %}<|eot_id|>{% endif %}"
+    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|eot_id|>{% endif %}"
     "{% for m in messages %}"
     "{% if m['role'] == 'tool' %}<|start_header_id|>ipython<|end_header_id|>\n\n"
     "{% else %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{% endif %}"
