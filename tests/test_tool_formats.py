@@ -20,6 +20,7 @@ from app.schemas.tool_formats import (
     LLAMA3_JSON,
     MISTRAL,
     answer_constraint,
+    calls_writer,
     request_format,
     template_tool_format,
     template_tools,
@@ -124,6 +125,32 @@ def test_the_grammar_asks_for_the_family_s_framing_and_one_call_when_named() -> 
     assert '"[TOOL_CALLS] ["' in parallel.source and '(", " call)*' in parallel.source
     assert auto.source.startswith("start: text | calls\n")
     assert '"parameters"' in auto.source
+
+
+@pytest.mark.parametrize(("fmt", "written"), [
+    (HERMES, '<tool_call>\n{"name": "wx", "arguments": {"c": "P", "d": 2}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "sum", "arguments": {}}\n</tool_call>'),
+    (LLAMA3_JSON, '{"name": "wx", "parameters": {"c": "P", "d": 2}}; '
+                  '{"name": "sum", "parameters": {}}'),
+    (MISTRAL, '[TOOL_CALLS] [{"name": "wx", "arguments": {"c": "P", "d": 2}}, '
+              '{"name": "sum", "arguments": {}}]'),
+])
+def test_past_calls_are_written_as_the_family_writes_them_and_read_back(
+    fmt: str, written: str,
+) -> None:
+    calls = [("wx", {"c": "P", "d": 2}), ("sum", {})]
+    write = calls_writer(ToolUse((WX, SUM), format=fmt), GENERIC)
+
+    assert write(calls, "") == written
+    assert read(fmt, written)[1] == [(name, json.dumps(args)) for name, args in calls]
+    assert calls_writer(None, fmt)(calls, "Sure.") == f"Sure.\n{written}"
+
+
+def test_past_calls_stay_generic_where_the_answer_is() -> None:
+    write = calls_writer(ToolUse((WX,), response_schema={"type": "object"}), HERMES)
+
+    assert write([("wx", {"c": "P"})], "") == (
+        '{"tool_calls": [{"name": "wx", "arguments": {"c": "P"}}]}')
 
 
 # -- reading answers ---------------------------------------------------------------------

@@ -134,6 +134,24 @@ async def test_a_whole_answer_with_a_named_function_is_one_call_of_it(
     assert call.function.name == "wx" and Wx.model_validate_json(call.function.arguments)
 
 
+async def test_a_round_trip_s_past_call_is_in_the_prompt_in_the_family_s_format(
+    start_server: StartServer, tiny_model: Callable[[str], LoadedModel],
+) -> None:
+    server, engine = await family_server(start_server, tiny_model("tiny-gpt2"),
+                                         HERMES_TEMPLATE)
+    past = [*QUESTION, {"role": "assistant", "content": None, "tool_calls": [{
+        "id": "call_1", "type": "function",
+        "function": {"name": "wx", "arguments": '{"c": "P", "d": 1}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    async with sdk(server) as client:
+        await client.chat.completions.create(model=MODEL, messages=past, tools=[WX_TOOL],
+                                             tool_choice="none", max_tokens=2)
+
+    [prompt] = engine.prompts
+    assert '<tool_call>\n{"name": "wx", "arguments": {"c": "P", "d": 1}}\n</tool_call>' in prompt
+    assert '"tool_calls"' not in prompt and "sunny" in prompt
+
+
 async def test_an_anthropic_tool_use_in_the_hermes_format(
     start_server: StartServer, tiny_model: Callable[[str], LoadedModel],
 ) -> None:

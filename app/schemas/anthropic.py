@@ -74,12 +74,13 @@ from .tool_formats import (
     GENERIC,
     TemplateReader,
     answer_constraint,
+    calls_writer,
     request_format,
     template_tool_format,
     template_tools,
     with_tools,
 )
-from .tools import ToolUse
+from .tools import CallsText, ToolUse, calls_text
 from .unsupported import neutral_validator
 
 ANTHROPIC_DEFAULT_TEMPERATURE = 1.0  # the API's default
@@ -150,8 +151,9 @@ class InputMessage(BaseModel):
                     "role's turn", {"index": index, "kind": block.type})
         return self
 
-    def as_template_input(self, names: dict[str, str]) -> dict[str, str]:
-        return {"role": self.role, "content": turn_text(self.content, names)}
+    def as_template_input(self, names: dict[str, str],
+                          write_calls: CallsText = calls_text) -> dict[str, str]:
+        return {"role": self.role, "content": turn_text(self.content, names, write_calls)}
 
 
 class AnthropicPrompt(BaseModel):
@@ -249,13 +251,16 @@ class AnthropicPrompt(BaseModel):
 
     def template_input(self) -> list[dict[str, str]]:
         """The conversation as a chat template takes it: the system prompt (if any) as
-        the first message, with the tools (if the answer may call them), then the turns
-        (tool blocks as text)."""
+        the first message, with the tools (if the answer may call them, in the generic
+        format: a template with its own takes them as ``template_tools``), then the
+        turns (tool blocks as text, past calls in the answer's format)."""
         names: dict[str, str] = {}
-        turns = [m.as_template_input(names) for m in self.messages]
+        use = self.tool_use()
+        write_calls = calls_writer(use, self._model_tool_format)
+        turns = [m.as_template_input(names, write_calls) for m in self.messages]
         if self.system is not None:
             turns = [{"role": "system", "content": _joined(self.system)}, *turns]
-        return with_tools(turns, self.tool_use())
+        return with_tools(turns, use)
 
 
 class CountTokensBody(AnthropicPrompt):

@@ -74,6 +74,7 @@ from .tool_formats import (
     GENERIC,
     TemplateReader,
     answer_constraint,
+    calls_writer,
     request_format,
     template_tool_format,
     template_tools,
@@ -343,7 +344,9 @@ class ChatBody(OpenAIBody):
         """The messages as the chat template takes them: tool turns as text, and the
         tools (if the answer may call them) in the system turn, in the generic format
         (a template with its own takes them as ``template_tools``)."""
-        return with_tools(template_input(self.messages), self.tool_use())
+        use = self.tool_use()
+        write_calls = calls_writer(use, self._model_tool_format)
+        return with_tools(template_input(self.messages, write_calls), use)
 
     def new_tokens(self, limits: RequestLimits) -> int:
         return self.max_completion_tokens or self.max_tokens or UNTIL_CONTEXT

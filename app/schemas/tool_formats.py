@@ -38,11 +38,20 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Protocol
 
 from engine import Constraint, ConstraintKind, bounded_schema
 
-from .tools import ToolSpec, ToolUse, output_constraint, system_text, with_system_text
+from .tools import (
+    CallsText,
+    ToolSpec,
+    ToolUse,
+    calls_text,
+    output_constraint,
+    system_text,
+    with_system_text,
+)
 
 GENERIC = "generic"
 HERMES = "hermes"
@@ -139,6 +148,26 @@ def with_tools(turns: list[dict[str, str]], use: ToolUse | None) -> list[dict[st
     if use is None or use.format in FRAMINGS:
         return turns
     return with_system_text(turns, system_text(use))
+
+
+def calls_writer(use: ToolUse | None, model_format: str) -> CallsText:
+    """How past calls are written in the prompt: in the format of the answer (of
+    ``use``; with no tools asked for, the model's), so the model reads its calls as it
+    writes them."""
+    framing = FRAMINGS.get(model_format if use is None else use.format)
+    if framing is None:
+        return calls_text
+    return partial(_framed_calls, framing)
+
+
+def _framed_calls(framing: Framing, calls: Sequence[tuple[str, Any]], text: str = "") -> str:
+    """Past calls, ``(name, arguments)`` each, in ``framing``; ``text`` before them."""
+    written = framing.separator.join(
+        framing.call_open + json.dumps({"name": name, framing.arguments_key: arguments},
+                                       ensure_ascii=False) + framing.call_close
+        for name, arguments in calls)
+    document = framing.prefix + written + framing.suffix
+    return f"{text}\n{document}" if text else document
 
 
 def answer_constraint(use: ToolUse) -> Constraint:

@@ -36,7 +36,7 @@ build a ``ToolUse`` from their fields.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,6 +137,11 @@ def json_schema_constraint(schema: Mapping[str, Any] | bool) -> Constraint:
     """A JSON schema as the engine's constraint (its compact JSON text: the cache key)."""
     return Constraint(ConstraintKind.JSON_SCHEMA,
                       json.dumps(schema, ensure_ascii=False, separators=(",", ":")))
+
+
+# How a turn's past calls are written: ``calls_text`` here, a family's in
+# ``tool_formats.calls_writer``.
+CallsText = Callable[[Sequence[tuple[str, Any]], str], str]
 
 
 def calls_text(calls: Sequence[tuple[str, Any]], text: str = "") -> str:
