@@ -131,7 +131,7 @@ class OpenAIViews:
     async def answer(self, prepared: Prepared, timer: RequestTimer, body: OpenAIBody,
                      model: str, shape: ChoiceShape, *, tools: str | None = None) -> Response:
         """Open the stream (no checkpoint between the open and its closer taking it) and
-        answer it as chunks or as one document (``tools``: in the generic tool format).
+        answer it as chunks or as one document (``tools``: the tool format it is in).
 
         Cancellation: a whole answer's at the stream's receive (``with stream`` closes
         it); a streaming one's in the body, or the connection's backstop, closes it.
