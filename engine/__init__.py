@@ -23,6 +23,7 @@ from .errors import InvalidSampling as InvalidSampling
 from .errors import PrecisionError as PrecisionError
 from .errors import PromptTooLong as PromptTooLong
 from .errors import StepReentered as StepReentered
+from .json_bounds import bounded as bounded_schema
 from .types import Constraint as Constraint
 from .types import ConstraintKind as ConstraintKind
 from .types import EngineEvent as EngineEvent
@@ -127,6 +128,7 @@ __all__ = [
     "StepReentered",
     "TokenEvent",
     "TokenLogprobs",
+    "bounded_schema",
     "load_engine",
     "validate_request",
     "validate_sampling",

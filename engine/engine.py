@@ -34,6 +34,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Mapping
 from collections.abc import Sequence as Seq
+from typing import Any
 
 from .admission import DEFAULT_WATERMARK, ON_DEMAND, AdmissionPolicy
 from .block_allocator import BlockAllocator
@@ -185,16 +186,19 @@ class Engine:
         return self._intake.encoder.encode_if_free(prompt)
 
     def render_chat(
-        self, messages: Seq[Mapping[str, str]], add_generation_prompt: bool = True
+        self, messages: Seq[Mapping[str, str]], add_generation_prompt: bool = True,
+        tools: Seq[Mapping[str, Any]] | None = None,
     ) -> tuple[str, list[int]]:
         """Chat messages (``{"role", "content"}``) rendered by the tokenizer's own chat
         template: the prompt text and its token ids, for ``GenerationRequest.prompt`` and
-        ``prompt_token_ids``. Thread-safe and blocking, like ``tokenize``.
+        ``prompt_token_ids``; ``tools`` (function definitions) go to a template that
+        renders its own (``apply_chat_template(tools=...)``). Thread-safe and blocking,
+        like ``tokenize``.
 
         Raises:
             ChatTemplateError: the model has no chat template, or it refused the messages.
         """
-        return self._intake.render_chat(messages, add_generation_prompt)
+        return self._intake.render_chat(messages, add_generation_prompt, tools)
 
     def chat_template_uses(self, name: str) -> bool:
         """Whether the chat template names ``name`` (a variable such as

@@ -94,6 +94,6 @@ class Intake:
                 f"is {total}, over the limit of {self._max_positions} tokens"
             )
 
-    def render_chat(self, messages: Seq[Mapping[str, str]],
-                    add_generation_prompt: bool) -> tuple[str, list[int]]:
-        return self.encoder.render_chat(messages, add_generation_prompt)
+    def render_chat(self, messages: Seq[Mapping[str, str]], add_generation_prompt: bool,
+                    tools: Seq[Mapping[str, Any]] | None = None) -> tuple[str, list[int]]:
+        return self.encoder.render_chat(messages, add_generation_prompt, tools)

@@ -27,7 +27,7 @@ import copy
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import PromptTooLong
 from .text_chat import chat_prompt
@@ -180,10 +180,12 @@ class PromptEncoder:
         return ids
 
     def render_chat(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> tuple[str, list[int]]:
         """The prompt text the chat template makes of ``messages`` (``{"role",
-        "content"}`` each), and its token ids (``text_chat.chat_prompt``).
+        "content"}`` each) and of ``tools`` (function definitions, for a template that
+        renders its own), and its token ids (``text_chat.chat_prompt``).
 
         The ids are encoded without the tokenizer's added special tokens: the template
         writes every special token the model expects (a BOS among them), as
@@ -201,7 +203,7 @@ class PromptEncoder:
                 f"the messages' text alone is at least {floor} tokens, over the model's "
                 f"context of {self._max_tokens} tokens")
         with self._lock:
-            return chat_prompt(self._tokenizer, messages, add_generation_prompt)
+            return chat_prompt(self._tokenizer, messages, add_generation_prompt, tools)
 
     def min_chat_tokens(self, messages: Sequence[Mapping[str, str]]) -> int:
         """A floor on the tokens of ``messages`` rendered, from their characters alone, in

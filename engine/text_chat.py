@@ -32,10 +32,11 @@ changes that copy's ``encode_special_tokens`` and sets it back at the next one).
 from __future__ import annotations
 
 import bisect
+import json
 import re
 import secrets
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 
@@ -50,14 +51,19 @@ Pieces = list[tuple[str, bool]]
 
 def chat_prompt(
     tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, str]],
-    add_generation_prompt: bool,
+    add_generation_prompt: bool, tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> tuple[str, list[int]]:
     """The prompt text the chat template makes of ``messages`` and its token ids, with
     no special token taken from a message's content (see the module docstring).
 
+    ``tools``: function definitions for a template that renders its own ``tools``
+    (``apply_chat_template(tools=...)``); they become template text, not a content's
+    span, so one whose JSON holds a special token's text is refused instead.
+
     Raises:
-        ChatTemplateError: no chat template; the template refused the messages; or a
-            content holds special-token text where the template hides the contents' spans.
+        ChatTemplateError: no chat template; the template refused the messages; a
+            content holds special-token text where the template hides the contents'
+            spans; or the tools hold a special token's text.
     """
     if not getattr(tokenizer, "chat_template", None):
         raise ChatTemplateError(
@@ -65,9 +71,12 @@ def chat_prompt(
             "send a plain prompt instead"
         )
     conversation = [dict(m) for m in messages]
-    text = _render(tokenizer, conversation, add_generation_prompt)
     special = special_ids(tokenizer)
-    pieces = content_pieces(tokenizer, conversation, add_generation_prompt, text)
+    tool_list = None if tools is None else [dict(t) for t in tools]
+    if tool_list is not None:
+        _refuse_special_tools(tokenizer, tool_list, special)
+    text = _render(tokenizer, conversation, add_generation_prompt, tool_list)
+    pieces = content_pieces(tokenizer, conversation, add_generation_prompt, text, tool_list)
     if pieces is None:
         _refuse_special_contents(tokenizer, conversation, special)
         return text, _encode(tokenizer, text, split_special=False)
@@ -90,6 +99,7 @@ def special_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
 def content_pieces(
     tokenizer: PreTrainedTokenizerBase, conversation: list[dict[str, str]],
     add_generation_prompt: bool, text: str,
+    tools: list[dict[str, Any]] | None = None,
 ) -> Pieces | None:
     """``text`` cut into the template's text and the contents, or None where the template
     changes or inspects the contents beyond stripping them (see the module docstring)."""
@@ -98,7 +108,7 @@ def content_pieces(
         return None
     marked = [{**m, "content": f"[{nonce}:{i}]"} for i, m in enumerate(conversation)]
     try:
-        skeleton = _render(tokenizer, marked, add_generation_prompt)
+        skeleton = _render(tokenizer, marked, add_generation_prompt, tools)
     except ChatTemplateError:  # it inspects the contents
         return None
     parts = re.split(rf"\[{nonce}:(\d+)\]", skeleton)
@@ -116,11 +126,12 @@ def content_pieces(
 
 def _render(
     tokenizer: PreTrainedTokenizerBase, conversation: list[dict[str, str]],
-    add_generation_prompt: bool,
+    add_generation_prompt: bool, tools: list[dict[str, Any]] | None = None,
 ) -> str:
     try:
         text = tokenizer.apply_chat_template(
-            conversation, tokenize=False, add_generation_prompt=add_generation_prompt)
+            conversation, tools=tools, tokenize=False,  # type: ignore[arg-type]
+            add_generation_prompt=add_generation_prompt)
     except jinja2.TemplateError as exc:
         raise ChatTemplateError(f"the chat template refused the messages: {exc}") from None
     assert isinstance(text, str)  # tokenize=False renders one conversation as text
@@ -174,6 +185,20 @@ def _forged(
             if k < len(ends) and starts[k] < end:
                 return True
     return False
+
+
+def _refuse_special_tools(
+    tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]], special: frozenset[int],
+) -> None:
+    """Raise ChatTemplateError if the tools' JSON holds a special token's text: the
+    template writes them as its own text, whose special tokens are parsed."""
+    found = special.intersection(_encode(tokenizer, json.dumps(tools, ensure_ascii=False),
+                                         split_special=False))
+    if found:
+        token = tokenizer.convert_ids_to_tokens(min(found))
+        raise ChatTemplateError(
+            f"the tools hold the special token {token!r}, which this model's chat template "
+            "would read as one; remove it from the tools")
 
 
 def _refuse_special_contents(

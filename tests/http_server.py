@@ -146,12 +146,13 @@ class RecordingEngine:
         return self._engine.constraint_cached(constraint, namespace)
 
     def render_chat(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> tuple[str, list[int]]:
         with self._lock:
             self.tokenizer_calls.append(("render", messages[-1]["content"]))
         self._render_gate.wait()
-        return self._engine.render_chat(messages, add_generation_prompt)
+        return self._engine.render_chat(messages, add_generation_prompt, tools)
 
     def chat_template_uses(self, name: str) -> bool:
         return self._engine.chat_template_uses(name)

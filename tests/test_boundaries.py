@@ -233,7 +233,7 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
         "GenerationRequest", "InvalidConstraint", "InvalidMaxNewTokens", "InvalidRequest",
         "InvalidSampling", "PrecisionError", "PromptTooLong", "SamplingParams",
         "StepReentered", "TokenEvent", "TokenLogprobs",
-        "load_engine",
+        "bounded_schema", "load_engine",
         "validate_request", "validate_sampling",
     ],
     "streams": [

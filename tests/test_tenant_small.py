@@ -169,9 +169,10 @@ async def test_chat_text_surely_over_the_context_is_refused_before_the_template(
 ) -> None:
     rendered: list[int] = []  # the messages of each chat template run
 
-    def counted(tokenizer: Any, messages: Any, add_generation_prompt: bool) -> Any:
+    def counted(tokenizer: Any, messages: Any, add_generation_prompt: bool,
+                tools: Any = None) -> Any:
         rendered.append(len(messages))
-        return chat_prompt(tokenizer, messages, add_generation_prompt)
+        return chat_prompt(tokenizer, messages, add_generation_prompt, tools)
 
     monkeypatch.setattr(engine.text, "chat_prompt", counted)
 

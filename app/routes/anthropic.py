@@ -66,7 +66,9 @@ class MessagesAdapter(Adapter[MessagesBody]):
     async def prompt(self, runtime: Runtime, body: MessagesBody) -> Prompt:
         """Cancellation: while the template renders and encodes (never abandoned;
         milliseconds), nothing was made."""
-        text, ids = await runtime.render_chat(body.template_input(), True, key_name())
+        body.speak_tools_of(runtime.engine)  # its template's tool format, if any
+        text, ids = await runtime.render_chat(body.template_input(), True, key_name(),
+                                              body.template_tools())
         return Prompt(text, ids)
 
     def terms(self, body: MessagesBody) -> Terms:
@@ -91,7 +93,7 @@ class MessageAnswer:
     """One stream's Anthropic events, or its message."""
 
     def __init__(self, body: MessagesBody, model: str, stream: TokenStream) -> None:
-        self.tools = body.tool_use() is not None
+        self.tools = body.tool_format()
         self.model = model
         self.stream = stream
 
@@ -125,7 +127,9 @@ class AnthropicViews:
         """
         body = CountTokensBody.model_validate_json(await read_body(), context=self.limits)
         self.models.check(body.model)
-        _, ids = await self.runtime.render_chat(body.template_input(), True, key_name())
+        body.speak_tools_of(self.runtime.engine)
+        _, ids = await self.runtime.render_chat(body.template_input(), True, key_name(),
+                                                body.template_tools())
         return json_response({"input_tokens": len(ids)})
 
 

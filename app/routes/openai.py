@@ -12,9 +12,9 @@ routes keep our envelope. A request is read and validated (``app.schemas``), its
 
 A ``response_format`` or ``tools`` constrain the answer (``app.schemas.tools``): the
 constraint is compiled in ``Runtime.prepare``, and one that does not compile is a 400
-naming the field, before the first byte. A chat answer with tools is read as the
-generic tool format and sent as OpenAI's tool calls (``app.wire``'s ``tool_message``,
-``OpenAIChunks(tools=True)``).
+naming the field, before the first byte. A chat answer with tools is read in its
+tool format (the generic one, or the model's own: ``app.schemas.tool_formats``) and
+sent as OpenAI's tool calls (``app.wire``'s ``tool_message``, ``OpenAIChunks(tools=...)``).
 """
 
 from __future__ import annotations
@@ -74,13 +74,13 @@ class CompletionsAdapter(Adapter[OpenAIBody]):
     def field_error(self, error: ApiError, param: str) -> ApiError:
         return OpenAIError(error, param=param)
 
-    def tools(self, body: OpenAIBody) -> bool:
-        """Whether the answer is in the generic tool format (a chat's, with tools)."""
-        return False
+    def tools(self, body: OpenAIBody) -> str | None:
+        """The tool format the answer is in (a chat's, with tools), or None."""
+        return None
 
     async def answer(self, call: Call[OpenAIBody]) -> Response:
         """Open the stream (a stream a choice, ``choices.py``) and answer it as chunks or
-        as one document (``tools``: in the generic tool format).
+        as one document (``tools``: in the tool format it is in).
 
         Cancellation: see ``pipeline.answer_owned``; the connection closes every stream.
         """
@@ -105,8 +105,10 @@ class ChatAdapter(CompletionsAdapter):
         """Cancellation: while the template renders and encodes (never abandoned;
         milliseconds), nothing was made."""
         assert isinstance(body, ChatBody)
+        body.speak_tools_of(runtime.engine)  # its template's tool format, if any
         text, ids = await runtime.render_chat(body.template_input(),
-                                              body.add_generation_prompt, key_name())
+                                              body.add_generation_prompt, key_name(),
+                                              body.template_tools())
         self.refuse_unused_field(body)
         return Prompt(text, ids)
 
@@ -115,9 +117,9 @@ class ChatAdapter(CompletionsAdapter):
         return Terms(body.deadline_ms, new_tokens_field=body.new_tokens_field(),
                      constraint_param=body.constraint_param)
 
-    def tools(self, body: OpenAIBody) -> bool:
+    def tools(self, body: OpenAIBody) -> str | None:
         assert isinstance(body, ChatBody)
-        return body.tool_use() is not None
+        return body.tool_format()
 
     def refuse_unused_field(self, body: ChatBody) -> None:
         """``reasoning_effort`` is accepted, and changes nothing, where the model's chat
@@ -135,7 +137,7 @@ class ChoicesAnswer:
     """The chunks of one request's streams (a stream a choice), or its whole answer."""
 
     def __init__(self, shape: ChoiceShape, body: OpenAIBody, model: str,
-                 streams: list[TokenStream], *, tools: bool) -> None:
+                 streams: list[TokenStream], *, tools: str | None) -> None:
         self.shape = shape
         self.body = body
         self.model = model
@@ -161,7 +163,7 @@ class ChoicesAnswer:
         answer = whole_answer(self.shape, first, self.model, text, finish, tokens)
         if len(results) == 1:
             if self.tools:
-                with_tool_calls(answer["choices"][0], first, text)
+                with_tool_calls(answer["choices"][0], first, text, self.tools)
             return answer
         choices = []
         for index, (text, tokens, finish) in enumerate(results):
@@ -169,18 +171,19 @@ class ChoicesAnswer:
                                   tokens)["choices"][0]
             choice["index"] = index
             if self.tools:
-                with_tool_calls(choice, self.streams[index].request_id, text)
+                with_tool_calls(choice, self.streams[index].request_id, text, self.tools)
             choices.append(choice)
         answer["choices"] = choices
         answer["usage"] = choices_usage([finish for _, _, finish in results])
         return answer
 
 
-def with_tool_calls(choice: dict[str, Any], request_id: str, text: str) -> None:
-    """A chat choice whose answer is in the generic tool format, as OpenAI's message:
+def with_tool_calls(choice: dict[str, Any], request_id: str, text: str,
+                    tools: str = "generic") -> None:
+    """A chat choice whose answer is in the tool format ``tools``, as OpenAI's message:
     its tool calls, and ``tool_calls`` as its finish reason if it made any (and was not
     cut short)."""
-    choice["message"], called = tool_message(request_id, text)
+    choice["message"], called = tool_message(request_id, text, tools)
     choice["logprobs"] = None
     if called and choice["finish_reason"] != "length":
         choice["finish_reason"] = "tool_calls"

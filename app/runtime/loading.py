@@ -39,7 +39,8 @@ class ServingEngine(streams.StepEngine, Protocol):
     def constraint_cached(self, constraint: engine.Constraint, namespace: bytes = b"") -> bool:
         ...
     def render_chat(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> tuple[str, list[int]]: ...
     def chat_template_uses(self, name: str) -> bool: ...
 

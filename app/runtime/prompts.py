@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import trio
 
@@ -192,9 +192,11 @@ class TokenizerQueue:
     async def render_chat(
         self, eng: ServingEngine, messages: Sequence[Mapping[str, str]],
         add_generation_prompt: bool, owner: Hashable = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> tuple[str, tuple[int, ...]]:
-        """Chat messages as the model's chat template renders them: the text and its ids,
-        in ``owner``'s turn (None: one turn for every caller that names none).
+        """Chat messages (and ``tools``, for a template that renders its own) as the
+        model's chat template renders them: the text and its ids, in ``owner``'s turn
+        (None: one turn for every caller that names none).
 
         Raises:
             engine.ChatTemplateError: no chat template, or it refused the messages.
@@ -202,7 +204,7 @@ class TokenizerQueue:
         Cancellation: while queued or rendering (never abandoned; milliseconds):
         nothing was made.
         """
-        render = partial(eng.render_chat, messages, add_generation_prompt)
+        render = partial(eng.render_chat, messages, add_generation_prompt, tools)
         text, ids = await self._in_turn(render, owner)
         return text, tuple(ids)
 

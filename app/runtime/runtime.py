@@ -216,10 +216,12 @@ class Runtime:
 
     async def render_chat(
         self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool,
-        owner: str | None = None,
+        owner: str | None = None, tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> tuple[str, tuple[int, ...]]:
-        """Chat messages as the model's chat template renders them: the text and its
-        token ids, in one worker-thread call, in ``owner``'s turn (the API key's name;
+        """Chat messages (and ``tools``, function definitions for a template that renders
+        its own: ``ChatBody.template_tools``) as the model's chat template renders them:
+        the text and its token ids, in one worker-thread call, in ``owner``'s turn (the
+        API key's name;
         None: one turn shared by every caller that names none). The route then builds
         its request of them and calls ``prepare`` (which keeps the ids), as for a prompt.
 
@@ -233,7 +235,7 @@ class Runtime:
         self._ready_hub()
         assert self.engine is not None  # READY: built
         return await self._prompts.render_chat(self.engine, messages, add_generation_prompt,
-                                               owner)
+                                               owner, tools)
 
     def open(self, prepared: Prepared, *, resumable: bool = False,
              rebuilt: bool = False) -> streams.TokenStream:

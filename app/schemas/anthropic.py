@@ -35,6 +35,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -69,7 +70,17 @@ from .limits import (
     limits_of,
     salt_bytes,
 )
-from .tools import ToolUse, output_constraint, system_text, with_system_text
+from .tool_formats import (
+    GENERIC,
+    TemplateReader,
+    answer_constraint,
+    calls_writer,
+    request_format,
+    template_tool_format,
+    template_tools,
+    with_tools,
+)
+from .tools import CallsText, ToolUse, calls_text
 from .unsupported import neutral_validator
 
 ANTHROPIC_DEFAULT_TEMPERATURE = 1.0  # the API's default
@@ -140,8 +151,9 @@ class InputMessage(BaseModel):
                     "role's turn", {"index": index, "kind": block.type})
         return self
 
-    def as_template_input(self, names: dict[str, str]) -> dict[str, str]:
-        return {"role": self.role, "content": turn_text(self.content, names)}
+    def as_template_input(self, names: dict[str, str],
+                          write_calls: CallsText = calls_text) -> dict[str, str]:
+        return {"role": self.role, "content": turn_text(self.content, names, write_calls)}
 
 
 class AnthropicPrompt(BaseModel):
@@ -163,6 +175,7 @@ class AnthropicPrompt(BaseModel):
     context_management: Any = None
 
     _neutral = neutral_validator(list(PROMPT_UNSUPPORTED))
+    _model_tool_format: str = PrivateAttr(GENERIC)  # the template's (``speak_tools_of``)
 
     @field_validator("system", mode="before")
     @classmethod
@@ -215,20 +228,39 @@ class AnthropicPrompt(BaseModel):
         check_prompt_chars(sum(len(m["content"]) for m in self.template_input()), limits)
         return self
 
+    def speak_tools_of(self, model: TemplateReader | None) -> None:
+        """Answer with tools in the format of ``model``'s chat template (None: no model
+        yet), where it has one of its own (``tool_formats.py``), else the generic one.
+        Call it before ``template_input``, ``template_tools`` and the request is made."""
+        self._model_tool_format = template_tool_format(model)
+
     def tool_use(self) -> ToolUse | None:
-        """What the request asks of its tools (None: no tools, or ``none``)."""
-        return anthropic_tool_use(self.tools, self.tool_choice)
+        """What the request asks of its tools (None: no tools, or ``none``), in the
+        format it is answered in."""
+        return request_format(self._model_tool_format,
+                              anthropic_tool_use(self.tools, self.tool_choice))
+
+    def tool_format(self) -> str | None:
+        """The format of the answer's tool calls (the encoders' ``tools``), or None."""
+        use = self.tool_use()
+        return None if use is None else use.format
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools for the chat template, where it renders its own; else None."""
+        return template_tools(self.tool_use())
 
     def template_input(self) -> list[dict[str, str]]:
         """The conversation as a chat template takes it: the system prompt (if any) as
-        the first message, with the tools (if the answer may call them), then the turns
-        (tool blocks as text)."""
+        the first message, with the tools (if the answer may call them, in the generic
+        format: a template with its own takes them as ``template_tools``), then the
+        turns (tool blocks as text, past calls in the answer's format)."""
         names: dict[str, str] = {}
-        turns = [m.as_template_input(names) for m in self.messages]
+        use = self.tool_use()
+        write_calls = calls_writer(use, self._model_tool_format)
+        turns = [m.as_template_input(names, write_calls) for m in self.messages]
         if self.system is not None:
             turns = [{"role": "system", "content": _joined(self.system)}, *turns]
-        use = self.tool_use()
-        return turns if use is None else with_system_text(turns, system_text(use))
+        return with_tools(turns, use)
 
 
 class CountTokensBody(AnthropicPrompt):
@@ -293,5 +325,5 @@ class MessagesBody(AnthropicPrompt):
             prompt_token_ids=prompt_ids,
             ttft_deadline=ttft_deadline,
             cache_namespace=salt_bytes(self.cache_salt),
-            constraint=None if (use := self.tool_use()) is None else output_constraint(use),
+            constraint=None if (use := self.tool_use()) is None else answer_constraint(use),
         )

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .tools import ToolSpec, ToolUse, calls_text, result_text
+from .tools import CallsText, ToolSpec, ToolUse, calls_text, result_text
 
 ToolName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,128}$")]
 SERVED_BLOCKS = frozenset({"text", "tool_use", "tool_result"})
@@ -72,10 +72,12 @@ class ToolResultBlock(BaseModel):
 ContentBlock = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
 
 
-def turn_text(blocks: list[ContentBlock], names: dict[str, str]) -> str:
+def turn_text(blocks: list[ContentBlock], names: dict[str, str],
+              write_calls: CallsText = calls_text) -> str:
     """A turn's blocks as one text: text blocks as they are, a run of calls as one
-    ``{"tool_calls": ...}``, each result as its ``tool_response``; newline-joined.
-    ``names``: each earlier call's name by its id (this turn's calls are added)."""
+    ``{"tool_calls": ...}`` (or as ``write_calls`` writes them: the answer's format),
+    each result as its ``tool_response``; newline-joined. ``names``: each earlier
+    call's name by its id (this turn's calls are added)."""
     parts: list[str] = []
     calls: list[tuple[str, Any]] = []
     for block in blocks:
@@ -84,7 +86,7 @@ def turn_text(blocks: list[ContentBlock], names: dict[str, str]) -> str:
             names[block.id] = block.name
             continue
         if calls:
-            parts.append(calls_text(calls))
+            parts.append(write_calls(calls, ""))
             calls = []
         if isinstance(block, TextBlock):
             parts.append(block.text)
@@ -92,7 +94,7 @@ def turn_text(blocks: list[ContentBlock], names: dict[str, str]) -> str:
             parts.append(result_text(block.tool_use_id, names.get(block.tool_use_id),
                                      block.text, bool(block.is_error)))
     if calls:
-        parts.append(calls_text(calls))
+        parts.append(write_calls(calls, ""))
     return "\n".join(parts)
 
 

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic_core import PydanticCustomError
 
-from .tools import arguments_value, calls_text, result_text
+from .tools import CallsText, arguments_value, calls_text, result_text
 
 
 class TextPart(BaseModel):
@@ -89,27 +89,30 @@ class ChatMessage(BaseModel):
             return ""
         return content if isinstance(content, str) else "\n".join(p.text for p in content)
 
-    def as_template_input(self, names: dict[str, str] | None = None) -> dict[str, str]:
+    def as_template_input(self, names: dict[str, str] | None = None,
+                          write_calls: CallsText = calls_text) -> dict[str, str]:
         """``{"role", "content"}`` as a chat template expects it: ``developer`` as
-        ``system``; past tool calls and results as text (``names``: each earlier call's
-        function by its id, for a result's turn)."""
+        ``system``; past tool calls (as ``write_calls`` writes them) and results as text
+        (``names``: each earlier call's function by its id, for a result's turn)."""
         if self.role == "tool":
             name = (names or {}).get(self.tool_call_id or "")
             return {"role": "user", "content": result_text(self.tool_call_id, name, self.text)}
         if self.tool_calls:
             calls = [(c.function.name, arguments_value(c.function.arguments))
                      for c in self.tool_calls]
-            return {"role": "assistant", "content": calls_text(calls, self.text)}
+            return {"role": "assistant", "content": write_calls(calls, self.text)}
         return {"role": "system" if self.role == "developer" else self.role,
                 "content": self.text}
 
 
-def template_input(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """The messages as a chat template takes them, tool turns as text."""
+def template_input(messages: list[ChatMessage],
+                   write_calls: CallsText = calls_text) -> list[dict[str, str]]:
+    """The messages as a chat template takes them, tool turns as text (past calls as
+    ``write_calls`` writes them: the answer's format)."""
     names: dict[str, str] = {}
     turns = []
     for message in messages:
-        turns.append(message.as_template_input(names))
+        turns.append(message.as_template_input(names, write_calls))
         for call in message.tool_calls or ():
             names[call.id] = call.function.name
     return turns

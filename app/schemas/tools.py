@@ -23,10 +23,11 @@ nor do most small models'. For every model this server uses one format, llama.cp
   "name", "content"}}`` (``result_text``; a user turn because many templates know no
   ``tool`` role, as minja's polyfill does it).
 
-A template that does know tools (a ``tools`` variable: Llama 3.1, Qwen 2.5, Hermes)
-would read them better in its own words, through ``apply_chat_template(tools=...)``, and
-answers in its own syntax (``<tool_call>...``), which would need a parser per family;
-this server renders and constrains every model the generic way (docs/structured-output.md).
+A template that does know tools in a family's syntax (Hermes and Qwen 2.5's
+``<tool_call>``, Llama 3.1's JSON, Mistral's ``[TOOL_CALLS]``) is given them through
+``apply_chat_template(tools=...)`` and answers in its own syntax instead
+(``tool_formats.py``: ``ToolUse.format`` says which); the Responses route, and any
+template that knows no tools, use this generic format (docs/structured-output.md).
 
 Pure: JSON in, JSON and text out; the routes' bodies (``openai.py``, ``anthropic.py``)
 build a ``ToolUse`` from their fields.
@@ -35,7 +36,7 @@ build a ``ToolUse`` from their fields.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +67,9 @@ class ToolUse:
         parallel: more than one call allowed in the answer (never with ``named``).
         response_schema: what a ``response`` must be instead of a string (OpenAI's
             ``response_format``, as llama.cpp takes it), or None.
+        format: the format the answer is in: ``generic`` (this module's), or the
+            model's own (``tool_formats.py``), which the request speaks where its
+            template renders ``tools``.
     """
 
     tools: tuple[ToolSpec, ...]
@@ -73,6 +77,7 @@ class ToolUse:
     named: str | None = None
     parallel: bool = True
     response_schema: Mapping[str, Any] | None = None
+    format: str = "generic"
 
     def callable_tools(self) -> tuple[ToolSpec, ...]:
         """The tools the answer may call: the named one, or all."""
@@ -132,6 +137,11 @@ def json_schema_constraint(schema: Mapping[str, Any] | bool) -> Constraint:
     """A JSON schema as the engine's constraint (its compact JSON text: the cache key)."""
     return Constraint(ConstraintKind.JSON_SCHEMA,
                       json.dumps(schema, ensure_ascii=False, separators=(",", ":")))
+
+
+# How a turn's past calls are written: ``calls_text`` here, a family's in
+# ``tool_formats.calls_writer``.
+CallsText = Callable[[Sequence[tuple[str, Any]], str], str]
 
 
 def calls_text(calls: Sequence[tuple[str, Any]], text: str = "") -> str:

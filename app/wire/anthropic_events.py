@@ -125,13 +125,14 @@ def message_object(
 
 
 def whole_message(request_id: str, model: str, text: str, finish: FinishEvent,
-                  *, tools: bool = False) -> dict[str, Any]:
+                  *, tools: bool | str | None = False) -> dict[str, Any]:
     """The answer of a request without ``"stream": true``: one text block, or with
-    ``tools`` the blocks of the generic tool format's answer."""
+    ``tools`` the blocks of the tool format's answer (True: the generic format; a
+    format's name: ``tool_formats.tool_scanner``)."""
     if not tools:
         return message_object(request_id, model, [{"type": "text", "text": text}],
                               finish.prompt_tokens, finish)
-    parser = ToolCalls(TOOL_USE_ID_PREFIX + request_id)
+    parser = ToolCalls(TOOL_USE_ID_PREFIX + request_id, tools)
     said = parser.read_whole(text)
     content: list[dict[str, Any]] = [{"type": "text", "text": said}] if said else []
     for index, call in enumerate(parser.calls):
@@ -158,7 +159,8 @@ class AnthropicEvents:
         model: the name the message carries.
         input_tokens: the prompt's length in tokens (``message_start``'s usage).
         error_envelope: Anthropic's error object for a failure (the routes own it).
-        tools: the answer is in the generic tool format (the module docstring).
+        tools: the answer is in the generic tool format (the module docstring), or
+            (a format's name) in the model's own (``tool_formats.py``).
     """
 
     def __init__(
@@ -168,13 +170,13 @@ class AnthropicEvents:
         input_tokens: int,
         *,
         error_envelope: AnthropicErrorEnvelope,
-        tools: bool = False,
+        tools: bool | str | None = False,
     ) -> None:
         self.request_id = request_id
         self.model = model
         self.input_tokens = input_tokens
         self.error_envelope = error_envelope
-        self._tools = _ToolBlocks(request_id) if tools else None
+        self._tools = _ToolBlocks(request_id, tools) if tools else None
 
     def opening(self) -> bytes:
         """``message_start``, ``content_block_start`` and a first ``ping``."""
@@ -231,9 +233,9 @@ class _ToolBlocks:
     """The content blocks of an answer in the generic tool format, as they stream, of
     the one output parser (``output_parser.ToolCalls``)."""
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, tools: bool | str | None = True) -> None:
         self.request_id = request_id
-        self.parser = ToolCalls(TOOL_USE_ID_PREFIX + request_id)
+        self.parser = ToolCalls(TOOL_USE_ID_PREFIX + request_id, tools)
         self._index = -1  # the last block opened
         self._open: str | None = None  # its type while it is open
 

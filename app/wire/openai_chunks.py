@@ -75,7 +75,8 @@ class OpenAIChunks:
         error_envelope: OpenAI's error object for a failure (see the module docstring).
         include_usage: ``stream_options.include_usage``.
         created: every chunk's ``created``; None for now (the Unix time, whole seconds).
-        tools: the answer is in the generic tool format (chat only).
+        tools: the answer is in the generic tool format (True) or the format of that
+            name (``tool_formats.tool_scanner``) (chat only).
         choices: the request ids of several choices, in ``index`` order (the first is
             ``request_id``); None for one.
     """
@@ -89,7 +90,7 @@ class OpenAIChunks:
         error_envelope: ErrorEnvelope,
         include_usage: bool = False,
         created: int | None = None,
-        tools: bool = False,
+        tools: bool | str | None = False,
         choices: Sequence[str] | None = None,
     ) -> None:
         self.shape = shape
@@ -102,7 +103,7 @@ class OpenAIChunks:
         ids = list(choices or [request_id])
         self._index = {rid: index for index, rid in enumerate(ids)}
         self._chars = [0] * len(ids)  # of each choice's text sent so far: text_offset
-        self._tools = [ToolDeltas(rid) for rid in ids] if tools else None
+        self._tools = [ToolDeltas(rid, tools) for rid in ids] if tools else None
         self._finishes: list[FinishEvent] = []  # the choices ended so far
 
     def opening(self) -> bytes:

@@ -1,4 +1,5 @@
-"""A chat answer in the generic tool format, as OpenAI sends tool calls.
+"""A chat answer in the generic tool format (or the model's own: ``tool_formats.py``),
+as OpenAI sends tool calls.
 
 A request with tools (``app.schemas.tools``) is answered with ``{"tool_calls": [...]}``
 or ``{"response": ...}``; a client expects neither, but OpenAI's shapes:
@@ -32,9 +33,9 @@ class ToolDeltas:
     """One streamed answer's deltas (the module docstring), of the one output parser
     (``output_parser.ToolCalls``)."""
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, tools: bool | str | None = True) -> None:
         self.request_id = request_id
-        self.parser = ToolCalls(CALL_ID_PREFIX + request_id)
+        self.parser = ToolCalls(CALL_ID_PREFIX + request_id, tools)
 
     def feed(self, token: TokenEvent) -> list[dict[str, Any]]:
         """The chat deltas the next token of the answer completes."""
@@ -65,9 +66,11 @@ class ToolDeltas:
         return deltas
 
 
-def tool_message(request_id: str, text: str) -> tuple[dict[str, Any], bool]:
-    """A whole answer's ``message`` and whether it made calls."""
-    parser = ToolCalls(CALL_ID_PREFIX + request_id)
+def tool_message(request_id: str, text: str,
+                 tools: bool | str | None = True) -> tuple[dict[str, Any], bool]:
+    """A whole answer's ``message`` and whether it made calls; ``tools``: its format
+    (True: the generic one; ``tool_formats.tool_scanner``)."""
+    parser = ToolCalls(CALL_ID_PREFIX + request_id, tools)
     content = parser.read_whole(text)
     calls = [{"id": parser.call_id(index), "type": "function",
               "function": {"name": call.name, "arguments": call.arguments}}

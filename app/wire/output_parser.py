@@ -9,11 +9,12 @@ scanner's (``tool_call_scanner``: ``TextDelta``, ``CallStart``, ``ArgumentsDelta
 
 * ``PlainText``: every token's text is the answer's text (with its log-probabilities
   when asked), a request without tools;
-* ``ToolCalls``: the generic tool format's answer (``app.schemas.tools``), read by a
-  ``ToolCallScanner``: each call's name, then its arguments' fragments, or the
-  response's text. A call's id is ``<call_prefix>_<index>``, the same each time the
-  answer is encoded (OpenAI's ``call_<request id>``, Anthropic's ``toolu_<request id>``).
-  No log-probabilities (as on the chat route).
+* ``ToolCalls``: the generic tool format's answer (``app.schemas.tools``), or the
+  model's own format's (``tool_formats``), read by a ``ToolCallScanner``: each call's
+  name, then its arguments' fragments, or the response's text. A call's id is
+  ``<call_prefix>_<index>``, the same each time the answer is encoded (OpenAI's
+  ``call_<request id>``, Anthropic's ``toolu_<request id>``). No log-probabilities (as
+  on the chat route).
 
 Pure: no I/O.
 """
@@ -24,12 +25,8 @@ from typing import Any, Protocol
 
 from engine import TokenEvent
 
-from .tool_call_scanner import (
-    ScannedCall,
-    TextDelta,
-    ToolCallScanner,
-    ToolEvent,
-)
+from .tool_call_scanner import ScannedCall, TextDelta, ToolEvent
+from .tool_formats import tool_scanner
 
 OutputEvent = ToolEvent
 
@@ -77,12 +74,13 @@ class PlainText:
 
 
 class ToolCalls:
-    """The answer of a request with tools, in the generic tool format (the module
+    """The answer of a request with tools, in the generic tool format or in the
+    model's own (``tools``: a format's name, ``tool_formats.tool_scanner``; the module
     docstring)."""
 
-    def __init__(self, call_prefix: str) -> None:
+    def __init__(self, call_prefix: str, tools: bool | str | None = True) -> None:
         self.call_prefix = call_prefix
-        self.scanner = ToolCallScanner()
+        self.scanner = tool_scanner(tools)
 
     @property
     def made_calls(self) -> bool:
