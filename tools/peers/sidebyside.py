@@ -80,7 +80,7 @@ TTFT_SLACK = 1.3  # issue 10: TTFT p99 within 1.3 x (one batched prefill + one s
 CEILING_SHARE = 0.8  # issue 10: at least 80% of the decode ceiling
 PEER_FACTOR = 2.0  # issue 10: at least 2x the peer's tokens/s
 OURS, BEFORE = "streamscope", "streamscope-before"
-LLAMA_ONE_STREAM = 0.5  # issue 37: one stream at least 0.5x llama-server's tokens/s
+LLAMA_ONE_STREAM = 0.8  # issue 44 (37 asked 0.5): one stream at least 0.8x llama-server's tokens/s
 LLAMA_FACTOR = 2.0  # issue 37: the largest level at least 2x llama-server's
 COMPARED = ("tokens_per_s_counted", "ttft_p50_ms", "ttft_p99_ms", "gap_p50_ms", "gap_p99_ms",
             "gap_max_ms")
