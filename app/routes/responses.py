@@ -39,11 +39,14 @@ from ..edge.connection import own
 from ..error_handlers import answer_errors_under, error_response
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics
-from ..runtime import Prepared, Runtime
-from ..runtime.responses_store import (
+from ..runtime import (
+    OutputParsing,
+    Prepared,
     ResponsesFull,
     ResponseStore,
     ResponseStoreUnavailable,
+    Runtime,
+    StoredResponse,
     response_store,
 )
 from ..schemas import RequestLimits
@@ -51,7 +54,14 @@ from ..schemas.responses import ResponsesBody
 from .body import EventStreamBody
 from .openai_errors import OpenAIError, ServedModels, openai_error_for
 from .responses_background import StoreWriter, start_background
-from .responses_objects import FINAL, events_of, new_response, response_id_of, with_ids
+from .responses_objects import (
+    FINAL,
+    NO_EVENTS,
+    events_of,
+    new_response,
+    response_id_of,
+    with_ids,
+)
 from .responses_stored import StoredResponses, unavailable
 from .serving import (
     collect,
@@ -70,19 +80,20 @@ class Settle:
     encoder's ``on_final``), or, when its request ends without one (the client left),
     as ``cancelled``. The connection owns it (``close``)."""
 
-    def __init__(self, writer: StoreWriter | None, document: dict[str, Any]) -> None:
+    def __init__(self, writer: StoreWriter | None, document: StoredResponse) -> None:
         self.writer = writer
         self.document = document
         self.events = events_of(document, on_final=self.final)
 
     def final(self, response: dict[str, Any]) -> None:
         if self.writer is not None:
-            self.writer.write({**self.document, "response": response})
+            self.writer.write(self.document.with_response(response))
 
     def whole(self, items: list[Any]) -> dict[str, Any]:
         """A whole answer's response object, final; its caller stores it (awaited: the
         next turn may follow at once), so nothing is written from here."""
         self.writer = None
+        self.events.skip_through = NO_EVENTS  # the object only: nobody reads the events
         self.events.opening()
         self.events.encode(items)
         return self.events.response
@@ -164,12 +175,13 @@ class ResponsesViews:
         g.response_id = response_id  # named in the answer's head (name_the_response)
         created = new_response(response_id, body, model, created_at=int(time.time()),
                                max_output_tokens=new_tokens)
-        document = {"created": created, "response": created,
-                    "input_items": with_ids(response_id, items), "context": context,
-                    "owner": key_name() or SERVER_OWNER,
-                    "parser": {"logprobs": body.wants_logprobs,
-                               "tools": body.tool_use() is not None and f"call_{request_id}"}}
-        if created["store"]:
+        document = StoredResponse(
+            created=created, response=created,
+            input_items=tuple(with_ids(response_id, items)), context=tuple(context),
+            owner=key_name() or SERVER_OWNER,
+            parser=OutputParsing(logprobs=body.wants_logprobs, call_prefix=(
+                f"call_{request_id}" if body.tool_use() is not None else None)))
+        if document.is_stored:
             await self._store(document)
         if body.background:
             spec = spec_of(prepared.request, None) if shared else None
@@ -177,14 +189,14 @@ class ResponsesViews:
                                           document, timer, stream=bool(body.stream))
         return await self.foreground(prepared, document, timer, stream=bool(body.stream))
 
-    async def foreground(self, prepared: Prepared, document: dict[str, Any], timer: Any, *,
+    async def foreground(self, prepared: Prepared, document: StoredResponse, timer: Any, *,
                          stream: bool) -> Response:
         """Open the stream, the connection its owner, and answer it as events or whole.
 
         Cancellation: a whole answer's at the stream's receive (``with opened`` closes
         it); a streaming one's in the body, or the connection's backstop, closes it.
         """
-        writer = self.writer() if document["created"]["store"] else None
+        writer = self.writer() if document.is_stored else None
         try:
             opened = open_owned(self.runtime, prepared, timer)
         except Exception:  # refused: no response was made
@@ -202,13 +214,13 @@ class ResponsesViews:
             _, tokens, finish = await collect(opened, timer)
         response = settle.whole([*tokens, finish])
         if writer is not None:  # the next turn may follow at once: stored before answering
-            await self._store({**document, "response": response})
+            await self._store(document.with_response(response))
         return json_response(response, headers={"X-Request-ID": opened.request_id})
 
-    async def _store(self, document: dict[str, Any]) -> None:
+    async def _store(self, document: StoredResponse) -> None:
         """Raises: OpenAIError 429 too_many_stored; ApiError 503. Cancellation: lands or not."""
         try:
-            await self.store.put(document["owner"], document["response"]["id"], document)
+            await self.store.put(document)
         except ResponsesFull as exc:
             raise OpenAIError(ApiError(ErrorType.TOO_MANY_STORED, str(exc)),
                               param="store") from None
@@ -245,7 +257,8 @@ RESPONSE_ID_HEADER = "Streamscope-Response-Id"
 def make_responses_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     """The Responses API's routes, bound to one app's runtime."""
     bp = Blueprint("responses", __name__)
-    views = ResponsesViews(runtime, metrics, response_store(runtime.settings))
+    views = ResponsesViews(runtime, metrics,
+                           response_store(runtime.settings, runtime.shared_store))
     bp.add_url_rule("/v1/responses", view_func=views.create, methods=["POST"])
     bp.add_url_rule("/v1/responses/<response_id>", view_func=views.retrieve, methods=["GET"])
     bp.add_url_rule("/v1/responses/<response_id>", view_func=views.delete,
