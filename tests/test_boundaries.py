@@ -202,9 +202,9 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
     ],
     "app.runtime": [
         "HANDOVER_LEAD_S", "LOADING_RETRY_AFTER_S", "SHUTDOWN_RETRY_AFTER_S",
-        "STORE_CHECK_TIMEOUT_S", "MakeEngine", "Phase", "Prepared", "Rebuilder",
-        "ResponseStore", "ResponseStoreUnavailable", "ResponsesFull", "Runtime",
-        "ServingEngine",
+        "STORE_CHECK_TIMEOUT_S", "MakeEngine", "OutputParsing", "Phase", "Prepared",
+        "Rebuilder", "ResponseStore", "ResponseStoreUnavailable", "ResponsesFull", "Runtime",
+        "ServingEngine", "StoreBounds", "StoredResponse",
         "load_engine_from_settings", "response_store", "stop_deadline_s",
     ],
     "app.schemas": [
@@ -247,7 +247,8 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
     "streams.resume": [
         "Adopt", "BadPosition", "Draining", "EventLog", "Holding", "LoggedEvent",
         "MemoryEventLog", "NothingToResume", "Reader", "ReaderBusy", "Rebuild", "RedisEventLog",
-        "RemoteReader", "ResumeError", "ResumeRegistry", "ResumeStatistics", "SharedEventLog",
+        "RedisStore", "RemoteReader", "ResumeError", "ResumeRegistry", "ResumeStatistics",
+        "SharedEventLog",
         "StoreRejected", "StoreStatistics", "StoreUnavailable", "TakenOver", "WriterGone",
         "generated_ids", "spec_of", "spec_parts", "with_seed",
     ],

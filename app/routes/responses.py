@@ -39,10 +39,12 @@ from ..error_handlers import answer_errors_under
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics
 from ..runtime import (
+    OutputParsing,
     ResponsesFull,
     ResponseStore,
     ResponseStoreUnavailable,
     Runtime,
+    StoredResponse,
     response_store,
 )
 from ..schemas import RequestLimits, ResponsesBody
@@ -50,7 +52,14 @@ from ..wire import Encoder
 from .openai_errors import OpenAIError, ServedModels, openai_error_for
 from .pipeline import Adapter, Call, Collected, Pipeline, Prompt, Terms, answer_owned, refusals
 from .responses_background import StoreWriter, start_background
-from .responses_objects import FINAL, events_of, new_response, response_id_of, with_ids
+from .responses_objects import (
+    FINAL,
+    NO_EVENTS,
+    events_of,
+    new_response,
+    response_id_of,
+    with_ids,
+)
 from .responses_stored import StoredResponses, unavailable
 
 SERVER_OWNER = "(server)"  # what stored responses are counted under without API keys
@@ -61,19 +70,20 @@ class Settle:
     encoder's ``on_final``), or, when its request ends without one (the client left),
     as ``cancelled``. The connection owns it (``close``)."""
 
-    def __init__(self, writer: StoreWriter | None, document: dict[str, Any]) -> None:
+    def __init__(self, writer: StoreWriter | None, document: StoredResponse) -> None:
         self.writer = writer
         self.document = document
         self.events = events_of(document, on_final=self.final)
 
     def final(self, response: dict[str, Any]) -> None:
         if self.writer is not None:
-            self.writer.write({**self.document, "response": response})
+            self.writer.write(self.document.with_response(response))
 
     def whole(self, items: list[Any]) -> dict[str, Any]:
         """A whole answer's response object, final; its caller stores it (awaited: the
         next turn may follow at once), so nothing is written from here."""
         self.writer = None
+        self.events.skip_through = NO_EVENTS  # the object only: nobody reads the events
         self.events.opening()
         self.events.encode(items)
         return self.events.response
@@ -153,28 +163,28 @@ class ResponsesAdapter(Adapter[ResponsesBody]):
         created = new_response(response_id, body, call.model, created_at=int(time.time()),
                                max_output_tokens=body.new_tokens())
         items = body.input_items()
-        document = {"created": created, "response": created,
-                    "input_items": with_ids(response_id, items),
-                    "context": list(call.prompt.context),
-                    "owner": key_name() or SERVER_OWNER,
-                    "parser": {"logprobs": body.wants_logprobs,
-                               "tools": body.tool_use() is not None and f"call_{request_id}"}}
-        if created["store"]:
+        document = StoredResponse(
+            created=created, response=created,
+            input_items=tuple(with_ids(response_id, items)), context=call.prompt.context,
+            owner=key_name() or SERVER_OWNER,
+            parser=OutputParsing(logprobs=body.wants_logprobs, call_prefix=(
+                f"call_{request_id}" if body.tool_use() is not None else None)))
+        if document.is_stored:
             await self._store(document)
         if body.background:
             return await start_background(self.runtime, self.writer(), call.prepared,
                                           call.spec, document, call.timer,
                                           stream=bool(body.stream))
-        writer = self.writer() if created["store"] else None
+        writer = self.writer() if document.is_stored else None
         return await answer_owned(
             call, lambda streams: ForegroundAnswer(self, writer, document, streams[0]),
             streaming=bool(body.stream),
             not_opened=None if writer is None else lambda: writer.forget(document))
 
-    async def _store(self, document: dict[str, Any]) -> None:
+    async def _store(self, document: StoredResponse) -> None:
         """Raises: OpenAIError 429 too_many_stored; ApiError 503. Cancellation: lands or not."""
         try:
-            await self.store.put(document["owner"], document["response"]["id"], document)
+            await self.store.put(document)
         except ResponsesFull as exc:
             raise OpenAIError(ApiError(ErrorType.TOO_MANY_STORED, str(exc)),
                               param="store") from None
@@ -188,7 +198,7 @@ class ForegroundAnswer:
     connection owns its ``Settle`` from then on."""
 
     def __init__(self, adapter: ResponsesAdapter, writer: StoreWriter | None,
-                 document: dict[str, Any], stream: TokenStream) -> None:
+                 document: StoredResponse, stream: TokenStream) -> None:
         self.adapter = adapter
         self.writer = writer
         self.document = document
@@ -206,7 +216,7 @@ class ForegroundAnswer:
         _, tokens, finish = results[0]
         response = self.settle.whole([*tokens, finish])
         if self.writer is not None:  # the next turn may follow at once: stored before
-            await self.adapter._store({**self.document, "response": response})
+            await self.adapter._store(self.document.with_response(response))
         return response
 
 
@@ -242,7 +252,7 @@ def make_responses_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
     bp = Blueprint("responses", __name__)
     settings = runtime.settings
     models = ServedModels(settings.model, settings.model_name, created=int(time.time()))
-    adapter = ResponsesAdapter(runtime, response_store(settings), models)
+    adapter = ResponsesAdapter(runtime, response_store(settings, runtime.shared_store), models)
     views = ResponsesViews(adapter)
     bp.add_url_rule("/v1/responses", "create", Pipeline(runtime, metrics).view(adapter),
                     methods=["POST"])

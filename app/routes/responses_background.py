@@ -14,8 +14,9 @@ nothing: it generates with no reader for ``STREAMSCOPE_RESPONSES_BACKGROUND_S`` 
 events are made again from the log for every reader (``app.wire.responses_replay``),
 skipping those up to ``starting_after``.
 
-``Recorder`` is the stream's observer in the registry: it encodes the items as they are
-logged and, at the last one, writes the final response object to the response store, so
+``Recorder`` is the stream's observer in the registry: it builds the response object of
+the items as they are logged (its events' bytes are not made here: each reader's are,
+once) and, at the last one, writes the final response object to the response store, so
 ``GET /v1/responses/<id>`` answers after the stream's log has expired. (A stream taken
 over by another replica, after its writer died, is observed there by the failover's own
 observer: its final object is written by the first ``GET`` that reads the finished log,
@@ -32,11 +33,18 @@ from quart import Response
 
 from ..errors import ApiError
 from ..metrics import RequestTimer
-from ..runtime import Prepared, ResponsesFull, ResponseStore, ResponseStoreUnavailable, Runtime
+from ..runtime import (
+    Prepared,
+    ResponsesFull,
+    ResponseStore,
+    ResponseStoreUnavailable,
+    Runtime,
+    StoredResponse,
+)
 from ..wire import ReplayedEvents
 from .body import EventStreamBody
 from .registry_owned import open_registry_owned, wait_stored
-from .responses_objects import events_of
+from .responses_objects import events_of, object_of
 from .resume_source import ResumeSource
 from .serving import json_response, sse_response
 
@@ -51,39 +59,40 @@ class StoreWriter:
         self.store = store
         self.nursery = nursery
 
-    def forget(self, document: dict[str, Any]) -> None:
+    def forget(self, document: StoredResponse) -> None:
         """Queue the delete of ``document`` (a response refused after it was stored).
         Sync, never a checkpoint."""
         self.nursery.start_soon(self._forget, document)
 
-    async def _forget(self, document: dict[str, Any]) -> None:
+    async def _forget(self, document: StoredResponse) -> None:
         """Cancellation: the app's nursery stops; a delete in flight lands or not."""
         try:
-            await self.store.delete(document["owner"], document["response"]["id"])
+            await self.store.delete(document.owner, document.id)
         except ResponseStoreUnavailable as exc:
-            log.warning("response %s not deleted: %s", document["response"]["id"], exc)
+            log.warning("response %s not deleted: %s", document.id, exc)
 
-    def write(self, document: dict[str, Any]) -> None:
+    def write(self, document: StoredResponse) -> None:
         """Queue the write of ``document``. Sync, never a checkpoint."""
         self.nursery.start_soon(self._write, document)
 
-    async def _write(self, document: dict[str, Any]) -> None:
+    async def _write(self, document: StoredResponse) -> None:
         """Cancellation: the app's nursery stops; a write in flight lands or not."""
         try:
-            await self.store.put(document["owner"], document["response"]["id"], document)
+            await self.store.put(document)
         except (ResponsesFull, ResponseStoreUnavailable) as exc:
-            log.warning("response %s not stored: %s", document["response"]["id"], exc)
+            log.warning("response %s not stored: %s", document.id, exc)
 
 
 class Recorder:
     """A background stream's observer: the metrics timer and key slot it wraps
     (``inner``), and the final response object written at the stream's last item."""
 
-    def __init__(self, document: dict[str, Any], writer: StoreWriter, inner: Any) -> None:
+    def __init__(self, document: StoredResponse, writer: StoreWriter, inner: Any) -> None:
         self._document = document
         self._writer = writer
         self._inner = inner
-        self._events = events_of(document, on_final=self._final)
+        # The response object only: its events are encoded for its readers, not here.
+        self._events = object_of(document, on_final=self._final)
         self._events.opening()
 
     def observe(self, item: Any) -> None:
@@ -92,7 +101,7 @@ class Recorder:
             self._events.encode([item])
 
     def _final(self, response: dict[str, Any]) -> None:
-        self._writer.write({**self._document, "response": response})
+        self._writer.write(self._document.with_response(response))
 
     def close(self) -> None:
         self._inner.close()
@@ -100,7 +109,7 @@ class Recorder:
 
 async def start_background(
     runtime: Runtime, writer: StoreWriter, prepared: Prepared, spec: bytes | None,
-    document: dict[str, Any], timer: RequestTimer, *, stream: bool,
+    document: StoredResponse, timer: RequestTimer, *, stream: bool,
 ) -> Response:
     """Open the response's stream in the resume registry (its document is stored,
     ``queued``) and answer: the response object, or (``stream``) its events as its
@@ -124,7 +133,7 @@ async def start_background(
         writer.forget(document)
         raise
     if reader is None:
-        return json_response(document["response"],
+        return json_response(document.response,
                              headers={"X-Request-ID": opened.request_id})
     body = EventStreamBody(ResumeSource(reader, runtime.resume_registry()),
                            ReplayedEvents(events_of(document)),

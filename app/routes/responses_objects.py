@@ -1,31 +1,35 @@
-"""The Responses API's documents: the response object as created, the stored document,
-and the events' encoder made of it, the same on every replica.
+"""The Responses API's objects: the response object as created, and the events' encoder
+made of a stored response, the same on every replica.
 
-A stored document is ``{"created", "response", "input_items", "context", "owner",
-"parser"}``: the response object as created (what its events are made from), and as it
-stands (final once it ended); this request's own input items, with ids
-(``GET .../input_items``); ``context``, the items of the whole conversation before this
-response's output (a previous response's context, its output, then this input: what
-``previous_response_id`` continues); the name of the key it is counted under; and how
-the model's text becomes output (``parser``). The encoder of a response
-(``events_of``) is a function of the document alone: its output items' ids count from
-the response's id, so a background response's events, made again from its log on any
-replica, are the same events (``app.wire.responses_replay``).
+A stored response is a ``StoredResponse`` (``app.runtime``: the response object as
+created and as it stands, its input items with ids, the conversation it continues, its
+owner and how its text becomes output). The encoder of a response (``events_of``) is a
+function of the record alone: its output items' ids count from the response's id, so a
+background response's events, made again from its log on any replica, are the same
+events (``app.wire.responses_replay``). Where nobody reads the events, only the response
+object they build (a background response's final record, a whole answer, a ``GET`` of a
+background response not final in the store), the encoder makes no event's bytes
+(``object_of``): a response's events are encoded for their readers only, once each.
 """
 
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import ApiError, ErrorType
+from ..runtime import OutputParsing, StoredResponse
 from ..schemas import ResponsesBody
 from ..wire import OutputParser, PlainText, ResponseEvents, ToolCalls
 
 RESPONSE_PREFIX = "resp_"
 FINAL = frozenset({"completed", "incomplete", "failed", "cancelled"})
 MAX_ID_CHARS = 128
+# ``skip_through`` of an encoder whose events nobody reads: every event is skipped, so
+# none is framed or JSON-encoded; the response object is built all the same.
+NO_EVENTS = sys.maxsize
 
 
 def response_id_of(request_id: str) -> str:
@@ -98,18 +102,27 @@ def id_maker(response_id: str) -> Callable[[str], str]:
     return lambda prefix: f"{prefix}_{base}_{next(counter)}"
 
 
-def parser_of(spec: dict[str, Any]) -> OutputParser:
-    """What the model's text becomes, as the document says (``parser``): function calls
-    or text (``tools``: the calls' id prefix), or text."""
-    if spec.get("tools"):
-        return ToolCalls(spec["tools"])
-    return PlainText(with_logprobs=bool(spec.get("logprobs")))
+def parser_of(parsing: OutputParsing) -> OutputParser:
+    """What the model's text becomes, as the record says: function calls or text (its
+    ``call_prefix``: the calls' id prefix), or text."""
+    if parsing.call_prefix is not None:
+        return ToolCalls(parsing.call_prefix)
+    return PlainText(with_logprobs=parsing.logprobs)
 
 
-def events_of(document: dict[str, Any], *, skip_through: int = -1,
+def events_of(record: StoredResponse, *, skip_through: int = -1,
               on_final: Callable[[dict[str, Any]], None] | None = None) -> ResponseEvents:
-    """The encoder of the response a document holds, from its response as created."""
-    created = dict(document["created"])
+    """The encoder of the response a record holds, from its response as created."""
+    created = dict(record.created)
     created["output"] = []
-    return ResponseEvents(created, parser_of(document["parser"]), id_maker(created["id"]),
+    return ResponseEvents(created, parser_of(record.parser), id_maker(created["id"]),
                           skip_through=skip_through, on_final=on_final)
+
+
+def object_of(record: StoredResponse, *,
+              on_final: Callable[[dict[str, Any]], None] | None = None) -> ResponseEvents:
+    """An encoder of the record's response that makes no event's bytes (``NO_EVENTS``),
+    only the response object as the items come (``.response``; ``on_final`` told of it
+    once final): for the record's final state, where the events themselves go to no
+    reader. The parser still reads every token (the output items are its work)."""
+    return events_of(record, skip_through=NO_EVENTS, on_final=on_final)

@@ -29,11 +29,17 @@ from streams.resume import (
 from ..auth import may_see
 from ..edge.connection import close_with_connection
 from ..errors import ApiError, ErrorType
-from ..runtime import SHUTDOWN_RETRY_AFTER_S, ResponseStore, ResponseStoreUnavailable, Runtime
+from ..runtime import (
+    SHUTDOWN_RETRY_AFTER_S,
+    ResponseStore,
+    ResponseStoreUnavailable,
+    Runtime,
+    StoredResponse,
+)
 from ..wire import RETRY_MS, ReplayedEvents, replay
 from .body import EventStreamBody
 from .responses_background import StoreWriter
-from .responses_objects import FINAL, events_of, not_found, request_id_of
+from .responses_objects import FINAL, events_of, not_found, object_of, request_id_of
 from .resume_source import ResumeSource
 from .serving import json_response, sse_response
 
@@ -57,8 +63,8 @@ class StoredResponses:
         self.store = store
         self.writer = writer
 
-    async def document(self, response_id: str) -> dict[str, Any]:
-        """The stored document of one of this key's responses.
+    async def document(self, response_id: str) -> StoredResponse:
+        """The stored record of one of this key's responses.
 
         Raises: ApiError 404 (unknown, expired, another key's), 503 (store away).
         Cancellation: a read; nothing changes.
@@ -74,15 +80,15 @@ class StoredResponses:
             raise not_found(response_id)
         return document
 
-    async def current(self, document: dict[str, Any]) -> dict[str, Any]:
+    async def current(self, document: StoredResponse) -> dict[str, Any]:
         """The response object now: as stored, or for a background one not final there,
         as its stream's log says (written back once final).
 
         Cancellation: a read; nothing changes (a final object is written in the app's
         nursery).
         """
-        response: dict[str, Any] = document["response"]
-        if response["status"] in FINAL or not response["background"]:
+        response = document.response
+        if response["status"] in FINAL or not document.is_background:
             return response
         try:
             logged = await self.runtime.resume_registry().logged(request_id_of(response["id"]))
@@ -92,10 +98,10 @@ class StoredResponses:
             return {**response, "status": "failed",
                     "error": {"code": "expired", "message": "the response's stream ended "
                               "without a final state (its server stopped)"}}
-        events = events_of(document)
+        events = object_of(document)  # the object only: these events go to nobody
         replay(events, logged)
         if events.is_final:
-            self.writer.write({**document, "response": events.response})
+            self.writer.write(document.with_response(events.response))
         elif len(logged) > 1:
             events.response["status"] = "in_progress"
         else:
@@ -120,7 +126,7 @@ class StoredResponses:
         if response["status"] not in FINAL:
             raise ApiError(ErrorType.BAD_REQUEST, f"the previous response {response_id!r} is "
                            f"{response['status']}: continue it once it has ended")
-        return [*document["context"], *response["output"]]
+        return [*document.context, *response["output"]]
 
     async def retrieve(self, response_id: str) -> Response:
         """The response object, or (``?stream=true``) a background response's events after
@@ -130,20 +136,19 @@ class StoredResponses:
             return await self.stream_events(document)
         return json_response(await self.current(document))
 
-    async def stream_events(self, document: dict[str, Any]) -> Response:
+    async def stream_events(self, document: StoredResponse) -> Response:
         """Attach to the background response's stream (any replica) and send its events
         after ``starting_after``.
 
         Cancellation: while attaching, nothing changes (as ``ResumeRegistry.attach``);
         after, the connection owns the reader, whose close hands the stream back.
         """
-        response = document["response"]
-        if not response["background"]:
+        if not document.is_background:
             raise ApiError(ErrorType.BAD_REQUEST, "only a background response can be "
                            "streamed again; GET it without stream")
         after = _starting_after(request.args.get("starting_after"))
         registry = self.runtime.resume_registry()
-        request_id = request_id_of(response["id"])
+        request_id = request_id_of(document.id)
         try:
             reader = await registry.attach(request_id, 0)
         except NothingToResume:
@@ -166,7 +171,7 @@ class StoredResponses:
     async def input_items(self, response_id: str) -> Response:
         """OpenAI's list of the response's input items (``order``, ``limit``, ``after``,
         ``before``). Cancellation: a read."""
-        items = list((await self.document(response_id))["input_items"])
+        items = list((await self.document(response_id)).input_items)
         args = request.args
         if args.get("order", "desc") == "desc":
             items.reverse()
@@ -189,10 +194,10 @@ class StoredResponses:
         """Forget a stored response (a background one still running is cancelled too).
         Cancellation: at the store's calls; each lands or not."""
         document = await self.document(response_id)
-        if document["response"]["background"]:
+        if document.is_background:
             await self._cancel_stream(document)
         try:
-            await self.store.delete(document["owner"], response_id)
+            await self.store.delete(document.owner, response_id)
         except ResponseStoreUnavailable:
             raise unavailable() from None
         return json_response({"id": response_id, "object": "response", "deleted": True})
@@ -211,15 +216,14 @@ class StoredResponses:
         await self._cancel_stream(document)
         cancelled = {**response, "status": "cancelled"}
         try:
-            await self.store.put(document["owner"], response_id,
-                                 {**document, "response": cancelled})
+            await self.store.put(document.with_response(cancelled))
         except ResponseStoreUnavailable:
             raise unavailable() from None
         return json_response(cancelled)
 
-    async def _cancel_stream(self, document: dict[str, Any]) -> None:
+    async def _cancel_stream(self, document: StoredResponse) -> None:
         """Cancellation: at the ask of the shared store (it lands or not)."""
-        request_id = request_id_of(document["response"]["id"])
+        request_id = request_id_of(document.id)
         try:
             await self.runtime.resume_registry().cancel_anywhere(request_id)
         except StoreUnavailable:

@@ -1,8 +1,9 @@
 """The server's life, without Quart: phases and refusals (``phase.py``), the engine's
 loading (``loading.py``), the tokenizer's work (``prompts.py``), the drain and the
 hand-over of resumable streams (``draining.py``), the resume log and its health
-(``store.py``), /stats (``stats.py``), the Responses API's stored responses
-(``responses_store.py``) and the ``Runtime`` that holds them (``runtime.py``).
+(``store.py``), /stats (``stats.py``) and the ``Runtime`` that holds them (``runtime.py``);
+and the Responses API's stored responses: the record (``stored_response.py``) and the
+stores that keep it (``responses_store.py``).
 
 Other packages import these names from here, not from the modules.
 """
@@ -15,10 +16,12 @@ from .responses_store import (
     ResponsesFull,
     ResponseStore,
     ResponseStoreUnavailable,
+    StoreBounds,
     response_store,
 )
 from .runtime import Prepared, Runtime
 from .store import STORE_CHECK_TIMEOUT_S
+from .stored_response import OutputParsing, StoredResponse
 
 __all__ = [
     "HANDOVER_LEAD_S",
@@ -26,6 +29,7 @@ __all__ = [
     "SHUTDOWN_RETRY_AFTER_S",
     "STORE_CHECK_TIMEOUT_S",
     "MakeEngine",
+    "OutputParsing",
     "Phase",
     "Prepared",
     "Rebuilder",
@@ -34,6 +38,8 @@ __all__ = [
     "ResponsesFull",
     "Runtime",
     "ServingEngine",
+    "StoreBounds",
+    "StoredResponse",
     "load_engine_from_settings",
     "response_store",
     "stop_deadline_s",

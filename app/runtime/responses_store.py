@@ -1,36 +1,48 @@
 """Stored responses (``POST /v1/responses`` with ``store``): kept for a bounded time,
 bounded per API key, in memory or in the Redis the replicas share.
 
-A stored response is one JSON document (the response object, its input items, and the
-conversation it continues: what ``previous_response_id`` builds on), filed under the
-response's id and the name of the key that made it (``owner``: its count and bytes are
-what the bounds limit). Whether a request may see an id is the id's business (an API
-key's ids carry its tag, ``app.auth.may_see``); the store only keeps documents.
+A stored response is one record (``StoredResponse``, ``stored_response.py``: the response
+object, its input items, and the conversation it continues: what
+``previous_response_id`` builds on), kept in its JSON form under the response's id and
+the name of the key that made it (``owner``: its count and bytes are what the bounds
+limit). Whether a request may see an id is the id's business (an API key's ids carry
+its tag, ``app.auth.may_see``); the store only keeps records.
 
 Two stores, chosen as the resume log is (``store.py``): ``MemoryResponses`` in this
 process, and with ``STREAMSCOPE_RESUME_STORE`` ``RedisResponses``, where any replica
 finds a response another made (background responses are resumed from any replica).
-Redis holds each document signed with the replicas' shared secret, as the resume log's
-events are: a document that fails its check is treated as absent. The bounds are checked
-and the document written in one Lua script, so replicas racing for a key's last slot
-cannot both win. Every document expires ``ttl_s`` after its last write.
+``RedisResponses`` talks to Redis through the replica's one ``streams.resume.RedisStore``,
+the resume log's: its client (its pool keeps connections for these calls, apart from the
+log's readers) and its signer. Redis holds each record signed with the replicas' shared
+secret (``StoreSigner.sign_value``, kind ``response``, under the response's id), as the
+resume log's specs and events are: a record that fails its check (altered, another id's,
+another secret's, or unsigned) is treated as absent. The bounds are checked and the
+record written in one Lua script, so replicas racing for a key's last slot cannot both
+win. Every record expires ``ttl_s`` after its last write.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
-import json
+import logging
 import time
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from streams.resume import StoreRejected, StoreUnavailable
+
 from ..settings import Settings
+from .stored_response import StoredResponse
+
+if TYPE_CHECKING:
+    from streams.resume import RedisStore
+
+log = logging.getLogger("streamscope.responses")
 
 KEY_PREFIX = "streamscope:response:"
+SIGNED_KIND = "response"  # what a stored record is signed as (StoreSigner.sign_value)
 
 
 class ResponsesFull(Exception):
@@ -60,27 +72,25 @@ class ResponseStore(Protocol):
 
     bounds: StoreBounds
 
-    async def put(self, owner: str, response_id: str, document: dict[str, Any]) -> None:
-        """File (or replace) ``document``; its time to live starts again.
+    async def put(self, record: StoredResponse) -> None:
+        """File (or replace) ``record`` under its id and owner; its time to live starts
+        again.
 
         Raises: ResponsesFull (nothing written); ResponseStoreUnavailable.
         Cancellation: a write in flight lands or not.
         """
         ...
 
-    async def get(self, response_id: str) -> dict[str, Any] | None:
-        """The document, or None (never stored, expired, deleted).
+    async def get(self, response_id: str) -> StoredResponse | None:
+        """The record, or None (never stored, expired, deleted; in Redis, one that fails
+        its signature's check).
         Raises: ResponseStoreUnavailable. Cancellation: a read; nothing changes."""
         ...
 
     async def delete(self, owner: str, response_id: str) -> bool:
-        """Forget the document; False if there was none.
+        """Forget the record; False if there was none.
         Raises: ResponseStoreUnavailable. Cancellation: lands or not."""
         ...
-
-
-def encoded(document: dict[str, Any]) -> bytes:
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def full_message(bounds: StoreBounds, why: str) -> str:
@@ -97,20 +107,21 @@ class MemoryResponses:
         self._docs: dict[str, tuple[str, float, bytes]] = {}  # id -> (owner, expiry, data)
         self._owned: dict[str, set[str]] = {}
 
-    async def put(self, owner: str, response_id: str, document: dict[str, Any]) -> None:
+    async def put(self, record: StoredResponse) -> None:
         await trio.lowlevel.checkpoint()
-        data = encoded(document)
-        mine = self._purged(owner)
+        data, response_id = record.to_json(), record.id
+        mine = self._purged(record.owner)
         old = self._docs.get(response_id)
         used = sum(len(self._docs[i][2]) for i in mine) - (len(old[2]) if old else 0)
         if old is None and len(mine) >= self.bounds.max_count:
             raise ResponsesFull(full_message(self.bounds, f"{len(mine)} responses"))
         if used + len(data) > self.bounds.max_bytes:
             raise ResponsesFull(full_message(self.bounds, f"{used} bytes"))
-        self._docs[response_id] = (owner, trio.current_time() + self.bounds.ttl_s, data)
+        self._docs[response_id] = (record.owner, trio.current_time() + self.bounds.ttl_s,
+                                   data)
         mine.add(response_id)
 
-    async def get(self, response_id: str) -> dict[str, Any] | None:
+    async def get(self, response_id: str) -> StoredResponse | None:
         await trio.lowlevel.checkpoint()
         entry = self._docs.get(response_id)
         if entry is None:
@@ -118,8 +129,7 @@ class MemoryResponses:
         if entry[1] <= trio.current_time():
             self._forget(response_id)
             return None
-        document: dict[str, Any] = json.loads(entry[2])
-        return document
+        return StoredResponse.from_json(entry[2])  # its own copy, as Redis's would be
 
     async def delete(self, owner: str, response_id: str) -> bool:
         await trio.lowlevel.checkpoint()
@@ -141,9 +151,9 @@ class MemoryResponses:
         return mine
 
 
-# KEYS: the document, the owner's ids (a sorted set: id -> expiry ms), the owner's
+# KEYS: the record, the owner's ids (a sorted set: id -> expiry ms), the owner's
 # bytes (a hash: id -> bytes). ARGV: id, data (signed), now ms, ttl ms, max count, max
-# bytes, the document's bytes (its signature not counted).
+# bytes, the record's bytes (its signature not counted).
 # Returns 0 (written), 1 (count bound), 2 (bytes bound).
 _PUT_LUA = """
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[3])
@@ -169,42 +179,34 @@ return redis.call('DEL', KEYS[1])
 
 
 class RedisResponses:
-    """``ResponseStore`` in the shared Redis (see the module docstring). Calls run in
-    worker threads; a cancelled call is abandoned to its thread (it lands or not)."""
+    """``ResponseStore`` in the shared Redis (see the module docstring), on the replica's
+    one ``RedisStore``. Calls run in worker threads (``RedisStore.call``); a cancelled
+    call is abandoned to its thread (it lands or not)."""
 
-    def __init__(self, url: str, secret: str, bounds: StoreBounds) -> None:
-        import redis  # only with a shared store
-
+    def __init__(self, shared: RedisStore, bounds: StoreBounds) -> None:
         self.bounds = bounds
-        self._redis = redis.Redis.from_url(url, socket_timeout=2.0,
-                                           socket_connect_timeout=2.0)
-        self._errors: tuple[type[Exception], ...] = (redis.RedisError, OSError)
-        self._key = hashlib.sha256(b"streamscope responses\n" + secret.encode()).digest()
-        self._put = self._redis.register_script(_PUT_LUA)
-        self._delete = self._redis.register_script(_DELETE_LUA)
+        self.shared = shared
+        self._put = shared.client.register_script(_PUT_LUA)
+        self._delete = shared.client.register_script(_DELETE_LUA)
 
     def _keys(self, owner: str, response_id: str) -> list[str]:
         tag = hashlib.sha256(owner.encode()).hexdigest()[:16]
         return [f"{KEY_PREFIX}{response_id}", f"{KEY_PREFIX}owner:{tag}",
                 f"{KEY_PREFIX}owner:{tag}:bytes"]
 
-    def _mac(self, response_id: str, data: bytes) -> bytes:
-        return hmac.new(self._key, response_id.encode() + b"\n" + data,
-                        hashlib.sha256).hexdigest().encode()
-
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Cancellation: abandoned to its thread (``RedisStore.call``)."""
         try:
-            return await trio.to_thread.run_sync(partial(fn, *args, **kwargs),
-                                                 abandon_on_cancel=True)
-        except self._errors as exc:
+            return await self.shared.call(fn, *args, **kwargs)
+        except StoreUnavailable as exc:
             raise ResponseStoreUnavailable(f"the shared store does not answer: {exc}") from exc
 
-    async def put(self, owner: str, response_id: str, document: dict[str, Any]) -> None:
-        data = encoded(document)
-        signed = self._mac(response_id, data) + b"." + data
+    async def put(self, record: StoredResponse) -> None:
+        data, response_id = record.to_json(), record.id
+        signed = self.shared.signer.sign_value(SIGNED_KIND, response_id, data)
         now_ms = int(time.time() * 1000)
         result = await self._call(
-            self._put, keys=self._keys(owner, response_id),
+            self._put, keys=self._keys(record.owner, response_id),
             args=[response_id, signed, now_ms, int(self.bounds.ttl_s * 1000),
                   self.bounds.max_count, self.bounds.max_bytes, len(data)])
         if result == 1:
@@ -213,15 +215,19 @@ class RedisResponses:
         if result == 2:
             raise ResponsesFull(full_message(self.bounds, "too many bytes"))
 
-    async def get(self, response_id: str) -> dict[str, Any] | None:
-        signed = await self._call(self._redis.get, f"{KEY_PREFIX}{response_id}")
+    async def get(self, response_id: str) -> StoredResponse | None:
+        signed = await self._call(self.shared.client.get, f"{KEY_PREFIX}{response_id}")
         if signed is None:
             return None
-        mac, dot, data = bytes(signed).partition(b".")
-        if not dot or not hmac.compare_digest(mac, self._mac(response_id, data)):
-            return None  # not written by a replica with our secret
-        document: dict[str, Any] = json.loads(data)
-        return document
+        try:
+            data = self.shared.signer.open_value(SIGNED_KIND, response_id, bytes(signed))
+        except StoreRejected:
+            return None  # not written by a replica with our secret, or not for this id
+        try:
+            return StoredResponse.from_json(data)
+        except ValueError as exc:  # signed by a replica, yet not a record this one reads
+            log.warning("stored response %s unreadable: %s", response_id[:64], exc)
+            return None
 
     async def delete(self, owner: str, response_id: str) -> bool:
         deleted = await self._call(self._delete, keys=self._keys(owner, response_id),
@@ -229,10 +235,10 @@ class RedisResponses:
         return bool(deleted)
 
 
-def response_store(settings: Settings) -> ResponseStore:
-    """The store the settings choose: the shared Redis with a resume store, else memory."""
+def response_store(settings: Settings, shared: RedisStore | None) -> ResponseStore:
+    """The store the settings choose: the shared Redis with a resume store (on the
+    replica's one ``shared``, the runtime's ``shared_store``), else memory."""
     bounds = StoreBounds.from_settings(settings)
-    if settings.resume_store is None:
+    if shared is None:
         return MemoryResponses(bounds)
-    assert settings.resume_secret is not None  # the settings refuse a store without one
-    return RedisResponses(settings.resume_store, settings.resume_secret, bounds)
+    return RedisResponses(shared, bounds)

@@ -53,7 +53,7 @@ from .loading import MakeEngine, ServingEngine, build_and_freeze
 from .phase import Phase, refusal
 from .prompts import TokenizerQueue
 from .stats import statistics_fields
-from .store import resume_log, store_refusal
+from .store import resume_log, shared_store, store_refusal
 
 log = logging.getLogger("streamscope.app")
 
@@ -92,6 +92,9 @@ class Runtime:
         self.rebuild: Rebuild | None = None  # failover (the resumable routes set it)
         self.failure: str | None = None  # why the phase is FAILED
         self.shares = KeyShares.from_settings(settings)  # None: no API keys
+        # The one client and signer of the shared Redis (None without one): the resume
+        # log's and the Responses API store's (store.py).
+        self.shared_store = shared_store(settings)
         self._load_scope = trio.CancelScope()
         self._settled = trio.Event()  # set when the phase leaves NEW and LOADING
         self._nursery: trio.Nursery | None = None  # the app's, from start()
@@ -332,7 +335,8 @@ class Runtime:
                         streams.Hub(built, self.settings.hub_settings(),
                                     run_step=self._run_step))
             self.resumption = ResumeRegistry(
-                resume_log(self.settings), grace_s=self.settings.resume_grace_s,
+                resume_log(self.settings, self.shared_store),
+                grace_s=self.settings.resume_grace_s,
                 max_detached_bytes=self.settings.resume_max_bytes, rebuild=self.rebuild,
             )
             await nursery.start(self.resumption.run)

@@ -1,10 +1,16 @@
 """The resumable streams' log: which one the settings choose, and whether it answers.
 
 Memory by default; with ``STREAMSCOPE_RESUME_STORE``, a Redis that several replicas share
-(``streams.resume.RedisEventLog``, whose module and redis-py load only then).
+(``streams.resume.RedisEventLog``, whose module and redis-py load only then). The
+replica talks to that Redis through one ``streams.resume.RedisStore`` (``shared_store``:
+one client on one bounded pool, one signer of the replicas' secret), which the runtime
+makes once and hands to the resume log and to the Responses API's store
+(``responses_store.py``) alike.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -15,21 +21,34 @@ from ..errors import ApiError, ErrorType
 from ..settings import Settings
 from .phase import LOADING_RETRY_AFTER_S
 
+if TYPE_CHECKING:
+    from streams.resume import RedisStore
+
 # /ready asks the shared resume store (Redis) for an answer this long at most: a health
 # check (HAProxy's, every second) must not hang on a store that does not answer.
 STORE_CHECK_TIMEOUT_S = 0.5
 
 
-def resume_log(settings: Settings) -> EventLog:
-    """The log of resumable streams the settings choose: memory, or a shared Redis whose
-    keys outlive their owner by the grace period, what the replicas write to it signed
-    with their shared secret, and its queue bounded."""
+def shared_store(settings: Settings) -> RedisStore | None:
+    """The replica's one connection to the shared Redis the settings name (its client,
+    pool and signer; no connection is made yet), or None without one."""
     if settings.resume_store is None:
-        return MemoryEventLog()
+        return None
     assert settings.resume_secret is not None  # the settings refuse a store without one
-    return streams.resume.RedisEventLog.from_url(
-        settings.resume_store, secret=settings.resume_secret, ttl_s=settings.resume_grace_s,
-        writer_lease_s=settings.writer_lease_s, max_pending=settings.resume_store_queue)
+    return streams.resume.RedisStore.from_url(settings.resume_store,
+                                              secret=settings.resume_secret)
+
+
+def resume_log(settings: Settings, shared: RedisStore | None) -> EventLog:
+    """The log of resumable streams the settings choose: memory, or the shared Redis
+    (``shared``, the settings' ``shared_store``) whose keys outlive their owner by the
+    grace period, what the replicas write to it signed with their shared secret, and
+    its queue bounded."""
+    if shared is None:
+        return MemoryEventLog()
+    return streams.resume.RedisEventLog.on_store(
+        shared, ttl_s=settings.resume_grace_s, writer_lease_s=settings.writer_lease_s,
+        max_pending=settings.resume_store_queue)
 
 
 async def store_refusal(registry: ResumeRegistry | None) -> ApiError | None:

@@ -1,8 +1,9 @@
 """Resumable streams: a stream that outlives its connection, read again from a position.
 
-Other packages import resume names only from here. ``RedisEventLog`` loads lazily
-(module ``__getattr__``) so that importing this package never loads ``redis``; only
-using the Redis store does.
+Other packages import resume names only from here. ``RedisEventLog`` and ``RedisStore``
+(a replica's one client and signer for the shared Redis) load lazily (module
+``__getattr__``) so that importing this package never loads ``redis``; only using the
+Redis store does.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from .spec import with_seed as with_seed
 
 if TYPE_CHECKING:
     from .redis_log import RedisEventLog as RedisEventLog
+    from .redis_store import RedisStore as RedisStore
 
 
 def __getattr__(name: str) -> Any:
@@ -44,6 +46,10 @@ def __getattr__(name: str) -> Any:
         from .redis_log import RedisEventLog
 
         return RedisEventLog
+    if name == "RedisStore":
+        from .redis_store import RedisStore
+
+        return RedisStore
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -60,6 +66,7 @@ __all__ = [
     "ReaderBusy",
     "Rebuild",
     "RedisEventLog",
+    "RedisStore",
     "RemoteReader",
     "ResumeError",
     "ResumeRegistry",

@@ -49,6 +49,7 @@ from .errors import StoreFull
 from .log import MemoryEventLog, StoreStatistics
 from .redis_keys import events_key, lua, spec_key, stream_keys, writer_key
 from .redis_leases import StoreLeases
+from .redis_store import RedisStore
 from .redis_writer import RedisBatchWriter
 from .signing import StoreSigner
 
@@ -66,7 +67,8 @@ class RedisEventLog(StoreLeases):
         client: a redis-py client (``decode_responses=False``); its pool needs
             ``max_readers + 1`` connections.
         secret: the key the replicas share: what one writes, the others can check
-            (``signing.py``; at least 32 characters).
+            (``signing.py``; at least 32 characters); or the signer made of it (a
+            ``RedisStore``'s, which the replica's other stores in Redis share).
         ttl_s: how long a stream's keys live after its writer last touched them.
         lease_s: a reader's lease.
         follow_wait_s: one XREAD BLOCK at most (a follower renews its lease between).
@@ -75,7 +77,8 @@ class RedisEventLog(StoreLeases):
     """
 
     def __init__(
-        self, client: redis.Redis, *, secret: str | bytes, ttl_s: float, lease_s: float = 5.0,
+        self, client: redis.Redis, *, secret: str | bytes | StoreSigner, ttl_s: float,
+        lease_s: float = 5.0,
         follow_wait_s: float = 1.0, max_readers: int = 16, writer_lease_s: float = 3.0,
         max_pending: int = DEFAULT_MAX_PENDING,
     ) -> None:
@@ -84,7 +87,8 @@ class RedisEventLog(StoreLeases):
             raise ValueError("need 0 < ttl_s < inf, 0 < follow_wait_s < lease_s < inf "
                              "and 0 < writer_lease_s < inf")
         writer = RedisBatchWriter(client, ttl_ms=self._ms(ttl_s), max_pending=max_pending)
-        super().__init__(client, StoreSigner(secret), writer, ttl_s=ttl_s, lease_s=lease_s,
+        signer = secret if isinstance(secret, StoreSigner) else StoreSigner(secret)
+        super().__init__(client, signer, writer, ttl_s=ttl_s, lease_s=lease_s,
                          writer_lease_s=writer_lease_s, max_readers=max_readers)
         self.follow_wait_s = follow_wait_s
         # A third of the shortest: a lease outlives two missed renewals (a long step, a
@@ -99,14 +103,23 @@ class RedisEventLog(StoreLeases):
     @classmethod
     def from_url(cls, url: str, *, secret: str | bytes, ttl_s: float, max_readers: int = 16,
                  **options: Any) -> RedisEventLog:
-        """A log on a new client for ``redis://host:port/db`` (its own bounded pool)."""
-        follow_wait_s = options.get("follow_wait_s", 1.0)
-        pool = redis.BlockingConnectionPool.from_url(
-            url, max_connections=max_readers + 2, timeout=10.0,
-            socket_timeout=follow_wait_s + 10.0, socket_connect_timeout=5.0,
-        )
-        return cls(redis.Redis(connection_pool=pool), secret=secret, ttl_s=ttl_s,
-                   max_readers=max_readers, **options)
+        """A log on a new client for ``redis://host:port/db`` (its own bounded pool,
+        shared with nothing else: ``RedisStore.from_url`` with no ``other_calls``)."""
+        store = RedisStore.from_url(url, secret=secret, max_readers=max_readers,
+                                    follow_wait_s=options.get("follow_wait_s", 1.0),
+                                    other_calls=0)
+        return cls.on_store(store, ttl_s=ttl_s, **options)
+
+    @classmethod
+    def on_store(cls, store: RedisStore, *, ttl_s: float, **options: Any) -> RedisEventLog:
+        """A log on ``store``'s client and signer (a replica's one connection to the
+        shared Redis, which its other stores there use too), with its reader threads and
+        its longest block."""
+        options.setdefault("follow_wait_s", store.follow_wait_s)
+        if options["follow_wait_s"] > store.follow_wait_s:
+            raise ValueError("the log's follow_wait_s is longer than its store's pool allows")
+        return cls(store.client, secret=store.signer, ttl_s=ttl_s,
+                   max_readers=store.max_readers, **options)
 
     # -- EventLog: the writer's side, sync, never a checkpoint -----------------------
 
