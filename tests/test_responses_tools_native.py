@@ -70,8 +70,8 @@ async def test_a_required_call_streams_in_the_family_s_format_as_a_function_call
 async def test_a_whole_answer_with_a_named_function_is_one_call_of_it(
     family: str, start_server: StartServer, tiny_model: Callable[[str], LoadedModel],
 ) -> None:
-    name, template, _ = FAMILIES[family]
-    server, _ = await family_server(start_server, tiny_model(name), template)
+    name, template, tool_block = FAMILIES[family]
+    server, engine = await family_server(start_server, tiny_model(name), template)
     async with sdk(server) as client:
         answer = await client.responses.create(
             model=MODEL, input=QUESTION, tools=[WX_FUNCTION], max_output_tokens=80,
@@ -80,14 +80,15 @@ async def test_a_whole_answer_with_a_named_function_is_one_call_of_it(
     [(called, _, arguments)] = calls_of(answer)
     assert answer.status == "completed" and answer.output_text == ""
     assert called == "wx" and Wx.model_validate_json(arguments)
+    assert tool_block in engine.prompts[0]
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 async def test_a_background_response_s_calls_are_the_foreground_s_when_retrieved(
     family: str, start_server: StartServer, tiny_model: Callable[[str], LoadedModel],
 ) -> None:
-    name, template, _ = FAMILIES[family]
-    server, _ = await family_server(start_server, tiny_model(name), template)
+    name, template, tool_block = FAMILIES[family]
+    server, engine = await family_server(start_server, tiny_model(name), template)
     async with sdk(server) as client:
         made = await client.responses.create(**ONE_CALL, background=True)
         retrieved = await settled(client, made.id)
@@ -98,6 +99,7 @@ async def test_a_background_response_s_calls_are_the_foreground_s_when_retrieved
     assert called == "wx" and Wx.model_validate_json(arguments)
     assert call_id == f"call_{made.id.removeprefix('resp_')}_0"
     assert [(n, a) for n, _, a in calls_of(foreground)] == [(called, arguments)]
+    assert all(tool_block in prompt for prompt in engine.prompts)
 
 
 async def test_a_round_trip_s_past_call_is_in_the_prompt_in_the_family_s_format(
