@@ -9,7 +9,7 @@ ignores it (accepted, changing nothing) or refuses it (a 400 naming it). Here:
 * every ignored and every refused row has its probe below, and no probe lacks a row, so
   a row's verdict cannot change without its check;
 * over real HTTP on loopback, one server with the tiny model's ChatML template
-  (``test_openai_sdk.chat_server``): an ignored field gets a 200 with the same greedy
+  (``chat_server``, as ``test_openai_sdk``'s): an ignored field gets a 200 with the same greedy
   answer as the request without it; a refused field gets a 400 naming it, and its
   neutral values (null, and the ones the row names) a 200.
 """
