@@ -236,7 +236,16 @@ class AnthropicPrompt(SpeaksToolFormats):
 
 
 class CountTokensBody(AnthropicPrompt):
-    """``POST /v1/messages/count_tokens``: the prompt alone."""
+    """``POST /v1/messages/count_tokens``: the prompt alone, and ``speed``, which the
+    SDK's ``count_tokens`` sends too (accepted at ``"standard"``, as on the Messages
+    route, rather than refused as an unknown field)."""
+
+    UNSUPPORTED: ClassVar[dict[str, tuple[object, ...]]] = {
+        **PROMPT_UNSUPPORTED, "speed": ANTHROPIC_UNSUPPORTED["speed"]}
+
+    speed: Any = None
+
+    _speed_neutral = neutral_validator(["speed"])
 
 
 class MessagesBody(AnthropicPrompt):
