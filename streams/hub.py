@@ -98,16 +98,21 @@ class Hub:
         self._engine = engine
         # A stream opened with no policy of its own has this very object (``open_stream``).
         self.default_policy = self._policy(settings.policy)  # validates the policy's limits
-        self.scope = ScopeFeed(self.default_policy, streams=lambda: self._streams,
-                               steps=lambda: self._stepper.steps)  # the live view
-        self._streams = OpenStreams(engine, wake=lambda: self._loop.wake(),
-                                    closed=self.scope.closed,
-                                    caught_up=lambda: self._stepper.caught_up())
+        # Its five parts, each made with the parts it reads: the open streams, the router
+        # that fills them, the stepping thread (which holds events while their writers
+        # are busy), the step loop over it, and the scope (the live view) over both.
+        self._streams = OpenStreams(engine)
         self._deadlines = TtftDeadlines(engine)
         self._router = EventRouter(self._streams, self._deadlines)
-        self._stepper = Stepper(engine, self._router.route, watch=self.scope,
-                                hold=lambda: self._streams.any_writing)
+        self._stepper = Stepper(engine, self._router.route, hold=self._streams.any_writing)
         self._loop = StepLoop(engine, self._stepper, run_step, self._deadlines)
+        self.scope = ScopeFeed(self.default_policy, streams=self._streams,
+                               stepping=self._stepper)
+        # Then who reports back to a part made after it: the stepper to the scope, and
+        # the streams to the loop (wake), the stepper (caught up) and the scope (closed).
+        self._stepper.watch = self.scope
+        self._streams.connect(wake=self._loop.wake, caught_up=self._stepper.caught_up,
+                              closed=self.scope.closed)
         self._state = HubState.NEW
         self._stopped = trio.Event()
         self._draining = trio.Event()  # set by drain(); _drain_deadline is then valid
