@@ -85,6 +85,9 @@ class Hub:
         run_step: how to run the stepping (``Stepper.run_steps``): by default in a worker
             thread; tests pass one costing virtual time, the lab its ``naive`` device
             (``tools/lab/naive.py``: one step at a time, then a wait for the readers).
+        stream_type: the class of the streams ``open_stream`` makes: by default
+            ``TokenStream``; the lab's ``naive`` device passes its subclass, whose readers
+            it can wait for.
     """
 
     def __init__(
@@ -93,9 +96,11 @@ class Hub:
         settings: HubSettings = HubSettings(),  # noqa: B008 - frozen, safe to share
         *,
         run_step: RunStep = trio.to_thread.run_sync,
+        stream_type: type[TokenStream] | None = None,
     ) -> None:
         self.settings = settings
         self._engine = engine
+        self._stream_type = stream_type or TokenStream
         # A stream opened with no policy of its own has this very object (``open_stream``).
         self.default_policy = self._policy(settings.policy)  # validates the policy's limits
         # Its five parts, each made with the parts it reads: the open streams, the router
@@ -231,7 +236,7 @@ class Hub:
             raise DuplicateRequestId(f"request id {request_id!r} is in use")
         prompt_tokens = self._engine.submit(request, resume_from)
         chosen = self.default_policy if policy is None else self._policy(policy)
-        stream = TokenStream(request_id, prompt_tokens, chosen, self._streams)
+        stream = self._stream_type(request_id, prompt_tokens, chosen, self._streams)
         self._streams.add(stream)
         self._router.submitted(request_id)
         self._deadlines.submitted(request)

@@ -202,7 +202,7 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
     ],
     "app.runtime": [
         "HANDOVER_LEAD_S", "LOADING_RETRY_AFTER_S", "SHUTDOWN_RETRY_AFTER_S",
-        "STORE_CHECK_TIMEOUT_S", "MakeEngine", "OutputParsing", "Phase", "Prepared",
+        "STORE_CHECK_TIMEOUT_S", "MakeEngine", "MakeHub", "OutputParsing", "Phase", "Prepared",
         "Rebuilder", "ResponseStore", "ResponseStoreUnavailable", "ResponsesFull", "Runtime",
         "ServingEngine", "StoreBounds", "StoredResponse",
         "load_engine_from_settings", "response_store", "stop_deadline_s",

@@ -270,7 +270,7 @@ async def _announce(app: StreamscopeApp, config: Config) -> None:
               f"device {device}; backlog {config.backlog}, graceful timeout "
               f"{config.graceful_timeout:g} s, keep-alive {config.keep_alive_timeout:g} s",
               flush=True)
-        phase = await app.runtime.wait_settled()
+        phase = await app.runtime.loading_outcome()
         if phase is Phase.READY:
             print(f"streamscope serve: ready: model {settings.model} on device "
                   f"{_loaded_device(app.runtime) or device}", flush=True)

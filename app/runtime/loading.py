@@ -46,6 +46,9 @@ class ServingEngine(streams.StepEngine, Protocol):
 
 
 MakeEngine = Callable[[Settings], ServingEngine]
+# Makes the hub over the built engine: ``streams.Hub`` in the service; the lab's ``naive``
+# device makes one that steps its own way (``tools/lab/naive.py``).
+MakeHub = Callable[[ServingEngine, streams.HubSettings], streams.Hub]
 # The oldest generation's threshold while the engine is built: full collections that many
 # young collections apart, i.e. none during a build.
 NO_FULL_COLLECTION = 1_000_000
