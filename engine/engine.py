@@ -15,7 +15,7 @@ the batches, runs the forward passes and samples; ``StepPasses`` runs a step's p
 through it and contains their failures; text (detokenizer, stop strings) runs in the
 scheduler's per-sequence error boundary; ``StepTiming`` clocks the steps,
 ``TtftEstimator`` turns costs and the queue into a first-token estimate and
-``step_statistics`` builds what ``statistics()`` returns. This
+``step_round``'s ``boundary_statistics`` builds what ``statistics()`` returns. This
 module only wires them, so it imports no torch: tests drive it with a scripted runner.
 
 A sequence is therefore never removed while its tensors are in use, and its
