@@ -17,9 +17,11 @@ unregisters, and only ``close()`` (or an end the hub makes) asks the engine to c
        └──────── terminal item queued before any token ────────────>┘
     WAITING or STREAMING ──close()──> CLOSED      (client gone: the engine is asked to cancel)
 
-Every way a stream ends (``StreamEnd``) reaches the same ``close()``: the next
-``receive()`` after the terminal item raises ``trio.EndOfChannel`` and its ``finally``
-closes, or ``trio.Cancelled`` unwinds through that ``finally`` (``docs/cancellation.md``).
+Every way a stream ends (``StreamEnd`` says who causes each) reaches the same ``close()``:
+the reader takes the terminal item, the next ``receive()`` raises ``trio.EndOfChannel``
+and its ``finally`` closes; or ``trio.Cancelled`` unwinds through that same ``finally``.
+(``docs/cancellation.md`` follows one disconnect from the socket through this ``close()``
+to the freed block.)
 
 Invariants:
 - ``close()`` is synchronous, idempotent and never a checkpoint, so it runs in a
