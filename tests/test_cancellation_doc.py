@@ -5,6 +5,11 @@ module, ``module:attribute``, a test ``tests/file.py::test_name``, a file of the
 class alone). A test named on a line that starts with ``**Example`` or ``**Solution``
 must run on the mock clock (take pytest-trio's ``autojump_clock`` fixture): those are
 the doc's worked examples and the exercises' solutions.
+
+The doc names the five outcomes of a cancel once, numbered; each variant says which it
+is in a paragraph that starts with ``**Outcome.**``, and each row of the rules table in
+its outcome column, both as the outcome's name and its number: ``closed by its owner
+(2)``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from tests.doc_names import ROOT, TEST, checked, problem, spans
 DOC = ROOT / "docs" / "cancellation.md"
 
 MOCK_CLOCK_LINE = re.compile(r"^\*\*(Example|Solution)")
+OUTCOME_ITEM = re.compile(r"^(\d)\. \*\*(.+?)\.\*\*", re.MULTILINE)
+OUTCOME_REF = re.compile(r"\((\d)\)")
 MIN_NAMES = 60  # the doc names far more; fewer means the syntax changed under the check
 
 
@@ -36,6 +43,81 @@ def test_every_name_in_the_doc_exists() -> None:
     text = DOC.read_text()
     assert problems(text) == []
     assert len(checked(text)) >= MIN_NAMES
+
+
+def section(text: str, heading: str) -> str:
+    """The text under a ``## `` heading, up to the next one."""
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def outcomes(text: str) -> dict[int, str]:
+    """The numbered outcomes of the doc's outcomes section: number -> name, lower case."""
+    found = OUTCOME_ITEM.findall(section(text, "The five outcomes of a cancel"))
+    return {int(number): name.lower() for number, name in found}
+
+
+def outcome_problems(text: str, known: dict[int, str]) -> list[str]:
+    """References in ``text`` to an outcome by number whose name is not beside it, or to
+    no outcome at all."""
+    flat = " ".join(text.split()).lower()
+    refs = [int(n) for n in OUTCOME_REF.findall(flat)]
+    if not refs:
+        return [f"names no outcome: {flat[:80]}"]
+    return [f"({n}) is not {known.get(n)!r}: {flat[:80]}"
+            for n in refs if n not in known or f"{known[n]} ({n})" not in flat]
+
+
+def outcome_paragraphs(text: str) -> dict[str, str]:
+    """Each variant's heading -> its paragraph that starts with ``**Outcome.**`` ('' if
+    none)."""
+    found: dict[str, str] = {}
+    for chunk in section(text, "Variants").split("\n### ")[1:]:
+        heading, _, body = chunk.partition("\n")
+        paragraph = next((p for p in (b.strip() for b in body.split("\n\n"))
+                          if p.startswith("**Outcome.**")), "")
+        found[heading] = paragraph
+    return found
+
+
+def test_the_doc_names_five_outcomes_once() -> None:
+    known = outcomes(DOC.read_text())
+    assert sorted(known) == [1, 2, 3, 4, 5]
+    assert len(set(known.values())) == 5
+
+
+def test_every_variant_says_which_outcome_it_is() -> None:
+    text = DOC.read_text()
+    known = outcomes(text)
+    paragraphs = outcome_paragraphs(text)
+    assert len(paragraphs) >= 5
+    assert {h: p for h, p in paragraphs.items() if not p} == {}
+    assert [p for paragraph in paragraphs.values()
+            for p in outcome_problems(paragraph, known)] == []
+
+
+def test_every_rule_says_which_outcome_it_is() -> None:
+    text = DOC.read_text()
+    known = outcomes(text)
+    table = [line for line in section(text, "The rules, in one place").splitlines()
+             if line.startswith("|")]
+    rows = table[2:]  # past the header and its rule
+    assert len(rows) >= 5
+    assert [p for row in rows for p in outcome_problems(row.split(" | ")[2], known)] == []
+
+
+@pytest.mark.parametrize(
+    ("paragraph", "expected"),
+    [
+        ("**Outcome.** Closed by its owner (3): wrong number.", "is not"),
+        ("**Outcome.** Closed by its owner (7).", "is not"),
+        ("**Outcome.** Whatever happens happens.", "names no outcome"),
+    ],
+)
+def test_an_outcome_named_wrongly_is_caught(paragraph: str, expected: str) -> None:
+    found = outcome_problems(paragraph, outcomes(DOC.read_text()))
+    assert len(found) == 1 and expected in found[0]
 
 
 def test_every_worked_example_is_a_mock_clock_test_and_there_are_some() -> None:
