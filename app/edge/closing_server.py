@@ -88,7 +88,9 @@ class ClosingTCPServer(TCPServer):
     async def run(self) -> None:
         """Serve the connection; a bug in it ends it alone, never the server.
 
-        Cancellation: propagates (the server stops).
+        Cancellation: the server stops: the connection's tasks are cancelled, and its
+        socket closed on the way out (``_close``, shielded: finished first); the app's
+        streams are closed by their owner, the connection.
         """
         try:
             await super().run()

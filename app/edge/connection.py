@@ -117,7 +117,9 @@ class StreamingConnection(TrioASGIHTTPConnection):
     ) -> None:
         """Feed the request body to Quart; on ``http.disconnect`` cancel the handler.
 
-        Cancellation: ends the loop (the handler finished, or the server stops).
+        Cancellation: nothing to undo: the loop only feeds the body; it is cancelled when
+        the handler finished ("response sent") or the server stops, and the streams the
+        request opened are closed by their owner, the connection (``__call__``).
         """
         await ASGIHTTPConnection.handle_messages(self, request, receive)
         self.note_disconnect()

@@ -119,7 +119,9 @@ class GuardedH2Protocol(H2Protocol):
         client's FIN the server kept it open until the keep-alive timer fired (5 s by
         default, 15 under ``streamscope serve``), where HTTP/1.1 closes at once.
 
-        Cancellation: none (shielded): it runs where a connection ends, cancelled or not.
+        Cancellation: finished first (shielded, no I/O wait: a frame is written only if
+        the socket takes it at once): it runs where a connection ends, cancelled or not,
+        and a socket left open would hold the client until its keep-alive timer.
         """
         self._peer_closed.set()
         h2_retire.forget(self.config, self)
@@ -150,7 +152,9 @@ class GuardedH2Protocol(H2Protocol):
         (64 KiB of small frames: thousands) is parsed only up to the slice where its
         budget ran out, and never holds the event loop for longer than a slice.
 
-        Cancellation: propagates between slices (the connection is being closed).
+        Cancellation: nothing to undo: it lands between slices (the connection is being
+        closed, so the slices left would be answered by nobody); ``_handle_closed``,
+        shielded, ends every stream.
         """
         size = h2_floods.SLICE_BYTES
         for start in range(0, len(data), size):
@@ -167,7 +171,10 @@ class GuardedH2Protocol(H2Protocol):
         closed the socket at once, and with the client's bytes unread the kernel's RST
         could drop the GOAWAY that h2 had queued: the client would not learn why.
 
-        Cancellation: as ``_handle_events``'s.
+        Cancellation: nothing to undo: the parse is synchronous; a cancel lands in the
+        handling of its events, where the connection's task is being cancelled and the
+        events after the one it reached are not handled (``_handle_closed`` gives every
+        stream its disconnect).
         """
         try:
             events = self.connection.receive_data(data)
@@ -252,7 +259,9 @@ class GuardedH2Protocol(H2Protocol):
     async def _cut_off(self, frame: str) -> None:
         """GOAWAY (ENHANCE_YOUR_CALM); every stream sees a disconnect at once.
 
-        Cancellation: as ``_hang_up``'s.
+        Cancellation: the connection's task is being cancelled: the GOAWAY's write or a
+        stream's close is given up, and ``_handle_closed``, shielded (finished first),
+        gives every stream left its disconnect and closes the socket.
         """
         self.flooded = frame
         log.warning("HTTP/2 connection from %s: too many %s frames (%d streams started, "

@@ -153,7 +153,8 @@ async def drain_on_signals(
 async def _first_stop(signals: AsyncIterator[int], worker: HypercornWorker | None) -> bool:
     """Wait for SIGTERM (True) or hypercorn's stop Event (False), whichever is first.
 
-    Cancellation: nothing changes; the caller just stops waiting.
+    Cancellation: nothing to undo: it only waits; its nursery's watchers end with it,
+    and no drain was started.
     """
     by_signal = False
     async with trio.open_nursery() as nursery:

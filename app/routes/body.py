@@ -88,7 +88,9 @@ class ItemSource(Protocol[Item]):
         """The queued items (at least one, at most ``max_items``), the terminal one last.
 
         Raises: trio.EndOfChannel or trio.ClosedResourceError at the end; SourceMoved.
-        Cancellation: must lose nothing (the keep-alive relies on it).
+        Cancellation: nothing to undo, required of every source: an item leaves it only
+        in the synchronous stretch that returns it, because the keep-alive's timeout
+        cancels this call whenever the stream is quiet for ``keepalive_s``.
         """
         ...
 
@@ -172,7 +174,9 @@ class EventStreamBody(ResponseBody, Generic[Item]):
         Raises:
             StopAsyncIteration: after the terminal item, or if the source ended.
 
-        Cancellation: raised at ``source.receive_batch()`` with nothing taken.
+        Cancellation: nothing to undo: it lands at ``source.receive_batch()``, which
+        takes nothing it does not return; the source is closed by its owner (``__aexit__``,
+        or the connection's backstop).
         """
         if self.is_finished:
             raise StopAsyncIteration

@@ -141,7 +141,7 @@ def finished_request(runtime: Runtime) -> Any:
     async def view(request_id: str) -> Response:
         """How the engine let a request go (see the module docstring), or 404.
 
-        Cancellation: no checkpoint."""
+        Cancellation: nothing to undo, as none can land: no checkpoint."""
         finish = runtime.finished(request_id) if may_see(request_id) else None
         if finish is None:  # another API key's request too: as if it never was
             raise ApiError(

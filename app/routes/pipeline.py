@@ -202,7 +202,9 @@ class Pipeline:
         (``streams.resume.spec_of``); else None for the spec. A constraint that does not
         compile: the API's refusal naming its field.
 
-        Cancellation: nothing opened yet."""
+        Cancellation: nothing to undo: nothing is opened before it returns (an encode
+        or compile in flight is finished first: milliseconds, seconds for the very first
+        compile)."""
         shared = terms.registry_owned and self.runtime.settings.resume_store is not None
         try:
             prepared = await self.runtime.prepare(
@@ -216,7 +218,8 @@ class Pipeline:
 
 def refusals(metrics: Metrics, error_for: ErrorFor) -> Callable[[Exception], Awaitable[Response]]:
     """A blueprint's error handler: every error of its routes in its API's shape
-    (``error_for``), counted as refused. Cancellation: no checkpoint."""
+    (``error_for``), counted as refused. Cancellation: nothing to undo, as none can
+    land: no checkpoint."""
     async def refuse(exc: Exception) -> Response:
         error = error_for(exc)
         metrics.refused(error)

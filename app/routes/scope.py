@@ -128,8 +128,9 @@ def make_scope_blueprint(runtime: Runtime) -> Blueprint:
         """Subscribe a watcher and answer its frames as ``text/event-stream``.
 
         Raises: ApiError 503 unavailable before the hub runs; 429 too_many_watchers.
-        Cancellation: no checkpoint before the body, which (or the connection's
-        backstop) closes the watcher.
+        Cancellation: closed by its owner: the watcher goes to the connection
+        (``close_with_connection``) as it is subscribed, with no checkpoint before the
+        body, whose ``__aexit__`` (or the connection's backstop) closes it.
         """
         hub = runtime.hub
         if hub is None:

@@ -108,19 +108,20 @@ class SharedEventLog(EventLog, Protocol):
     async def tail(self, stream_id: str) -> tuple[int, bool] | None:
         """(n of the last event in the store, whether it is the last), or None.
 
-        Cancellation: a read: nothing changes.
+        Cancellation: nothing to undo: a read changes nothing, so an implementation may
+        abandon it to its thread.
         """
         ...
 
     async def ping(self) -> None:
         """Return once the store answered (``StoreUnavailable`` if it does not).
-        Cancellation: nothing changes."""
+        Cancellation: nothing to undo: a ping changes nothing (it may be abandoned)."""
         ...
 
     async def stored(self) -> None:
         """Return once everything queued before the call is in the store
         (``StoreUnavailable`` if the log stopped writing). Writes nothing itself.
-        Cancellation: nothing changes; the writer goes on."""
+        Cancellation: nothing to undo: it only waits; the writer goes on."""
         ...
 
     async def read_remote(
@@ -129,8 +130,9 @@ class SharedEventLog(EventLog, Protocol):
         """Events after ``after`` as (n, data, last), waiting up to ``wait_s`` for one
         (empty: none came); None: the store no longer holds the stream.
 
-        Cancellation: nothing changes; events not returned are read again by the next
-        call from the same position.
+        Cancellation: nothing to undo: a read changes nothing (it may be abandoned), and
+        the events it did not return are read again by the next call from the same
+        position, so none is lost.
         """
         ...
 

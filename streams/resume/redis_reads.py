@@ -143,7 +143,8 @@ class StoreReads:
     async def tail(self, stream_id: str) -> tuple[int, bool] | None:
         """``SharedEventLog.tail`` (unchecked: see the module docstring).
 
-        Cancellation: abandoned (a read): nothing changes.
+        Cancellation: abandoned: a read changes nothing, so its thread runs on unowned,
+        and gives its connection back when Redis answers (the socket timeout bounds it).
         """
         entries = await self._read(self._client.xrevrange, events_key(stream_id), "+", "-",
                                    count=1)

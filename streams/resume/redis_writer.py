@@ -150,7 +150,7 @@ class RedisBatchWriter:
         Raises:
             StoreUnavailable: the writer stopped (a flush was cancelled).
 
-        Cancellation: nothing changes; the writer goes on.
+        Cancellation: nothing to undo: it only waits for the writer, which goes on.
         """
         mark = self._queued
         while self._written < mark:

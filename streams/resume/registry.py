@@ -155,7 +155,8 @@ class ResumeRegistry:
         Raises:
             StoreUnavailable: the log stopped writing.
 
-        Cancellation: nothing changes (the log's writer goes on).
+        Cancellation: nothing to undo: it only waits; the log's writer goes on, and a
+        stream adopted already stays the registry's (handed over).
         """
         if self._shared is None:
             await trio.lowlevel.checkpoint()
@@ -254,7 +255,7 @@ class ResumeRegistry:
         Raises:
             StoreUnavailable, StoreRejected: (a shared log) the store's read failed.
 
-        Cancellation: a read: nothing changes.
+        Cancellation: nothing to undo: a read (a shared log's is abandoned to its thread).
         """
         entry = self._local.get(request_id)
         if entry is not None or self._shared is None:
@@ -277,7 +278,9 @@ class ResumeRegistry:
         Raises:
             StoreUnavailable: not this replica's stream, and the store did not answer.
 
-        Cancellation: at the ask of the store (abandoned; it lands or not).
+        Cancellation: abandoned at the ask of the store: the cancel is one atomic script
+        in Redis, so it lands whole or not, unknown to the caller; asked again, it is
+        idempotent. A local stream is closed before any checkpoint.
         """
         if self.cancel(request_id):
             await trio.lowlevel.checkpoint()
