@@ -9,11 +9,13 @@ the doc's worked examples and the exercises' solutions.
 The doc names the five outcomes of a cancel once, numbered; each variant says which it
 is in a paragraph that starts with ``**Outcome.**``, and each row of the rules table in
 its outcome column, both as the outcome's name and its number: ``closed by its owner
-(2)``.
+(2)``. In the code, every docstring's ``Cancellation:`` paragraph in ``CODE_NAMING_OUTCOMES``
+names one by its name.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 
 import pytest
@@ -25,6 +27,11 @@ DOC = ROOT / "docs" / "cancellation.md"
 MOCK_CLOCK_LINE = re.compile(r"^\*\*(Example|Solution)")
 OUTCOME_ITEM = re.compile(r"^(\d)\. \*\*(.+?)\.\*\*", re.MULTILINE)
 OUTCOME_REF = re.compile(r"\((\d)\)")
+# A docstring's cancellation paragraph: from "Cancellation" to a blank line or the end.
+CANCELLATION = re.compile(r"Cancellation[^:\n]*:(.*?)(?:\n\s*\n|\Z)", re.DOTALL)
+# The folders whose every cancellation paragraph names its outcome (the rest of ``app``
+# and ``streams`` joins once its paragraphs do).
+CODE_NAMING_OUTCOMES = ("app/routes", "app/schemas", "app/wire", "streams/resume")
 MIN_NAMES = 60  # the doc names far more; fewer means the syntax changed under the check
 
 
@@ -118,6 +125,40 @@ def test_every_rule_says_which_outcome_it_is() -> None:
 def test_an_outcome_named_wrongly_is_caught(paragraph: str, expected: str) -> None:
     found = outcome_problems(paragraph, outcomes(DOC.read_text()))
     assert len(found) == 1 and expected in found[0]
+
+
+def cancellation_paragraphs(source: str) -> list[tuple[int, str]]:
+    """Every docstring's cancellation paragraph in ``source``: (line, text)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            doc = ast.get_docstring(node, clean=True)
+            line = getattr(node, "lineno", 1)
+            found.extend((line, m.group(1)) for m in CANCELLATION.finditer(doc or ""))
+    return found
+
+
+def paragraphs_naming_no_outcome(source: str, known: dict[int, str]) -> list[str]:
+    return [f"line {line}: {' '.join(text.split())[:100]}"
+            for line, text in cancellation_paragraphs(source)
+            if not any(name in " ".join(text.split()).lower() for name in known.values())]
+
+
+def test_every_cancellation_paragraph_of_the_code_names_its_outcome() -> None:
+    known = outcomes(DOC.read_text())
+    files = sorted(path for folder in CODE_NAMING_OUTCOMES
+                   for path in (ROOT / folder).rglob("*.py"))
+    found = {str(path.relative_to(ROOT)): bad for path in files
+             if (bad := paragraphs_naming_no_outcome(path.read_text(), known))}
+    assert found == {}
+    assert sum(len(cancellation_paragraphs(p.read_text())) for p in files) >= 50
+
+
+def test_a_cancellation_paragraph_naming_no_outcome_is_caught() -> None:
+    known = outcomes(DOC.read_text())
+    source = ('async def f():\n    """Do it.\n\n    Cancellation: as ``g``\'s.\n    """\n\n'
+              'async def g():\n    """Cancellation: nothing to undo: a read."""\n')
+    assert [p.split(":")[0] for p in paragraphs_naming_no_outcome(source, known)] == ["line 1"]
 
 
 def test_every_worked_example_is_a_mock_clock_test_and_there_are_some() -> None:

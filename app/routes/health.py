@@ -41,7 +41,8 @@ class HealthViews:
         return json_response({"status": "ready", "phase": self.runtime.phase.value})
 
     async def stats(self) -> Response:
-        """The engine's and hub's counters (``Runtime.statistics``). Cancellation: none."""
+        """The engine's and hub's counters (``Runtime.statistics``). Cancellation: nothing to
+        undo, as none can land: no checkpoint."""
         return json_response(self.runtime.statistics())
 
 

@@ -198,11 +198,13 @@ class OpenAIViews:
         self.models = models
 
     async def list_models(self) -> Response:
-        """The served model and its alias. Cancellation: no checkpoint."""
+        """The served model and its alias. Cancellation: nothing to undo, as none can
+        land: no checkpoint."""
         return json_response(self.models.listing())
 
     async def retrieve_model(self, model_id: str) -> Response:
-        """One model's card, or 404 model_not_found. Cancellation: no checkpoint."""
+        """One model's card, or 404 model_not_found. Cancellation: nothing to undo, as none
+        can land: no checkpoint."""
         return json_response(self.models.card(self.models.check(model_id)))
 
 

@@ -236,7 +236,8 @@ async def answer_owned(
     answer it as the SSE body of ``answer_of``'s encoder or as its whole answer.
     ``not_opened``: told when the open is refused (nothing was submitted).
 
-    Cancellation: no checkpoint between the open and the connection taking the stream
+    Cancellation: closed by its owner: no checkpoint between the open and the connection
+    taking the stream
     (``answer_of`` is sync); a whole answer's at the stream's receive (``with source``
     closes it); a streaming one's in the body, or the connection's backstop, closes it.
     """

@@ -278,8 +278,8 @@ def make_responses_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
 async def name_the_response(response: Response) -> Response:
     """A created response's id in a header of the answer's head, whether it streams or
     not: a proxy learns where a conversation's turn was made (deploy/haproxy.cfg sticks
-    the next turn, its ``previous_response_id``, to that replica). Cancellation: no
-    checkpoint."""
+    the next turn, its ``previous_response_id``, to that replica). Cancellation: nothing
+    to undo, as none can land: no checkpoint."""
     response_id = g.get("response_id")
     if response_id is not None and response.status_code == 200:
         response.headers[RESPONSE_ID_HEADER] = response_id

@@ -99,9 +99,10 @@ class SharedEventLog(EventLog, Protocol):
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Write what ``append``/``expire`` queued, in order, until cancelled.
 
-        Cancellation: the way it stops. A write in flight may land or not; nothing is
-        written after it (none may overtake it), so what is left expires by its time
-        to live, and the leases it renewed lapse (other replicas may take over).
+        Cancellation: the way it stops. A write in flight is abandoned (one transaction:
+        it lands whole or not); nothing is written after it (none may overtake it), so
+        what is left expires by its time to live, and the leases it renewed lapse
+        (other replicas may take over).
         """
         ...
 
@@ -139,7 +140,7 @@ class SharedEventLog(EventLog, Protocol):
     async def claim_reader(self, stream_id: str, token: str) -> None:
         """Take the stream's reader lease for ``token``, from whoever holds it.
 
-        Cancellation: the claim may still land, unknown to the caller: the caller lets
+        Cancellation: abandoned: the claim may still land, unknown to the caller, who lets
         ``token`` go (``release_reader``) on its way out; else it lapses in ``lease_s``.
         """
         ...
@@ -148,8 +149,8 @@ class SharedEventLog(EventLog, Protocol):
         """Extend ``token``'s lease; False if it is not ``token``'s any more (taken over,
         or lapsed). A new stream's lease whose SET is still queued counts as held.
 
-        Cancellation: the lease may be renewed once more; it lapses within ``lease_s``
-        unless its reader lets it go first.
+        Cancellation: abandoned: the lease may be renewed once more; it lapses within
+        ``lease_s`` unless its reader lets it go first.
         """
         ...
 
@@ -169,7 +170,7 @@ class SharedEventLog(EventLog, Protocol):
 
     async def reader_held(self, stream_id: str) -> bool:
         """Whether a reader (on any replica) holds the stream's lease now.
-        Cancellation: a read: nothing changes."""
+        Cancellation: nothing to undo: a read (it may be abandoned)."""
         ...
 
     # Failover: the writer holds a lease on each stream it generates (renewed by ``run``
@@ -182,18 +183,18 @@ class SharedEventLog(EventLog, Protocol):
 
     async def writer_alive(self, stream_id: str) -> bool:
         """Whether the stream's writer lease is held (by any replica).
-        Cancellation: a read: nothing changes."""
+        Cancellation: nothing to undo: a read (it may be abandoned)."""
         ...
 
     async def take_over(self, stream_id: str) -> bool:
         """Atomically take the writer lease of a stream whose writer's lapsed, unless its
         last event ended it or it has no spec: True for exactly one caller.
 
-        Cancellation: never loses a grant: the call returns the store's answer even if
-        cancelled meanwhile (it waits for it), and the caller owns a lease it won: it
-        lets it go (``release_writer``) if it does not continue the stream. (A lease
-        granted and lost would be held by nobody who writes or renews it: the stream
-        would stall until it lapsed; issue 34, D1.)
+        Cancellation: finished first, never losing a grant: the call returns the store's
+        answer even if cancelled meanwhile (it waits for it), and the caller owns a lease
+        it won: it lets it go (``release_writer``) if it does not continue the stream. (A
+        lease granted and lost would be held by nobody who writes or renews it: the
+        stream would stall until it lapsed; issue 34, D1.)
         """
         ...
 
@@ -201,7 +202,7 @@ class SharedEventLog(EventLog, Protocol):
         self, stream_id: str
     ) -> tuple[bytes, list[tuple[int, bytes, bool]]] | None:
         """(spec, every event as (n, data, last)) of a stream, or None if gone.
-        Cancellation: a read: nothing changes."""
+        Cancellation: nothing to undo: a read (it may be abandoned)."""
         ...
 
     def adopt(self, stream_id: str, events: list[tuple[int, bytes, bool]]) -> None:
@@ -228,8 +229,8 @@ class SharedEventLog(EventLog, Protocol):
         """Cancel a stream another replica generates (its keys deleted at once if its
         writer died); False if the store does not hold it.
 
-        Cancellation: the cancel may still land (one atomic step in the store), unknown
-        to the caller; a cancel tried again is idempotent.
+        Cancellation: abandoned: the cancel may still land (one atomic step in the
+        store), unknown to the caller; a cancel tried again is idempotent.
         """
         ...
 

@@ -82,9 +82,9 @@ class Reader:
                 on another replica: found at the lease's renewal).
             trio.ClosedResourceError: the reader was closed, or the stream cancelled.
 
-        Cancellation: safe at every checkpoint, as ``TokenStream.receive``: an event
-        leaves the log's pending list, or an item the stream, only when returned. A
-        takeover cancels the take (only it) and the reader ends with ``TakenOver``. A
+        Cancellation: nothing to undo at every checkpoint, as ``TokenStream.receive``: an
+        event leaves the log's pending list, or an item the stream, only when returned.
+        A takeover cancels the take (only it) and the reader ends with ``TakenOver``. A
         cancel at the lease's renewal abandons the renewal (``_renew_lease``).
         """
         await trio.lowlevel.checkpoint()
@@ -148,8 +148,9 @@ class Reader:
         and bounded, until its own attach is done and its take in progress (cancelled
         now) has exited. True once no take of it is left, False if the bound passed.
 
-        Cancellation: shielded (bounded by ``TAKEOVER_WAIT_S``): the newer attach never
-        leaves this reader half given over; the cancel reaches the caller afterwards.
+        Cancellation: finished first, shielded (bounded by ``TAKEOVER_WAIT_S``): the
+        newer attach never leaves this reader half given over; the cancel reaches the
+        caller afterwards.
         """
         self._taken_over = True
         with trio.CancelScope(shield=True, deadline=trio.current_time() + TAKEOVER_WAIT_S):
