@@ -104,7 +104,7 @@ def create_app(
     @app.after_serving
     async def stop_runtime() -> None:
         """Drain and stop the hub. Cancellation: ``Runtime.stop``'s: the hub ends the
-        streams left at once, through the same ``close()`` as when closed by its owner,
+        streams left at once, with the same engine cancel as when closed by its owner,
         and the cancel propagates."""
         await runtime.stop()
 

@@ -54,7 +54,7 @@ async def finish_drain(
     the store, ``hand_over_before_deadline``), then say so in the log.
 
     Cancellation: (the app's nursery, at its shutdown deadline) the remaining streams are
-    ended at once by the hub (``Hub.shutdown``), through the same ``close()`` as when
+    ended at once by the hub (``Hub.shutdown``), with the same engine cancel as when
     closed by its owner, and Cancelled propagates; the engine applies their cancels
     only if something still steps it.
     """
