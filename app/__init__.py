@@ -44,7 +44,9 @@ class ServedApp:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """Build the app if it is not yet, then serve the call with it.
 
-        Cancellation: as the app's; the build has no checkpoint.
+        Cancellation: nothing to undo in the build, which has no checkpoint; a cancel
+        lands only in the app's own handling of the call, whose paragraphs say which of
+        ``docs/cancellation.md``'s five outcomes it is.
         """
         if self._app is None and scope["type"] == "lifespan":
             from .settings import SettingsError

@@ -113,8 +113,8 @@ def register_auth(app: Quart, settings: Settings, shares: KeyShares | None) -> N
 
     @app.before_request
     async def require_api_key() -> None:
-        """Raises ApiError unauthorized (401), too_many_streams (429). Cancellation: no
-        checkpoint."""
+        """Raises ApiError unauthorized (401), too_many_streams (429). Cancellation:
+        nothing to undo, as none can land: no checkpoint."""
         if request.path in OPEN_PATHS:
             return
         token = bearer_token(request.headers.get("Authorization", "")) or api_key_header()
@@ -148,7 +148,8 @@ def guard_metrics(app: Quart, token: str) -> None:
 
     @app.before_request
     async def require_metrics_token() -> None:
-        """Raises ApiError unauthorized (401). Cancellation: no checkpoint."""
+        """Raises ApiError unauthorized (401). Cancellation: nothing to undo, as none can
+        land: no checkpoint."""
         if request.path != METRICS_PATH:
             return
         presented = bearer_token(request.headers.get("Authorization", ""))

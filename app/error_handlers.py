@@ -122,7 +122,7 @@ def register_error_handlers(
     """
 
     async def handle(exc: Exception) -> Response:
-        """Cancellation: no checkpoint."""
+        """Cancellation: nothing to undo, as none can land: no checkpoint."""
         error = _error_for_path(app, request.path)(exc)
         if on_refusal is not None:
             on_refusal(error)

@@ -100,7 +100,8 @@ def create_app(
 
     @app.before_serving
     async def start_runtime() -> None:
-        """Start loading in the app's nursery and return at once. Cancellation: none."""
+        """Start loading in the app's nursery and return at once. Cancellation: nothing to
+        undo, as none can land: no checkpoint (the load runs in the app's nursery)."""
         runtime.start(app.nursery)
         if drain_on_sigterm:  # hypercorn -k trio app:app
             app.nursery.start_soon(watch_for_stop, runtime)
@@ -108,7 +109,9 @@ def create_app(
 
     @app.after_serving
     async def stop_runtime() -> None:
-        """Drain and stop the hub. Cancellation: see ``Runtime.stop``."""
+        """Drain and stop the hub. Cancellation: ``Runtime.stop``'s: the hub ends the
+        streams left at once, with the same engine cancel as when closed by its owner,
+        and the cancel propagates."""
         await runtime.stop()
 
     if recorder is not None:  # after stop_runtime: the drain's last spans are flushed too

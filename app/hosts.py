@@ -57,7 +57,8 @@ def register_host_check(app: Quart, settings: Settings) -> None:
 
     @app.before_request
     async def check_host() -> None:
-        """Raises ApiError bad_request (400). Cancellation: no checkpoint."""
+        """Raises ApiError bad_request (400). Cancellation: nothing to undo, as none can
+        land: no checkpoint."""
         if request.path in PROBE_PATHS:
             return
         host = request.headers.get("Host", "")

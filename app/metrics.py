@@ -264,7 +264,7 @@ def make_metrics_blueprint(metrics: Metrics) -> Blueprint:
 
     @bp.get("/metrics")
     async def scrape() -> Response:
-        """Cancellation: no checkpoint."""
+        """Cancellation: nothing to undo, as none can land: no checkpoint."""
         return Response(metrics.exposition(), status=200, content_type=CONTENT_TYPE)
 
     return bp

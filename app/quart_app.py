@@ -28,7 +28,8 @@ class StreamscopeApp(QuartTrio):
     ) -> None:
         """Serve one ASGI call, or refuse it loudly under a non-Trio worker
         (``edge/worker_guard.py``). ``scope`` is hypercorn's ``Scope``, which only
-        ``app.edge`` imports. Cancellation: as Quart's."""
+        ``app.edge`` imports. Cancellation: nothing to undo here (the guard holds
+        nothing); in the app, each stream is closed by its owner, the connection."""
         if not running_under_trio():
             await refuse(scope, receive, send)
             return

@@ -217,7 +217,7 @@ class Recorder:
 
         @app.after_request
         async def responded(response: Response) -> Response:
-            """Cancellation: no checkpoint."""
+            """Cancellation: nothing to undo, as none can land: no checkpoint."""
             record = _current()
             if record is not None:
                 if record.span is not None:
@@ -229,7 +229,9 @@ class Recorder:
 
         @app.after_serving
         async def flush() -> None:
-            """Export the spans still queued. Cancellation: waits for the thread."""
+            """Export the spans still queued. Cancellation: finished first: the export's
+            thread is waited for (never abandoned: the spans are the last record of the
+            server's requests), bounded by the exporter's own timeout."""
             if self.tracing is not None:
                 await trio.to_thread.run_sync(self.tracing.shutdown)
 

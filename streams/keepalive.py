@@ -69,7 +69,8 @@ class Keepalives:
                   ) -> None:
         """Tick until cancelled (the app's nursery closes).
 
-        Cancellation: the only way out; nothing to undo.
+        Cancellation: nothing to undo: a cancel is the way it stops; a tick in progress
+        is synchronous, so none is left half done.
         """
         task_status.started()
         while True:

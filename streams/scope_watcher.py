@@ -120,7 +120,8 @@ class ScopeWatcher:
         Raises: trio.EndOfChannel after the terminal error; trio.ClosedResourceError
         once closed.
 
-        Cancellation: safe; a frame leaves the queue only when it is returned.
+        Cancellation: nothing to undo: a frame leaves the queue only in the synchronous
+        stretch that returns it.
         """
         self._nudged = False
         while True:

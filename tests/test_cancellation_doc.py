@@ -1,112 +1,171 @@
 """``docs/cancellation.md`` names only what exists, so it cannot rot silently.
 
-The doc writes every name in backticks, in one of three forms (outside fenced blocks):
+The doc writes every name in backticks, in the forms ``tests/doc_names.py`` checks (a
+module, ``module:attribute``, a test ``tests/file.py::test_name``, a file of the tree, a
+class alone). A test named on a line that starts with ``**Example`` or ``**Solution``
+must run on the mock clock (take pytest-trio's ``autojump_clock`` fixture): those are
+the doc's worked examples and the exercises' solutions.
 
-    `package.module`                   a module: it must import
-    `package.module:Name.attribute`    an attribute path in a module: each step must exist
-    `tests/test_file.py::test_name`    a test: the file must define that test function
-
-Any other backticked text that looks like a dotted name (``trio.Cancelled``) must be a
-module, so a name cannot dodge the check by being written another way: write
-``trio:Cancelled``. Quoted or called forms (``"http.disconnect"``, ``close()``) are prose.
-A test named on a line that starts with ``**Example`` or ``**Solution`` must run on the
-mock clock (take pytest-trio's ``autojump_clock`` fixture): those are the doc's worked
-examples and the exercises' solutions.
+The doc names the five outcomes of a cancel once, numbered; each variant says which it
+is in a paragraph that starts with ``**Outcome.**``, and each row of the rules table in
+its outcome column, both as the outcome's name and its number: ``closed by its owner
+(2)``. In the code, every docstring's ``Cancellation:`` paragraph in ``CODE_NAMING_OUTCOMES``
+names one by its name.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
 import re
-from functools import cache
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.doc_names import ROOT, TEST, checked, problem, spans
+
 DOC = ROOT / "docs" / "cancellation.md"
 
-SPAN = re.compile(r"`([^`\n]+)`")
-FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
-IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
-DOTTED = rf"{IDENT}(?:\.{IDENT})*"
-MODULE = re.compile(rf"^{DOTTED}$")
-ATTRIBUTE = re.compile(rf"^({DOTTED}):({DOTTED})$")
-TEST = re.compile(rf"^(tests/{IDENT}\.py)::({IDENT})$")
 MOCK_CLOCK_LINE = re.compile(r"^\*\*(Example|Solution)")
+OUTCOME_ITEM = re.compile(r"^(\d)\. \*\*(.+?)\.\*\*", re.MULTILINE)
+OUTCOME_REF = re.compile(r"\((\d)\)")
+# A docstring's cancellation paragraph: from "Cancellation" to a blank line or the end.
+CANCELLATION = re.compile(r"Cancellation[^:\n]*:(.*?)(?:\n\s*\n|\Z)", re.DOTALL)
+# The source whose every cancellation paragraph names its outcome, as globs (the rest of
+# ``app``, ``streams`` and ``tools`` joins once its paragraphs do).
+CODE_NAMING_OUTCOMES = ("app/*.py", "app/routes/*.py", "app/schemas/*.py", "app/wire/*.py",
+                        "engine/**/*.py", "streams/resume/*.py", "tools/*.py",
+                        "tools/peers/*.py")
 MIN_NAMES = 60  # the doc names far more; fewer means the syntax changed under the check
 
 
 def names(text: str) -> list[tuple[str, bool]]:
     """Every backticked span outside fenced blocks, with whether its line asks for a
     mock-clock test."""
-    found: list[tuple[str, bool]] = []
-    for line in FENCE.sub("", text).splitlines():
-        mock_clock = bool(MOCK_CLOCK_LINE.match(line))
-        found.extend((span, mock_clock) for span in SPAN.findall(line))
-    return found
-
-
-@cache
-def functions_of(path: str) -> dict[str, list[str]]:
-    """The top-level test functions of a test file: name -> its parameters' names."""
-    tree = ast.parse((ROOT / path).read_text())
-    return {
-        node.name: [arg.arg for arg in node.args.args]
-        for node in tree.body
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-    }
-
-
-def problem(span: str, mock_clock: bool) -> str | None:
-    """What is wrong with one backticked span, or None (fine, or prose)."""
-    if match := TEST.match(span):
-        path, name = match.groups()
-        if not (ROOT / path).is_file():
-            return f"{span}: no file {path}"
-        params = functions_of(path).get(name)
-        if params is None:
-            return f"{span}: {path} defines no function {name}"
-        if mock_clock and "autojump_clock" not in params:
-            return f"{span}: an example or solution, but not on the mock clock"
-        return None
-    if match := ATTRIBUTE.match(span):
-        module_name, path = match.groups()
-        try:
-            obj: object = importlib.import_module(module_name)
-        except ImportError as exc:
-            return f"{span}: module {module_name} does not import ({exc})"
-        for part in path.split("."):
-            if not hasattr(obj, part):
-                return f"{span}: {module_name} has no {path}"
-            obj = getattr(obj, part)
-        return None
-    if MODULE.match(span) and "." in span:
-        try:
-            importlib.import_module(span)
-        except ImportError as exc:
-            if exc.name is not None and span.startswith(exc.name):
-                return f"{span}: not a module; write a name as module:attribute"
-            return f"{span}: module {span} does not import ({exc})"
-    return None
+    return [(span, bool(MOCK_CLOCK_LINE.match(line))) for span, line in spans(text)]
 
 
 def problems(text: str) -> list[str]:
-    return [p for span, clock in names(text) if (p := problem(span, clock)) is not None]
+    return [p for span, clock in names(text)
+            if (p := problem(span, mock_clock=clock)) is not None]
 
 
 def test_every_name_in_the_doc_exists() -> None:
     text = DOC.read_text()
     assert problems(text) == []
-    checked = [s for s, _ in names(text) if TEST.match(s) or ATTRIBUTE.match(s) or "." in s]
-    assert len(checked) >= MIN_NAMES
+    assert len(checked(text)) >= MIN_NAMES
+
+
+def section(text: str, heading: str) -> str:
+    """The text under a ``## `` heading, up to the next one."""
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def outcomes(text: str) -> dict[int, str]:
+    """The numbered outcomes of the doc's outcomes section: number -> name, lower case."""
+    found = OUTCOME_ITEM.findall(section(text, "The five outcomes of a cancel"))
+    return {int(number): name.lower() for number, name in found}
+
+
+def outcome_problems(text: str, known: dict[int, str]) -> list[str]:
+    """References in ``text`` to an outcome by number whose name is not beside it, or to
+    no outcome at all."""
+    flat = " ".join(text.split()).lower()
+    refs = [int(n) for n in OUTCOME_REF.findall(flat)]
+    if not refs:
+        return [f"names no outcome: {flat[:80]}"]
+    return [f"({n}) is not {known.get(n)!r}: {flat[:80]}"
+            for n in refs if n not in known or f"{known[n]} ({n})" not in flat]
+
+
+def outcome_paragraphs(text: str) -> dict[str, str]:
+    """Each variant's heading -> its paragraph that starts with ``**Outcome.**`` ('' if
+    none)."""
+    found: dict[str, str] = {}
+    for chunk in section(text, "Variants").split("\n### ")[1:]:
+        heading, _, body = chunk.partition("\n")
+        paragraph = next((p for p in (b.strip() for b in body.split("\n\n"))
+                          if p.startswith("**Outcome.**")), "")
+        found[heading] = paragraph
+    return found
+
+
+def test_the_doc_names_five_outcomes_once() -> None:
+    known = outcomes(DOC.read_text())
+    assert sorted(known) == [1, 2, 3, 4, 5]
+    assert len(set(known.values())) == 5
+
+
+def test_every_variant_says_which_outcome_it_is() -> None:
+    text = DOC.read_text()
+    known = outcomes(text)
+    paragraphs = outcome_paragraphs(text)
+    assert len(paragraphs) >= 5
+    assert {h: p for h, p in paragraphs.items() if not p} == {}
+    assert [p for paragraph in paragraphs.values()
+            for p in outcome_problems(paragraph, known)] == []
+
+
+def test_every_rule_says_which_outcome_it_is() -> None:
+    text = DOC.read_text()
+    known = outcomes(text)
+    table = [line for line in section(text, "The rules, in one place").splitlines()
+             if line.startswith("|")]
+    rows = table[2:]  # past the header and its rule
+    assert len(rows) >= 5
+    assert [p for row in rows for p in outcome_problems(row.split(" | ")[2], known)] == []
+
+
+@pytest.mark.parametrize(
+    ("paragraph", "expected"),
+    [
+        ("**Outcome.** Closed by its owner (3): wrong number.", "is not"),
+        ("**Outcome.** Closed by its owner (7).", "is not"),
+        ("**Outcome.** Whatever happens happens.", "names no outcome"),
+    ],
+)
+def test_an_outcome_named_wrongly_is_caught(paragraph: str, expected: str) -> None:
+    found = outcome_problems(paragraph, outcomes(DOC.read_text()))
+    assert len(found) == 1 and expected in found[0]
+
+
+def cancellation_paragraphs(source: str) -> list[tuple[int, str]]:
+    """Every docstring's cancellation paragraph in ``source``: (line, text)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            doc = ast.get_docstring(node, clean=True)
+            line = getattr(node, "lineno", 1)
+            found.extend((line, m.group(1)) for m in CANCELLATION.finditer(doc or ""))
+    return found
+
+
+def paragraphs_naming_no_outcome(source: str, known: dict[int, str]) -> list[str]:
+    return [f"line {line}: {' '.join(text.split())[:100]}"
+            for line, text in cancellation_paragraphs(source)
+            if not any(name in " ".join(text.split()).lower() for name in known.values())]
+
+
+def test_every_cancellation_paragraph_of_the_code_names_its_outcome() -> None:
+    known = outcomes(DOC.read_text())
+    files = sorted(path for pattern in CODE_NAMING_OUTCOMES for path in ROOT.glob(pattern))
+    found = {str(path.relative_to(ROOT)): bad for path in files
+             if (bad := paragraphs_naming_no_outcome(path.read_text(), known))}
+    assert found == {}
+    assert sum(len(cancellation_paragraphs(p.read_text())) for p in files) >= 100
+
+
+def test_a_cancellation_paragraph_naming_no_outcome_is_caught() -> None:
+    known = outcomes(DOC.read_text())
+    source = ('async def f():\n    """Do it.\n\n    Cancellation: as ``g``\'s.\n    """\n\n'
+              'async def g():\n    """Cancellation: nothing to undo: a read."""\n')
+    assert [p.split(":")[0] for p in paragraphs_naming_no_outcome(source, known)] == ["line 1"]
 
 
 def test_every_worked_example_is_a_mock_clock_test_and_there_are_some() -> None:
     examples = [s for s, clock in names(DOC.read_text()) if clock and TEST.match(s)]
     assert len(examples) >= 15
-    assert all(problem(s, True) is None for s in examples)
+    assert all(problem(s, mock_clock=True) is None for s in examples)
 
 
 @pytest.mark.parametrize(

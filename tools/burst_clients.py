@@ -146,7 +146,8 @@ async def one_client(
     timeout_s: float,
 ) -> Answer:
     """Connect at ``start``, send ``writes`` (each in one ``send``: they are small), read
-    to EOF. Cancellation: the socket is closed."""
+    to EOF. Cancellation: closed by its owner: the ``with`` closes the socket (the
+    server sees a disconnect); nothing else is held."""
     family = trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET
     with trio.socket.socket(family, trio.socket.SOCK_STREAM) as sock:
         await start.wait()

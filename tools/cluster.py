@@ -117,7 +117,8 @@ class Replica:
     async def start(self) -> None:
         """Start it and wait until ``/ready`` answers 200.
 
-        Cancellation: the process is left running (``close`` kills it).
+        Cancellation: nothing to undo here: the process is left running for its owner,
+        whose ``close`` kills it (a start is not half-undone by a cancel).
         """
         self.starts += 1
         with self.log_path.open("ab") as log_file:

@@ -70,7 +70,8 @@ async def send_case(
 ) -> Outcome:
     """Send ``case`` on a new connection and judge what comes back (module docstring).
 
-    Cancellation: the socket is reset; the outcome is lost.
+    Cancellation: closed by its owner: the socket is reset on the way out (what the
+    server sees is a reset), and the outcome is lost with the call.
     """
     outcome = Outcome()
     sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM)

@@ -46,7 +46,7 @@ class _StartGate:
         await self.go.wait()
 
     async def open_when_ready(self) -> None:
-        """Cancellation: the clients never start."""
+        """Cancellation: nothing to undo: it only waits; the clients never start."""
         await self.all_arrived.wait()
         if self.ready is not None:
             await self.ready()
@@ -86,8 +86,8 @@ async def run_streams(
     A stream that fails (a status other than 200, an error event, a broken connection)
     is recorded with its ``error``; the run goes on.
 
-    Cancellation: every client closes its connection (the server sees a disconnect) and
-    Cancelled propagates; the records so far are lost with the call.
+    Cancellation: each client's connection is closed by its owner (the server sees a
+    disconnect) and Cancelled propagates; the records so far are lost with the call.
     """
     wire = PROTOCOLS[protocol]
     policy = retries or Retries()

@@ -80,7 +80,8 @@ class Watcher:
 
     async def watch(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                     ) -> None:
-        """Read frames until cancelled. Cancellation: the point of it (the run's end)."""
+        """Read frames until cancelled. Cancellation: the way it stops (the run's end);
+        nothing to undo: httpx closes the connection."""
         parser = SSEParser()
         async with httpx.AsyncClient(base_url=self.url, timeout=None, trust_env=False) as http, \
                 http.stream("GET", "/scope/events") as response:

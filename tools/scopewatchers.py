@@ -41,7 +41,7 @@ PROMPT = "The history of the river is"
 async def watch(url: str,
                 task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Read one feed until cancelled, every byte, parsing nothing. Cancellation: the
-    point of it (the count's end)."""
+    way it stops (the count's end); nothing to undo: httpx closes the connection."""
     async with httpx.AsyncClient(base_url=url, timeout=None, trust_env=False) as http, \
             http.stream("GET", "/scope/events") as response:
         response.raise_for_status()

@@ -21,7 +21,8 @@ process can take it. Every client here has ``trust_env=False``: a proxy variable
 environment must not route loopback traffic elsewhere.
 
 Cancellation (``open_server``): while waiting for readiness, the process is stopped and
-Cancelled propagates; the stop itself runs shielded (at most ``STOP_GRACE_S`` plus a kill).
+Cancelled propagates; the stop is finished first, shielded (at most ``STOP_GRACE_S`` plus a
+kill), so no server outlives its caller.
 """
 
 from __future__ import annotations
@@ -205,8 +206,8 @@ async def until_ready(process: LoggedProcess, path: str,
     Raises:
         ServerError: the process died or was not ready within ``ready_timeout_s``.
 
-    Cancellation: while waiting, the process is stopped; the stop itself is shielded
-    (a child process has no Trio event to wait on: its exit status is polled).
+    Cancellation: while waiting, the process is stopped, and the stop is finished first,
+    shielded (a child process has no Trio event to wait on: its exit status is polled).
     """
     try:
         async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
@@ -245,7 +246,8 @@ async def open_server(
     Raises:
         ServerError: the process died or was not ready within ``ready_timeout_s``.
 
-    Cancellation: see the module docstring.
+    Cancellation: the server's stop is finished first (shielded, at most
+    ``STOP_GRACE_S`` plus a kill); the module docstring tells the rest.
     """
     async with until_ready(_process(settings, env, app, tree, unset), "/ready", _is_ready,
                            ready_timeout_s) as url:

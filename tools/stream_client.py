@@ -64,7 +64,8 @@ async def run_one_stream(
     """Send one request and read its body to the end into ``record``, sending it again
     after a retryable refusal and resuming it after a cut, as ``retries`` allows.
 
-    Cancellation: httpx closes the connection; ``record`` keeps what arrived.
+    Cancellation: nothing to undo: httpx closes the connection (the server sees a
+    disconnect); ``record`` keeps what arrived.
     """
     record.raw = bytearray() if keep_raw else None
     record.sent_at = time.perf_counter()
@@ -119,7 +120,8 @@ async def _exchange(
     """One request of a stream (its POST, or a resume's GET) and its body, read into
     ``record``; what happened, and for a retryable refusal how long to wait.
 
-    Cancellation: httpx closes the connection; ``record`` keeps what arrived.
+    Cancellation: nothing to undo: httpx closes the connection (the server sees a
+    disconnect); ``record`` keeps what arrived.
     """
     parser = SSEParser()
     answered = False

@@ -52,8 +52,9 @@ def direct_body_send(
     async def body_send(message: ASGISendEvent) -> None:
         """One body message: on the hot path when it can go there, else ``send``.
 
-        Cancellation: as ``send_frame``'s (none before the socket is full, then
-        shielded: a chunk is never cut), or as ``send``'s.
+        Cancellation: on the hot path, ``send_frame``'s: nothing to undo before the
+        socket is full, then finished first (shielded: a chunk is never cut); off it,
+        hypercorn's ``send``, whose socket write is shielded too.
         """
         if message["type"] == "http.response.body" and message.get("more_body", False):
             frame = chunk_frame(server, bytes(message.get("body", b"")))
@@ -90,7 +91,10 @@ async def send_frame(server: TCPServer, frame: bytes) -> bool:
     not take at once (its buffer is full: a slow reader) goes the way it went before,
     under the lock and shielded: a chunk is never cut.
 
-    Cancellation: none before the socket's buffer is full; then shielded.
+    Cancellation: nothing to undo before the socket's buffer is full (the non-blocking
+    write has no checkpoint); then finished first: the rest is written under the lock,
+    shielded, so a chunk is never cut; a reader that does not read holds that write,
+    not the hub (the slow-reader policy bounds it).
     """
     if server.send_lock.locked():
         return False

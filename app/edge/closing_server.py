@@ -79,8 +79,9 @@ class ClosingTCPServer(TCPServer):
     async def _close(self) -> None:
         """hypercorn's close of the connection (``shutdown(SHUT_WR)``, ``close()``).
 
-        Cancellation: shielded: a cancel (the server stopping, the connection's own
-        task cancelled) cannot leave the socket open; it takes no I/O wait.
+        Cancellation: finished first (shielded): a cancel (the server stopping, the
+        connection's own task cancelled) must not leave the socket open; the close takes
+        no I/O wait, so the shield holds nothing up.
         """
         with trio.CancelScope(shield=True):
             await super()._close()
@@ -88,7 +89,9 @@ class ClosingTCPServer(TCPServer):
     async def run(self) -> None:
         """Serve the connection; a bug in it ends it alone, never the server.
 
-        Cancellation: propagates (the server stops).
+        Cancellation: the server stops: the connection's tasks are cancelled, and its
+        socket closed on the way out (``_close``, shielded: finished first); the app's
+        streams are closed by their owner, the connection.
         """
         try:
             await super().run()
@@ -100,9 +103,10 @@ class ClosingTCPServer(TCPServer):
         restart (``Updated``) survives a cancel, and a write that meets ``_close``'s
         send_eof (``BusyResourceError``) closes the protocol instead of failing.
 
-        Cancellation: ``Updated`` is shielded (a lock held for no I/O: the timer is never
-        left stopped by a cancel); anything else propagates as in hypercorn (a
-        ``RawData`` at the socket's wait, its bytes maybe partly sent).
+        Cancellation: ``Updated`` is finished first (shielded; a lock held for no I/O,
+        so the timer is never left stopped by a cancel); anything else is hypercorn's: a
+        ``RawData`` cancelled at the socket's wait may be partly sent, which only a
+        connection that is ending meets, so nothing is left to undo.
         """
         if isinstance(event, Updated):
             with trio.CancelScope(shield=True):
@@ -135,8 +139,9 @@ class _SettlingApp:
     ) -> None:
         """Run the app on one request with the wrappers.
 
-        Cancellation: propagates into the app (quart-trio's request nursery); nothing
-        of the wrappers is left (they hold no resource).
+        Cancellation: nothing to undo here: the wrappers hold no resource; the cancel
+        reaches the app (quart-trio's request nursery), whose streams are closed by
+        their owner, the connection.
         """
         plain = cast(dict[str, Any], scope)
         receive, send = settle_request_body(plain, receive, send)

@@ -102,8 +102,9 @@ class StreamingConnection(TrioASGIHTTPConnection):
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         """Serve one request; close every stream it opened on the way out.
 
-        Cancellation: propagates (hypercorn cancels connections at shutdown); the
-        streams are closed first, synchronously.
+        Cancellation: closed by its owner: this is the owner; every stream the request
+        opened is closed in a ``finally``, synchronously, before the cancel (hypercorn's,
+        at shutdown) propagates: the backstop for a body Quart never entered.
         """
         serving(cast(list[object], _owned(self.scope)))  # write_blocks: for write_blocked
         try:
@@ -117,7 +118,9 @@ class StreamingConnection(TrioASGIHTTPConnection):
     ) -> None:
         """Feed the request body to Quart; on ``http.disconnect`` cancel the handler.
 
-        Cancellation: ends the loop (the handler finished, or the server stops).
+        Cancellation: nothing to undo: the loop only feeds the body; it is cancelled when
+        the handler finished ("response sent") or the server stops, and the streams the
+        request opened are closed by their owner, the connection (``__call__``).
         """
         await ASGIHTTPConnection.handle_messages(self, request, receive)
         self.note_disconnect()
@@ -138,8 +141,8 @@ class StreamingConnection(TrioASGIHTTPConnection):
     ) -> None:
         """Run the view, send its response (within its timeout), then end the request.
 
-        Cancellation: at any await; a streaming body is closed by its ``__aexit__``,
-        or by ``__call__`` if Quart never entered it.
+        Cancellation: closed by its owner, at any await: a streaming body's source is
+        closed by its ``__aexit__``, or by ``__call__`` if Quart never entered it.
         """
         send = self._noting_completion(send)
         response = await self.app.handle_request(request)
@@ -154,9 +157,10 @@ class StreamingConnection(TrioASGIHTTPConnection):
         """``send`` that sets ``response_complete`` as the last body message goes out."""
 
         async def send_noting_completion(message: ASGISendEvent) -> None:
-            """``send``, noting the body's last message. Cancellation: as ``send``'s;
-            ``response_complete`` is set before the send, so a last message whose send
-            is cancelled still counts as complete."""
+            """``send``, noting the body's last message. Cancellation: nothing to undo:
+            ``response_complete`` is set before the send (hypercorn's, shielded at the
+            socket), so a last message whose send is cancelled still counts as
+            complete."""
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 self.response_complete = True
             await send(message)
@@ -166,9 +170,10 @@ class StreamingConnection(TrioASGIHTTPConnection):
     async def _send_response(self, send: ASGISendCallable, response: Any) -> None:
         """Quart's send, plus the farewell of rule 2 when the server cuts a stream.
 
-        Cancellation: re-raised after the farewell (shielded, at most
-        ``FAREWELL_TIMEOUT_S``, with the caveat at that constant); the body has closed its
-        stream already.
+        Cancellation: the farewell is finished first (shielded, at most
+        ``FAREWELL_TIMEOUT_S``, with the caveat at that constant: a client still there
+        learns why its stream ended), then the cancel is re-raised; the stream was closed
+        by its owner already (the body's ``__aexit__``).
         """
         try:
             await super()._send_response(send, response)

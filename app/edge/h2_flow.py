@@ -37,7 +37,9 @@ class FlowBuffer(StreamBuffer):
     async def push(self, data: bytes) -> None:
         """The app's write (hypercorn's override).
 
-        Cancellation: the data is buffered; the wait for the drain is given up.
+        Cancellation: nothing to undo: the data is buffered before the only wait (for the
+        buffer to drain), which the cancel gives up; hypercorn's sending task still sends
+        what is buffered, or the stream's close drops it.
         """
         if self._complete:
             raise BufferCompleteError()
@@ -53,8 +55,9 @@ class FlowBuffer(StreamBuffer):
         """The sending task's take of up to ``max_length`` bytes (hypercorn's override):
         the writer is released only once the buffer is under the low-water mark.
 
-        Cancellation: none in effect (Trio's ``Event.set`` and hypercorn's ``clear`` do
-        not wait); the bytes are taken before any of them.
+        Cancellation: nothing to undo, as none can land: its awaits (hypercorn's event
+        wrapper's ``set`` and ``clear``) neither wait nor checkpoint, so the bytes taken
+        are always returned.
         """
         data = bytes(self.buffer[:max_length])
         del self.buffer[:max_length]

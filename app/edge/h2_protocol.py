@@ -34,7 +34,8 @@ at once, before the drain may have been seen), the GOAWAY goes out first.
 
 Cancellation, in general: hypercorn runs ``handle`` in the connection's reading task and
 ``stream_send`` in each stream's task; a cancel there means the connection or the stream
-is ending, so what must still happen then (the close, the last GOAWAY) is shielded.
+is ending, so the work it cuts has nothing to undo, and what must still happen then (the
+close, the last GOAWAY) is finished first: shielded, and with no I/O wait.
 """
 
 from __future__ import annotations
@@ -91,9 +92,9 @@ class GuardedH2Protocol(H2Protocol):
         """What the socket brought (hypercorn's override): after our last GOAWAY it is
         thrown away; a large read is parsed in slices; the connection's end is ours.
 
-        Cancellation: propagates (the connection's reading task is being cancelled: the
-        connection ends); a read is then parsed only up to the slice it reached, and the
-        end itself (``Closed``) is shielded.
+        Cancellation: nothing to undo: the connection's reading task is being cancelled
+        (the connection ends), so a read is parsed only up to the slice it reached; the
+        end itself (``Closed``) is finished first (shielded).
         """
         if isinstance(event, RawData) and self.hung_up:
             self._lingered += len(event.data)
@@ -119,7 +120,9 @@ class GuardedH2Protocol(H2Protocol):
         client's FIN the server kept it open until the keep-alive timer fired (5 s by
         default, 15 under ``streamscope serve``), where HTTP/1.1 closes at once.
 
-        Cancellation: none (shielded): it runs where a connection ends, cancelled or not.
+        Cancellation: finished first (shielded, no I/O wait: a frame is written only if
+        the socket takes it at once): it runs where a connection ends, cancelled or not,
+        and a socket left open would hold the client until its keep-alive timer.
         """
         self._peer_closed.set()
         h2_retire.forget(self.config, self)
@@ -150,7 +153,9 @@ class GuardedH2Protocol(H2Protocol):
         (64 KiB of small frames: thousands) is parsed only up to the slice where its
         budget ran out, and never holds the event loop for longer than a slice.
 
-        Cancellation: propagates between slices (the connection is being closed).
+        Cancellation: nothing to undo: it lands between slices (the connection is being
+        closed, so the slices left would be answered by nobody); ``_handle_closed``,
+        shielded, ends every stream.
         """
         size = h2_floods.SLICE_BYTES
         for start in range(0, len(data), size):
@@ -167,7 +172,10 @@ class GuardedH2Protocol(H2Protocol):
         closed the socket at once, and with the client's bytes unread the kernel's RST
         could drop the GOAWAY that h2 had queued: the client would not learn why.
 
-        Cancellation: as ``_handle_events``'s.
+        Cancellation: nothing to undo: the parse is synchronous; a cancel lands in the
+        handling of its events, where the connection's task is being cancelled and the
+        events after the one it reached are not handled (``_handle_closed`` gives every
+        stream its disconnect).
         """
         try:
             events = self.connection.receive_data(data)
@@ -182,9 +190,9 @@ class GuardedH2Protocol(H2Protocol):
         """One slice's events (hypercorn's override): judged by the budgets first; those
         of streams never to start left out; then the retirement checked.
 
-        Cancellation: propagates (from hypercorn's handling: a stream's start, a write);
-        the events after the one it reached are not handled, as the connection is
-        ending (``_handle_closed`` gives every stream its disconnect).
+        Cancellation: nothing to undo: it lands in hypercorn's handling (a stream's start,
+        a write) only when the connection is ending, so the events after the one it
+        reached need no answer; ``_handle_closed`` gives every stream its disconnect.
         """
         flooded = self.budgets.judge(events, trio.current_time())
         if flooded is not None:
@@ -237,8 +245,8 @@ class GuardedH2Protocol(H2Protocol):
     async def _create_stream(self, request: h2.events.RequestReceived) -> None:
         """A stream's start (hypercorn's override), its id noted for the GOAWAY.
 
-        Cancellation: propagates (hypercorn's start of the stream's task); the id is
-        noted before, so a GOAWAY names it whether or not it started.
+        Cancellation: nothing to undo: the id is noted before the only await (hypercorn's
+        start of the stream's task), so a GOAWAY names it whether or not it started.
         """
         if request.stream_id % 2:  # the client's (an h2c upgrade's stream 1 comes here too)
             self.last_started = max(self.last_started, request.stream_id)
@@ -252,7 +260,9 @@ class GuardedH2Protocol(H2Protocol):
     async def _cut_off(self, frame: str) -> None:
         """GOAWAY (ENHANCE_YOUR_CALM); every stream sees a disconnect at once.
 
-        Cancellation: as ``_hang_up``'s.
+        Cancellation: the connection's task is being cancelled: the GOAWAY's write or a
+        stream's close is given up, and ``_handle_closed``, shielded (finished first),
+        gives every stream left its disconnect and closes the socket.
         """
         self.flooded = frame
         log.warning("HTTP/2 connection from %s: too many %s frames (%d streams started, "
@@ -273,15 +283,17 @@ class GuardedH2Protocol(H2Protocol):
         """A stream's event to the client (hypercorn's override); after a stream's last,
         the retirement's close if it was the last stream.
 
-        Cancellation: propagates from hypercorn's send (the stream's task is being
-        cancelled: its buffer is closed with the stream); the close is shielded.
+        Cancellation: nothing to undo at hypercorn's send (the stream's task is being
+        cancelled: its buffer is closed with the stream); the retirement's close after
+        it is finished first (shielded).
         """
         await super().stream_send(event)
         if isinstance(event, StreamClosed):
             await self._close_if_done()
 
     async def _close_if_done(self) -> None:
-        """Cancellation: none (often in a stream's last task, cancelled already)."""
+        """Cancellation: finished first (shielded): it often runs in a stream's last
+        task, cancelled already, and the GOAWAY must still go out."""
         if self.retiring is None or self.streams or self.hung_up or self.closed:
             return
         with trio.CancelScope(shield=True):
@@ -296,17 +308,18 @@ class GuardedH2Protocol(H2Protocol):
         GOAWAY) makes the kernel send an RST, and the client's kernel may then drop the
         GOAWAY before it was read. What the client sends meanwhile is thrown away.
 
-        Cancellation: propagates from the GOAWAY's write or a stream's close (the
-        connection's task is being cancelled: it ends, and ``_handle_closed``, shielded,
-        gives every stream left its disconnect and closes the socket).
+        Cancellation: nothing to undo at the GOAWAY's write or a stream's close: the
+        connection's task is being cancelled, and ``_handle_closed``, finished first
+        (shielded), gives every stream left its disconnect and closes the socket.
         """
         await self._goaway(error_code, why)
         await H2Protocol.handle(self, Closed())  # the streams' disconnects, not the socket's
         self.task_group.spawn(self._close_after_linger)
 
     async def _goaway(self, error_code: h2.errors.ErrorCodes, why: str) -> None:
-        """Cancellation: propagates from the write (the connection is ending); ``hung_up``
-        is set and h2 has the GOAWAY queued before it."""
+        """Cancellation: nothing to undo: ``hung_up`` is set and h2 has the GOAWAY queued
+        before the write, the only await, where a cancel means the connection is
+        ending."""
         self.hung_up = True
         with contextlib.suppress(h2.exceptions.ProtocolError):  # h2 has closed already
             self.connection.close_connection(error_code=error_code,
@@ -315,7 +328,8 @@ class GuardedH2Protocol(H2Protocol):
         await self._flush()
 
     async def _close_after_linger(self) -> None:
-        """Cancellation: the connection is ending anyway (its task group is cancelled)."""
+        """Cancellation: nothing to undo: the linger only waits; a cancel means the
+        connection's task group is ending, and with it the socket."""
         with trio.move_on_after(LINGER_S):
             await self._peer_closed.wait()
         await self.send(Closed())

@@ -64,7 +64,8 @@ async def goaway_on_drain(runtime: Runtime, config: Config | None) -> None:
     (``None``: every server's in this process), and each new one after its first
     stream. Returns then.
 
-    Cancellation: stops waiting; nothing was sent.
+    Cancellation: nothing to undo: the wait is only for the drain to begin; no GOAWAY
+    was sent yet, and none is sent after.
     """
     global _draining_everywhere
     # The runtime's drain has no event to wait on; a phase is a plain attribute.

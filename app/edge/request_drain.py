@@ -49,15 +49,16 @@ def settle_request_body(
     body_done = trio.Event()
 
     async def watched_receive() -> ASGIReceiveEvent:
-        """``receive``, noting the body's end. Cancellation: as ``receive``'s (nothing
-        taken is lost: the message is returned with no checkpoint after it)."""
+        """``receive``, noting the body's end. Cancellation: nothing to undo, as
+        ``receive``'s: the message is returned with no checkpoint after it."""
         message = await receive()
         if message["type"] != "http.request" or not message.get("more_body", False):
             body_done.set()  # the body's end, or a disconnect: nothing more will come
         return message
 
     async def settled_send(message: ASGISendEvent) -> None:
-        """Cancellation: while waiting for the body, propagates; nothing was sent."""
+        """Cancellation: nothing to undo while it waits for the body: nothing was
+        sent."""
         if message["type"] == "http.response.start" and not body_done.is_set():
             if declared is not None and declared <= DRAIN_LIMIT_BYTES:
                 with trio.move_on_after(DRAIN_TIMEOUT_S):

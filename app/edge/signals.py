@@ -107,8 +107,9 @@ async def watch_for_stop(runtime: Runtime) -> None:
     drain that SIGTERM began, tell hypercorn to stop. Runs until cancelled; further
     SIGTERMs are only logged, so they cannot kill the worker during hypercorn's stop.
 
-    Cancellation: (the app's nursery, at shutdown) the previous SIGTERM handler is back;
-    a drain in progress goes on in the hub.
+    Cancellation: nothing to undo (the app's nursery, at shutdown): the previous SIGTERM
+    handler is back, and a drain in progress goes on in the hub, bounded by its own
+    deadline.
     """
     worker = hypercorn_worker()
     if worker is not None:
@@ -136,7 +137,8 @@ async def drain_on_signals(
     (the drain has a deadline of its own). Started (``nursery.start``) once the handlers
     are in place; runs until cancelled.
 
-    Cancellation: the previous handlers are back; a drain in progress goes on.
+    Cancellation: nothing to undo: the previous handlers are back, and a drain in
+    progress goes on, bounded by its own deadline.
     """
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         task_status.started()
@@ -153,14 +155,15 @@ async def drain_on_signals(
 async def _first_stop(signals: AsyncIterator[int], worker: HypercornWorker | None) -> bool:
     """Wait for SIGTERM (True) or hypercorn's stop Event (False), whichever is first.
 
-    Cancellation: nothing changes; the caller just stops waiting.
+    Cancellation: nothing to undo: it only waits; its nursery's watchers end with it,
+    and no drain was started.
     """
     by_signal = False
     async with trio.open_nursery() as nursery:
 
         async def on_signal() -> None:
-            """The first SIGTERM ends the wait. Cancellation: nothing changes (a signal
-            not taken yet stays queued in the receiver)."""
+            """The first SIGTERM ends the wait. Cancellation: nothing to undo: a
+            signal not taken yet stays queued in the receiver."""
             nonlocal by_signal
             await signals.__anext__()
             by_signal = True
@@ -168,7 +171,8 @@ async def _first_stop(signals: AsyncIterator[int], worker: HypercornWorker | Non
 
         async def on_hypercorn_stop(event: _Event) -> None:
             """hypercorn's stop Event ends the wait (a multiprocessing Event has no async
-            wait; hypercorn polls it the same way). Cancellation: nothing changes."""
+            wait; hypercorn polls it the same way). Cancellation: nothing to undo: it only
+            polls."""
             while not event.is_set():  # noqa: ASYNC110
                 await trio.sleep(HYPERCORN_POLL_S)
             nursery.cancel_scope.cancel(reason="hypercorn is stopping")

@@ -45,7 +45,8 @@ def running_under_trio() -> bool:
 async def refuse(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
     """Answer one ASGI call under a foreign worker: fail the lifespan startup, or a 500.
 
-    Cancellation: whatever the foreign worker does; nothing is held.
+    Cancellation: nothing to undo: nothing is opened or held; the foreign worker ends
+    the call as it ends any.
     """
     if scope["type"] == "lifespan":
         message = await receive()

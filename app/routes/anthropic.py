@@ -81,9 +81,9 @@ class MessagesAdapter(Adapter[MessagesBody]):
                         retry_after_s=error.retry_after_s, allow=error.allow)
 
     async def answer(self, call: Call[MessagesBody]) -> Response:
-        """Cancellation: a whole answer's at the stream's receive (``with stream``
-        closes it), a streaming one's in the body, or the connection's backstop,
-        closes it."""
+        """Cancellation: closed by its owner (``pipeline.answer_owned``): a whole
+        answer's at the stream's receive (``with source`` closes it), a streaming one's
+        in the body, or the connection's backstop, closes it."""
         return await answer_owned(
             call, lambda streams: MessageAnswer(call.body, call.model, streams[0]),
             streaming=call.body.is_streaming)
@@ -105,7 +105,7 @@ class MessageAnswer:
                                error_envelope=anthropic_error_envelope, tools=self.tools)
 
     async def whole(self, results: list[Collected]) -> dict[str, Any]:
-        """Cancellation: no checkpoint."""
+        """Cancellation: nothing to undo, as none can land: no checkpoint."""
         text, _, finish = results[0]
         return whole_message(self.stream.request_id, self.model, text, finish,
                              tools=self.tools)

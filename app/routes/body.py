@@ -45,8 +45,9 @@ Farewell: when the server cuts a stream (hypercorn's graceful timeout),
 ``app.edge.connection`` asks the body for ``farewell`` and writes it, shielded and
 bounded: the encoder's failure event, once, unless the body never started or ended.
 
-Cancellation: ``__anext__`` is cancelled only at ``receive_batch()`` (or a failover's
-attach); the source is unchanged and ``__aexit__`` closes it.
+Cancellation: nothing to undo in ``__anext__``, cancelled only at ``receive_batch()`` (or a
+failover's attach), where the source takes no item it does not return; the source is
+closed by its owner, ``__aexit__`` (or the connection's backstop).
 """
 
 from __future__ import annotations
@@ -88,7 +89,9 @@ class ItemSource(Protocol[Item]):
         """The queued items (at least one, at most ``max_items``), the terminal one last.
 
         Raises: trio.EndOfChannel or trio.ClosedResourceError at the end; SourceMoved.
-        Cancellation: must lose nothing (the keep-alive relies on it).
+        Cancellation: nothing to undo, required of every source: an item leaves it only
+        in the synchronous stretch that returns it, because the keep-alive's timeout
+        cancels this call whenever the stream is quiet for ``keepalive_s``.
         """
         ...
 
@@ -149,7 +152,8 @@ class EventStreamBody(ResponseBody, Generic[Item]):
         self._keepalives = keepalives if nudgeable else None  # None: a scope per wait
 
     async def __aenter__(self) -> EventStreamBody[Item]:
-        """Cancellation: no checkpoint; the body is entered or not."""
+        """Cancellation: nothing to undo, as none can land: no checkpoint; the body is
+        entered or not."""
         self.is_entered = True
         return self
 
@@ -159,7 +163,8 @@ class EventStreamBody(ResponseBody, Generic[Item]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        """Close the source, on every way out. Cancellation: no checkpoint."""
+        """Close the source, on every way out. Cancellation: closed by its owner: this is
+        the owner's close, with no checkpoint, so it runs whole in a cancelled scope."""
         self.source.close()
 
     def __aiter__(self) -> EventStreamBody[Item]:
@@ -172,7 +177,9 @@ class EventStreamBody(ResponseBody, Generic[Item]):
         Raises:
             StopAsyncIteration: after the terminal item, or if the source ended.
 
-        Cancellation: raised at ``source.receive_batch()`` with nothing taken.
+        Cancellation: nothing to undo: it lands at ``source.receive_batch()``, which
+        takes nothing it does not return; the source is closed by its owner (``__aexit__``,
+        or the connection's backstop).
         """
         if self.is_finished:
             raise StopAsyncIteration

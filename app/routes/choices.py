@@ -82,7 +82,8 @@ class ChoicesSource:
 
     async def receive_batch(self, max_items: int) -> list[ChoiceItem]:
         """At least one item (the terminal one last). Raises trio.EndOfChannel after
-        the last, trio.ClosedResourceError once closed. Cancellation: loses nothing."""
+        the last, trio.ClosedResourceError once closed. Cancellation: nothing to undo:
+        an item leaves its stream only in the synchronous stretch that returns it."""
         await trio.lowlevel.checkpoint()
         ready = self.take_ready(max_items)
         if ready:
@@ -142,8 +143,8 @@ async def collect_choices(
     """Read every choice to its end: (text, token events, finish) per choice, in index
     order, or ApiError for a StreamError.
 
-    Cancellation: at ``source.receive_batch()``; nothing is lost (the connection closes
-    the streams)."""
+    Cancellation: nothing to undo at ``source.receive_batch()``, which takes no item it
+    does not return; the streams are closed by their owner, the connection."""
     index = {stream.request_id: i for i, stream in enumerate(source.streams)}
     texts: list[list[str]] = [[] for _ in source.streams]
     tokens: list[list[TokenEvent]] = [[] for _ in source.streams]

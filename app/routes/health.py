@@ -21,7 +21,7 @@ class HealthViews:
         """200 while the process is up (also while the model loads); 503 once the model
         failed to load or a step failed, since this process can serve nothing then.
 
-        Cancellation: no checkpoint."""
+        Cancellation: nothing to undo, as none can land: no checkpoint."""
         if self.runtime.phase is Phase.FAILED:
             refusal = self.runtime.refusal()
             assert refusal is not None
@@ -32,14 +32,17 @@ class HealthViews:
         """200 once the model is loaded and the hub runs, and the shared resume store
         (if set) answers; else 503 with the envelope.
 
-        Cancellation: while the store is asked, nothing changes."""
+        Cancellation: nothing to undo here: the store's ping is abandoned to its thread
+        (``store_refusal``), which ends when the store answers or its socket times
+        out."""
         refusal = self.runtime.refusal() or await self.runtime.store_refusal()
         if refusal is not None:
             raise refusal
         return json_response({"status": "ready", "phase": self.runtime.phase.value})
 
     async def stats(self) -> Response:
-        """The engine's and hub's counters (``Runtime.statistics``). Cancellation: none."""
+        """The engine's and hub's counters (``Runtime.statistics``). Cancellation: nothing to
+        undo, as none can land: no checkpoint."""
         return json_response(self.runtime.statistics())
 
 

@@ -79,9 +79,10 @@ class NativeAdapter(Adapter[GenerateBody]):
     async def answer(self, call: Call[GenerateBody]) -> Response:
         """The events, the whole document, or (``resumable``) the registry's stream.
 
-        Cancellation: a whole answer's at ``stream.receive()`` (``with stream`` closes
-        the stream, which asks the engine to cancel, as for a stream); a streaming one's
-        in the body, or the connection's backstop, closes it.
+        Cancellation: closed by its owner (``pipeline.answer_owned``): a whole answer's
+        at ``stream.receive()`` (``with source`` closes the stream, which asks the engine
+        to cancel); a streaming one's in the body, or the connection's backstop, closes
+        it. A resumable one is handed over (``answer_resumable``).
         """
         if call.body.resumable:
             return await answer_resumable(call)
@@ -93,8 +94,8 @@ async def answer_resumable(call: Call[GenerateBody]) -> Response:
     """``POST /v1/stream`` with ``resumable``: open the stream in the registry and answer
     it with its first reader.
 
-    Cancellation: before the stream opens, nothing to undo; after, the connection owns
-    the reader and the registry the stream. No checkpoint here.
+    Cancellation: nothing to undo before the stream opens; after, handed over: the
+    registry owns the stream and the connection only its reader. No checkpoint here.
     """
     runtime = call.runtime
     stream, reader = open_registry_owned(runtime, call.prepared, call.spec, call.timer,
@@ -120,7 +121,7 @@ class NativeAnswer:
         return NativeEvents(self.stream.request_id, self.stream.prompt_tokens)
 
     async def whole(self, results: list[Collected]) -> dict[str, Any]:
-        """Cancellation: no checkpoint."""
+        """Cancellation: nothing to undo, as none can land: no checkpoint."""
         text, tokens, finish = results[0]
         answer: dict[str, Any] = {
             "id": self.stream.request_id,
@@ -141,7 +142,7 @@ def finished_request(runtime: Runtime) -> Any:
     async def view(request_id: str) -> Response:
         """How the engine let a request go (see the module docstring), or 404.
 
-        Cancellation: no checkpoint."""
+        Cancellation: nothing to undo, as none can land: no checkpoint."""
         finish = runtime.finished(request_id) if may_see(request_id) else None
         if finish is None:  # another API key's request too: as if it never was
             raise ApiError(

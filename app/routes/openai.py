@@ -82,7 +82,8 @@ class CompletionsAdapter(Adapter[OpenAIBody]):
         """Open the stream (a stream a choice, ``choices.py``) and answer it as chunks or
         as one document (``tools``: in the tool format it is in).
 
-        Cancellation: see ``pipeline.answer_owned``; the connection closes every stream.
+        Cancellation: closed by its owner: the connection takes every stream as it opens
+        (``pipeline.answer_owned``), with no checkpoint before.
         """
         body = call.body
         tools = self.tools(body)
@@ -157,7 +158,8 @@ class ChoicesAnswer:
 
     async def whole(self, results: list[Collected]) -> dict[str, Any]:
         """One document; with several choices, one choice each and their usage summed.
-        Cancellation: no checkpoint."""
+        Cancellation: nothing to undo, as none can land: no checkpoint (the streams are
+        closed by their owner, the connection)."""
         first = self.streams[0].request_id
         text, tokens, finish = results[0]
         answer = whole_answer(self.shape, first, self.model, text, finish, tokens)
@@ -196,11 +198,13 @@ class OpenAIViews:
         self.models = models
 
     async def list_models(self) -> Response:
-        """The served model and its alias. Cancellation: no checkpoint."""
+        """The served model and its alias. Cancellation: nothing to undo, as none can
+        land: no checkpoint."""
         return json_response(self.models.listing())
 
     async def retrieve_model(self, model_id: str) -> Response:
-        """One model's card, or 404 model_not_found. Cancellation: no checkpoint."""
+        """One model's card, or 404 model_not_found. Cancellation: nothing to undo, as none
+        can land: no checkpoint."""
         return json_response(self.models.card(self.models.check(model_id)))
 
 

@@ -43,12 +43,12 @@ def make_page_blueprint() -> Blueprint:
 
     @bp.get(PAGE_PATH)
     async def index() -> Response:
-        """The page. Cancellation: no checkpoint."""
+        """The page. Cancellation: nothing to undo, as none can land: no checkpoint."""
         return Response(page, content_type="text/html; charset=utf-8", headers=headers)
 
     @bp.get(SCRIPT_PATH)
     async def page_script() -> Response:
-        """Its script. Cancellation: no checkpoint."""
+        """Its script. Cancellation: nothing to undo, as none can land: no checkpoint."""
         return Response(script, content_type="text/javascript; charset=utf-8", headers=headers)
 
     return bp

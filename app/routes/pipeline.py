@@ -202,7 +202,9 @@ class Pipeline:
         (``streams.resume.spec_of``); else None for the spec. A constraint that does not
         compile: the API's refusal naming its field.
 
-        Cancellation: nothing opened yet."""
+        Cancellation: nothing to undo: nothing is opened before it returns (an encode
+        or compile in flight is finished first: milliseconds, seconds for the very first
+        compile)."""
         shared = terms.registry_owned and self.runtime.settings.resume_store is not None
         try:
             prepared = await self.runtime.prepare(
@@ -216,7 +218,8 @@ class Pipeline:
 
 def refusals(metrics: Metrics, error_for: ErrorFor) -> Callable[[Exception], Awaitable[Response]]:
     """A blueprint's error handler: every error of its routes in its API's shape
-    (``error_for``), counted as refused. Cancellation: no checkpoint."""
+    (``error_for``), counted as refused. Cancellation: nothing to undo, as none can
+    land: no checkpoint."""
     async def refuse(exc: Exception) -> Response:
         error = error_for(exc)
         metrics.refused(error)
@@ -233,7 +236,8 @@ async def answer_owned(
     answer it as the SSE body of ``answer_of``'s encoder or as its whole answer.
     ``not_opened``: told when the open is refused (nothing was submitted).
 
-    Cancellation: no checkpoint between the open and the connection taking the stream
+    Cancellation: closed by its owner: no checkpoint between the open and the connection
+    taking the stream
     (``answer_of`` is sync); a whole answer's at the stream's receive (``with source``
     closes it); a streaming one's in the body, or the connection's backstop, closes it.
     """

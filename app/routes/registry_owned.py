@@ -115,9 +115,9 @@ async def wait_stored(runtime: Runtime, request_id: str) -> None:
     the request refused with 503 ``unavailable`` (``Retry-After``), as a resume of
     another replica's stream is then. Without a shared store, at once.
 
-    Raises: ApiError 503. Cancellation: the registry holds the stream (its grace period
-    runs, or a background response goes on), as when a client leaves right after its
-    answer.
+    Raises: ApiError 503. Cancellation: handed over: the registry holds the stream (its
+    grace period runs, or a background response goes on), as when a client leaves
+    right after its answer; the wait itself only waits.
     """
     registry = runtime.resume_registry()
     with trio.move_on_after(STORED_WAIT_S):

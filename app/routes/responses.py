@@ -126,8 +126,9 @@ class ResponsesAdapter(Adapter[ResponsesBody]):
         """The conversation put together (a ``previous_response_id``'s stored context and
         output, then this input) and rendered; its items kept as the prompt's context.
 
-        Cancellation: while the previous response is read, the template renders:
-        nothing is open."""
+        Cancellation: nothing to undo: nothing is open while the previous response is
+        read (abandoned, with a shared store) or the template renders (finished first,
+        milliseconds)."""
         context = body.input_items()
         if body.previous_response_id is not None:
             context = [*await self.stored().previous(body.previous_response_id), *context]
@@ -154,9 +155,10 @@ class ResponsesAdapter(Adapter[ResponsesBody]):
         """Store the response as created, then open it: the connection its owner
         (foreground), or the registry (background).
 
-        Cancellation: while the document is stored, nothing is open (a stored
-        ``queued`` document is left to expire); after the open, as
-        ``/v1/chat/completions`` (foreground) or as a resumable stream (background).
+        Cancellation: nothing to undo while the document is stored, as nothing is open (a
+        stored ``queued`` document, never answered, expires with the store's ``ttl_s``);
+        after the open, a foreground response is closed by its owner, the connection,
+        which also settles its document; a background one is handed over.
         """
         body = call.body
         request_id = call.prepared.request.request_id
@@ -183,7 +185,8 @@ class ResponsesAdapter(Adapter[ResponsesBody]):
             not_opened=None if writer is None else lambda: writer.forget(document))
 
     async def _store(self, document: StoredResponse) -> None:
-        """Raises: OpenAIError 429 too_many_stored; ApiError 503. Cancellation: lands or not."""
+        """Raises: OpenAIError 429 too_many_stored; ApiError 503. Cancellation: abandoned,
+        with a shared store (one atomic write: it lands whole or not)."""
         try:
             await self.store.put(document)
         except ResponsesFull as exc:
@@ -224,7 +227,8 @@ class ForegroundAnswer:
         return self.settle.events
 
     async def whole(self, results: list[Collected]) -> dict[str, Any]:
-        """Cancellation: while the final document is stored (it lands or not)."""
+        """Cancellation: abandoned, with a shared store, while the final document is
+        stored (one atomic write: it lands whole or not); the stream is closed already."""
         _, tokens, finish = results[0]
         response = self.settle.whole([*tokens, finish])
         if self.writer is not None:  # the next turn may follow at once: stored before
@@ -239,19 +243,20 @@ class ResponsesViews:
         self.adapter = adapter
 
     async def retrieve(self, response_id: str) -> Response:
-        """Cancellation: see ``StoredResponses.retrieve``."""
+        """Cancellation: ``StoredResponses.retrieve``'s: nothing to undo, or handed
+        over."""
         return await self.adapter.stored().retrieve(response_id)
 
     async def input_items(self, response_id: str) -> Response:
-        """Cancellation: a read."""
+        """Cancellation: nothing to undo: a read."""
         return await self.adapter.stored().input_items(response_id)
 
     async def delete(self, response_id: str) -> Response:
-        """Cancellation: see ``StoredResponses.delete``."""
+        """Cancellation: ``StoredResponses.delete``'s: abandoned, atomic calls."""
         return await self.adapter.stored().delete(response_id)
 
     async def cancel(self, response_id: str) -> Response:
-        """Cancellation: see ``StoredResponses.cancel``."""
+        """Cancellation: ``StoredResponses.cancel``'s: abandoned, atomic calls."""
         return await self.adapter.stored().cancel(response_id)
 
 
@@ -285,8 +290,8 @@ def make_responses_blueprint(runtime: Runtime, metrics: Metrics) -> Blueprint:
 async def name_the_response(response: Response) -> Response:
     """A created response's id in a header of the answer's head, whether it streams or
     not: a proxy learns where a conversation's turn was made (deploy/haproxy.cfg sticks
-    the next turn, its ``previous_response_id``, to that replica). Cancellation: no
-    checkpoint."""
+    the next turn, its ``previous_response_id``, to that replica). Cancellation: nothing
+    to undo, as none can land: no checkpoint."""
     response_id = g.get("response_id")
     if response_id is not None and response.status_code == 200:
         response.headers[RESPONSE_ID_HEADER] = response_id

@@ -65,7 +65,8 @@ class StoreWriter:
         self.nursery.start_soon(self._forget, document)
 
     async def _forget(self, document: StoredResponse) -> None:
-        """Cancellation: the app's nursery stops; a delete in flight lands or not."""
+        """Cancellation: abandoned (only when the app's nursery stops): the delete is
+        one atomic call, so it lands whole or not; an undeleted record expires."""
         try:
             await self.store.delete(document.owner, document.id)
         except ResponseStoreUnavailable as exc:
@@ -76,7 +77,8 @@ class StoreWriter:
         self.nursery.start_soon(self._write, document)
 
     async def _write(self, document: StoredResponse) -> None:
-        """Cancellation: the app's nursery stops; a write in flight lands or not."""
+        """Cancellation: abandoned (only when the app's nursery stops): the write is one
+        atomic call, so it lands whole or not."""
         try:
             await self.store.put(document)
         except (ResponsesFull, ResponseStoreUnavailable) as exc:

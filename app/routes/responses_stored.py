@@ -67,7 +67,8 @@ class StoredResponses:
         """The stored record of one of this key's responses.
 
         Raises: ApiError 404 (unknown, expired, another key's), 503 (store away).
-        Cancellation: a read; nothing changes.
+        Cancellation: nothing to undo: a read of the store, abandoned to its thread with
+        a shared store.
         """
         request_id = request_id_of(response_id)
         if not may_see(request_id):
@@ -84,8 +85,9 @@ class StoredResponses:
         """The response object now: as stored, or for a background one not final there,
         as its stream's log says (written back once final).
 
-        Cancellation: a read; nothing changes (a final object is written in the app's
-        nursery).
+        Cancellation: nothing to undo: reads only; the final object it may find is
+        written in the app's nursery (``StoreWriter.write``, sync), which no request's
+        cancel reaches.
         """
         response = document.response
         if response["status"] in FINAL or not document.is_background:
@@ -114,7 +116,8 @@ class StoredResponses:
         (``SETTLE_WAIT_S``); a background one still running is refused.
 
         Raises: ApiError 404 (param ``previous_response_id``), 400 (not final).
-        Cancellation: at the store's reads or the waits; nothing changes.
+        Cancellation: nothing to undo: it lands at the store's reads or the waits between
+        them, before the request's stream is opened.
         """
         document = await self.document(response_id)
         response = await self.current(document)
@@ -130,7 +133,8 @@ class StoredResponses:
 
     async def retrieve(self, response_id: str) -> Response:
         """The response object, or (``?stream=true``) a background response's events after
-        ``starting_after``, then live. Cancellation: see ``stream_events``."""
+        ``starting_after``, then live. Cancellation: nothing to undo while it reads the
+        store; then ``stream_events``'s (the stream is handed over, never cancelled)."""
         document = await self.document(response_id)
         if request.args.get("stream", "false").lower() == "true":
             return await self.stream_events(document)
@@ -140,8 +144,10 @@ class StoredResponses:
         """Attach to the background response's stream (any replica) and send its events
         after ``starting_after``.
 
-        Cancellation: while attaching, nothing changes (as ``ResumeRegistry.attach``);
-        after, the connection owns the reader, whose close hands the stream back.
+        Cancellation: handed over: the stream is the registry's throughout. While
+        attaching, ``ResumeRegistry.attach`` finishes its hand-over first (shielded, one
+        scheduling round); after, the connection owns the reader, whose close hands the
+        stream back.
         """
         if not document.is_background:
             raise ApiError(ErrorType.BAD_REQUEST, "only a background response can be "
@@ -170,7 +176,7 @@ class StoredResponses:
 
     async def input_items(self, response_id: str) -> Response:
         """OpenAI's list of the response's input items (``order``, ``limit``, ``after``,
-        ``before``). Cancellation: a read."""
+        ``before``). Cancellation: nothing to undo: a read."""
         items = list((await self.document(response_id)).input_items)
         args = request.args
         if args.get("order", "desc") == "desc":
@@ -192,7 +198,8 @@ class StoredResponses:
 
     async def delete(self, response_id: str) -> Response:
         """Forget a stored response (a background one still running is cancelled too).
-        Cancellation: at the store's calls; each lands or not."""
+        Cancellation: abandoned at the store's calls (each one atomic: it lands whole or
+        not); a delete asked again is idempotent."""
         document = await self.document(response_id)
         if document.is_background:
             await self._cancel_stream(document)
@@ -205,7 +212,8 @@ class StoredResponses:
     async def cancel(self, response_id: str) -> Response:
         """Cancel a background response: its stream ends (its blocks come back at the
         next step) and its object says ``cancelled``; one already over is answered as
-        it is (idempotent). Cancellation: at the store's calls; each lands or not."""
+        it is (idempotent). Cancellation: abandoned at the store's calls (each atomic: it
+        lands whole or not); asked again, the cancel is idempotent."""
         document = await self.document(response_id)
         response = await self.current(document)
         if not response["background"]:
@@ -222,7 +230,8 @@ class StoredResponses:
         return json_response(cancelled)
 
     async def _cancel_stream(self, document: StoredResponse) -> None:
-        """Cancellation: at the ask of the shared store (it lands or not)."""
+        """Cancellation: abandoned at the ask of the shared store (one atomic script:
+        it lands whole or not); a local stream is closed before any checkpoint."""
         request_id = request_id_of(document.id)
         try:
             await self.runtime.resume_registry().cancel_anywhere(request_id)

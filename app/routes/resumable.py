@@ -134,8 +134,9 @@ class ResumableViews:
     async def resume(self, request_id: str) -> Response:
         """Replay after Last-Event-ID, then follow live (see the module docstring).
 
-        Cancellation: while attaching, nothing changes (the wait for the holder is
-        shielded); after, the connection owns the reader.
+        Cancellation: handed over: the stream is the registry's throughout. While
+        attaching, the wait for the holder is finished first (shielded, one scheduling
+        round); after, the connection owns the reader, whose close hands the stream back.
         """
         check_owner(request_id)  # another API key's stream: 404, as if absent
         registry = self.runtime.resume_registry()
@@ -165,7 +166,9 @@ class ResumableViews:
     async def cancel_request(self, request_id: str) -> Response:
         """End a resumable stream now, on this replica or (with a shared store) on the
         one that generates it: 204, 404, or 503 if that store does not answer.
-        Cancellation: at the ask of the store only (it lands or not)."""
+        Cancellation: abandoned at the ask of the store only (one atomic script: it
+        lands whole or not; asked again, idempotent); a local stream is closed before any
+        checkpoint."""
         check_owner(request_id)  # another API key's stream: 404, as if absent
         try:
             cancelled = await self.runtime.resume_registry().cancel_anywhere(request_id)

@@ -60,7 +60,8 @@ class ResumeSource:
 
         Raises: trio.EndOfChannel or ClosedResourceError at the end (or after
         ``TAKEN_OVER_EVENT``); SourceMoved when the owner died.
-        Cancellation: at ``reader.receive()``, with nothing taken (it is cancel-safe).
+        Cancellation: nothing to undo: it lands at ``reader.receive()``, which logs and
+        returns an item in one synchronous stretch, so nothing taken is lost.
         """
         if self._over:
             raise TakenOver("taken over")
@@ -81,7 +82,10 @@ class ResumeSource:
         """Attach again after ``position`` (failover, or another remote reader if another
         replica took over first); the body ends (the client resumes) if that fails.
 
-        Cancellation: as ``ResumeRegistry.attach``; the old reader is closed already.
+        Cancellation: the old reader is closed already (its stream handed over to the
+        registry), so a cancel leaves this source with no reader to lose; inside
+        ``ResumeRegistry.attach`` the wait for the holder is finished first (shielded,
+        one scheduling round) and a shared log's lease claim abandoned (it lapses).
         """
         self.reader.close()
         if self._registry is None:

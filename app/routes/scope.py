@@ -106,19 +106,19 @@ def make_scope_blueprint(runtime: Runtime) -> Blueprint:
 
     @bp.get(PAGE_PATH)
     async def scope_page() -> Response:
-        """The page. Cancellation: no checkpoint."""
+        """The page. Cancellation: nothing to undo, as none can land: no checkpoint."""
         return Response(page, content_type="text/html; charset=utf-8", headers=headers)
 
     @bp.get(SCRIPT_PATH)
     async def scope_script() -> Response:
-        """Its script. Cancellation: no checkpoint."""
+        """Its script. Cancellation: nothing to undo, as none can land: no checkpoint."""
         return Response(script, content_type="text/javascript; charset=utf-8",
                         headers=headers)
 
     @bp.get(TOKEN_PATH)
     async def scope_token() -> Response:
-        """The feed's URL for EventSource, and whose rows it shows. Cancellation: no
-        checkpoint."""
+        """The feed's URL for EventSource, and whose rows it shows. Cancellation:
+        nothing to undo, as none can land: no checkpoint."""
         name = viewer()
         return json_response({"events_url": SCOPE_EVENTS_PATH + scope_query(),
                               "key": key_name(), "sees_all": name is None})
@@ -128,8 +128,9 @@ def make_scope_blueprint(runtime: Runtime) -> Blueprint:
         """Subscribe a watcher and answer its frames as ``text/event-stream``.
 
         Raises: ApiError 503 unavailable before the hub runs; 429 too_many_watchers.
-        Cancellation: no checkpoint before the body, which (or the connection's
-        backstop) closes the watcher.
+        Cancellation: closed by its owner: the watcher goes to the connection
+        (``close_with_connection``) as it is subscribed, with no checkpoint before the
+        body, whose ``__aexit__`` (or the connection's backstop) closes it.
         """
         hub = runtime.hub
         if hub is None:

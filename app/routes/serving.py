@@ -48,7 +48,8 @@ async def read_body() -> bytes:
     malformed chunked body, left unread, would get no answer at all.
 
     Raises: RequestEntityTooLarge (413); ApiError unsupported_media_type (415).
-    Cancellation: while the body arrives; nothing is open yet.
+    Cancellation: nothing to undo: it lands while the body arrives, before anything
+    is opened or submitted.
     """
     body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
     require_json()
@@ -146,7 +147,8 @@ async def collect(
     """Read a stream to its end: (text, token events, finish), or ApiError for a
     StreamError.
 
-    Cancellation: at ``stream.receive()``; the stream is unchanged.
+    Cancellation: nothing to undo: it lands at ``stream.receive()``, which takes no
+    item it does not return; the stream is closed by its owner (the caller's ``with``).
     """
     text: list[str] = []
     tokens: list[TokenEvent] = []

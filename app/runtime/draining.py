@@ -54,7 +54,9 @@ async def finish_drain(
     the store, ``hand_over_before_deadline``), then say so in the log.
 
     Cancellation: (the app's nursery, at its shutdown deadline) the remaining streams are
-    ended at once (``Hub.shutdown``) and Cancelled propagates.
+    ended at once by the hub (``Hub.shutdown``), with the same engine cancel as when
+    closed by its owner, and Cancelled propagates; the engine applies their cancels
+    only if something still steps it.
     """
     hub_stopped = trio.Event()
     handing_over = registry if settings.resume_store is not None else None

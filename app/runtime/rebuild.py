@@ -56,8 +56,9 @@ class Rebuilder:
                        events: list[tuple[int, bytes, bool]], adopt: Adopt) -> None:
         """Raises: StoreRejected (a spec an HTTP request would be refused for, or
         events that do not say which tokens were made), or what ``Runtime.prepare`` and
-        ``Runtime.open`` raise. Cancellation: before the open, nothing was submitted;
-        the open and ``adopt`` have no checkpoint between."""
+        ``Runtime.open`` raise. Cancellation: nothing to undo before the open, as nothing
+        was submitted; then handed over: the open and ``adopt`` have no checkpoint
+        between."""
         try:
             raw, namespace = spec_parts(spec)  # the key's namespace: its cached blocks
             body = parse_generate_body(raw, self._limits)

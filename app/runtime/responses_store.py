@@ -77,19 +77,23 @@ class ResponseStore(Protocol):
         again.
 
         Raises: ResponsesFull (nothing written); ResponseStoreUnavailable.
-        Cancellation: a write in flight lands or not.
+        Cancellation: abandoned (the shared store's call runs on in its thread) or, in
+        memory, nothing to undo: the write is one Redis script, so it lands whole or not
+        at all, and a record nobody learned of expires in ``ttl_s``.
         """
         ...
 
     async def get(self, response_id: str) -> StoredResponse | None:
         """The record, or None (never stored, expired, deleted; in Redis, one that fails
         its signature's check).
-        Raises: ResponseStoreUnavailable. Cancellation: a read; nothing changes."""
+        Raises: ResponseStoreUnavailable. Cancellation: nothing to undo: a read
+        (abandoned to its thread, in Redis)."""
         ...
 
     async def delete(self, owner: str, response_id: str) -> bool:
         """Forget the record; False if there was none.
-        Raises: ResponseStoreUnavailable. Cancellation: lands or not."""
+        Raises: ResponseStoreUnavailable. Cancellation: abandoned, in Redis: one script,
+        so it lands whole or not; asked again, idempotent."""
         ...
 
 

@@ -57,7 +57,8 @@ async def store_refusal(registry: ResumeRegistry | None) -> ApiError | None:
     resume of another replica's stream would fail here); None when it answers or there
     is none (``registry`` None: no hub yet; the memory log always answers).
 
-    Cancellation: the answer is not waited for (the ask is abandoned to its thread).
+    Cancellation: abandoned: a ping changes nothing, so the caller returns at once and
+    the ask runs on in its thread until the store answers or its socket times out.
     """
     if registry is None:
         await trio.lowlevel.checkpoint()

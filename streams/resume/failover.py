@@ -52,9 +52,10 @@ class Failover:
             NothingToResume: the store no longer holds the stream.
             Whatever ``rebuild`` raises (opening the stream).
 
-        Cancellation: before the stream opens, the lease is let go (another resume may
-        take over); once open, the registry holds it (a cancelled claim of the reader
-        lease detaches it, as a reader that left).
+        Cancellation: before the stream opens, nothing to undo but the writer lease won,
+        which is let go (another resume may take over at once, not a lease later); once
+        open, handed over: the registry holds it (a cancelled claim of the reader lease
+        detaches it, as a reader that left).
         """
         log = self._log
         adopted: list[Reader] = []

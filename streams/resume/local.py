@@ -115,11 +115,12 @@ class LocalStreams:
         """The stream's reader from event ``after + 1``, taken over from its reader or
         holder (see the module docstring; ``ResumeRegistry.attach`` says what it raises).
 
-        Cancellation: once the stream is found, no checkpoint can raise: the old
-        reader's ``give_way`` (bounded) and the holder's exit (its last step) are waited
-        for shielded, so an attach is never left half-done; the reader is returned and the
-        caller's next checkpoint raises (its owner closes it: the stream is then held
-        again). A stream not found: ``Cancelled`` or ``NothingToResume``, nothing held.
+        Cancellation: once the stream is found, the attach is finished first: no
+        checkpoint can raise, as the old reader's ``give_way`` (bounded) and the holder's
+        exit (its last step) are waited for shielded, so an attach is never left
+        half-done; the reader is returned and the caller's next checkpoint raises (its
+        owner closes it: the stream is then handed over to a holder again). A stream not
+        found: ``Cancelled`` or ``NothingToResume``, nothing to undo.
         """
         entry = self._entries.get(request_id)
         if entry is None:
@@ -213,8 +214,9 @@ class LocalStreams:
         self._nursery.start_soon(self._hold, entry, holder)
 
     async def _take_from_holder(self, entry: ResumableStream) -> None:
-        """The detached stream back from its holder (ATTACHED again). Cancellation: the
-        wait is shielded (the holder has no await left but its cancelled one)."""
+        """The detached stream back from its holder (ATTACHED again). Cancellation: finished
+        first: the wait is shielded, and short (the holder has no await left but its
+        cancelled one)."""
         holder = entry.holder
         if holder is not None:
             holder.taken_over = True
@@ -230,9 +232,10 @@ class LocalStreams:
     async def _hold(self, entry: ResumableStream, holder: Holder) -> None:
         """Take and log the detached stream's items until its deadline, then end it.
 
-        Cancellation: by a reader taking over, nothing is undone (the reader goes on
-        from the log); by the deadline, ``cancel()`` or the registry stopping, the
-        stream is closed (the engine asked to cancel) and its log expired. With a shared
+        Cancellation: by a reader taking over, nothing to undo (the reader goes on from
+        the log); by the deadline, ``cancel()`` or the registry stopping, the stream is
+        closed by its owner, the registry (the engine asked to cancel; the blocks back at
+        the next step boundary), and its log expired. With a shared
         log, a deadline that passes while a reader on another replica holds the stream's
         lease starts another grace period instead.
         """

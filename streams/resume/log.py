@@ -99,28 +99,30 @@ class SharedEventLog(EventLog, Protocol):
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Write what ``append``/``expire`` queued, in order, until cancelled.
 
-        Cancellation: the way it stops. A write in flight may land or not; nothing is
-        written after it (none may overtake it), so what is left expires by its time
-        to live, and the leases it renewed lapse (other replicas may take over).
+        Cancellation: the way it stops. A write in flight is abandoned (one transaction:
+        it lands whole or not); nothing is written after it (none may overtake it), so
+        what is left expires by its time to live, and the leases it renewed lapse
+        (other replicas may take over).
         """
         ...
 
     async def tail(self, stream_id: str) -> tuple[int, bool] | None:
         """(n of the last event in the store, whether it is the last), or None.
 
-        Cancellation: a read: nothing changes.
+        Cancellation: nothing to undo: a read changes nothing, so an implementation may
+        abandon it to its thread.
         """
         ...
 
     async def ping(self) -> None:
         """Return once the store answered (``StoreUnavailable`` if it does not).
-        Cancellation: nothing changes."""
+        Cancellation: nothing to undo: a ping changes nothing (it may be abandoned)."""
         ...
 
     async def stored(self) -> None:
         """Return once everything queued before the call is in the store
         (``StoreUnavailable`` if the log stopped writing). Writes nothing itself.
-        Cancellation: nothing changes; the writer goes on."""
+        Cancellation: nothing to undo: it only waits; the writer goes on."""
         ...
 
     async def read_remote(
@@ -129,15 +131,16 @@ class SharedEventLog(EventLog, Protocol):
         """Events after ``after`` as (n, data, last), waiting up to ``wait_s`` for one
         (empty: none came); None: the store no longer holds the stream.
 
-        Cancellation: nothing changes; events not returned are read again by the next
-        call from the same position.
+        Cancellation: nothing to undo: a read changes nothing (it may be abandoned), and
+        the events it did not return are read again by the next call from the same
+        position, so none is lost.
         """
         ...
 
     async def claim_reader(self, stream_id: str, token: str) -> None:
         """Take the stream's reader lease for ``token``, from whoever holds it.
 
-        Cancellation: the claim may still land, unknown to the caller: the caller lets
+        Cancellation: abandoned: the claim may still land, unknown to the caller, who lets
         ``token`` go (``release_reader``) on its way out; else it lapses in ``lease_s``.
         """
         ...
@@ -146,8 +149,8 @@ class SharedEventLog(EventLog, Protocol):
         """Extend ``token``'s lease; False if it is not ``token``'s any more (taken over,
         or lapsed). A new stream's lease whose SET is still queued counts as held.
 
-        Cancellation: the lease may be renewed once more; it lapses within ``lease_s``
-        unless its reader lets it go first.
+        Cancellation: abandoned: the lease may be renewed once more; it lapses within
+        ``lease_s`` unless its reader lets it go first.
         """
         ...
 
@@ -167,7 +170,7 @@ class SharedEventLog(EventLog, Protocol):
 
     async def reader_held(self, stream_id: str) -> bool:
         """Whether a reader (on any replica) holds the stream's lease now.
-        Cancellation: a read: nothing changes."""
+        Cancellation: nothing to undo: a read (it may be abandoned)."""
         ...
 
     # Failover: the writer holds a lease on each stream it generates (renewed by ``run``
@@ -180,18 +183,18 @@ class SharedEventLog(EventLog, Protocol):
 
     async def writer_alive(self, stream_id: str) -> bool:
         """Whether the stream's writer lease is held (by any replica).
-        Cancellation: a read: nothing changes."""
+        Cancellation: nothing to undo: a read (it may be abandoned)."""
         ...
 
     async def take_over(self, stream_id: str) -> bool:
         """Atomically take the writer lease of a stream whose writer's lapsed, unless its
         last event ended it or it has no spec: True for exactly one caller.
 
-        Cancellation: never loses a grant: the call returns the store's answer even if
-        cancelled meanwhile (it waits for it), and the caller owns a lease it won: it
-        lets it go (``release_writer``) if it does not continue the stream. (A lease
-        granted and lost would be held by nobody who writes or renews it: the stream
-        would stall until it lapsed; issue 34, D1.)
+        Cancellation: finished first, never losing a grant: the call returns the store's
+        answer even if cancelled meanwhile (it waits for it), and the caller owns a lease
+        it won: it lets it go (``release_writer``) if it does not continue the stream. (A
+        lease granted and lost would be held by nobody who writes or renews it: the
+        stream would stall until it lapsed; issue 34, D1.)
         """
         ...
 
@@ -199,7 +202,7 @@ class SharedEventLog(EventLog, Protocol):
         self, stream_id: str
     ) -> tuple[bytes, list[tuple[int, bytes, bool]]] | None:
         """(spec, every event as (n, data, last)) of a stream, or None if gone.
-        Cancellation: a read: nothing changes."""
+        Cancellation: nothing to undo: a read (it may be abandoned)."""
         ...
 
     def adopt(self, stream_id: str, events: list[tuple[int, bytes, bool]]) -> None:
@@ -226,8 +229,8 @@ class SharedEventLog(EventLog, Protocol):
         """Cancel a stream another replica generates (its keys deleted at once if its
         writer died); False if the store does not hold it.
 
-        Cancellation: the cancel may still land (one atomic step in the store), unknown
-        to the caller; a cancel tried again is idempotent.
+        Cancellation: abandoned: the cancel may still land (one atomic step in the
+        store), unknown to the caller; a cancel tried again is idempotent.
         """
         ...
 

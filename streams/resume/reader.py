@@ -6,7 +6,9 @@ nobody else takes any, so what it reads is gap-free. A newer reader takes it ove
 (``give_way``: its take in progress is cancelled, ``TokenStream.receive`` being
 cancel-safe), and with a shared log a reader on another replica may take its lease,
 which it finds at a renewal (every ``LEASE_CHECK_S``). Its ``close`` hands the stream
-back to the registry (``on_close``), which holds it for the grace period.
+back to the registry (``on_close``, ``LocalStreams._detach``), which holds it for the
+grace period, or until its ``run_until`` if later (a background response's hold); a
+reader already taken over hands back nothing: the newer reader holds the stream.
 """
 
 from __future__ import annotations
@@ -80,9 +82,10 @@ class Reader:
                 on another replica: found at the lease's renewal).
             trio.ClosedResourceError: the reader was closed, or the stream cancelled.
 
-        Cancellation: safe at every checkpoint, as ``TokenStream.receive``: an event
-        leaves the log's pending list, or an item the stream, only when returned. A
-        takeover cancels the take (only it) and the reader ends with ``TakenOver``.
+        Cancellation: nothing to undo at every checkpoint, as ``TokenStream.receive``: an
+        event leaves the log's pending list, or an item the stream, only when returned.
+        A takeover cancels the take (only it) and the reader ends with ``TakenOver``. A
+        cancel at the lease's renewal abandons the renewal (``_renew_lease``).
         """
         await trio.lowlevel.checkpoint()
         await self._renew_lease()
@@ -119,7 +122,14 @@ class Reader:
     async def _renew_lease(self) -> None:
         """With a shared log, every ``LEASE_CHECK_S``: renew this reader's lease, or find
         that a reader on another replica took it. Without an answer from the store, go
-        on (as alone). Cancellation: nothing changed."""
+        on (as alone).
+
+        Cancellation: abandoned, as its callee ``SharedEventLog.renew_reader`` is (a
+        renewal changes nothing this reader must own, and waiting for a store that does
+        not answer would hold its caller): the renewal may still land in the store, once,
+        so the lease lapses within ``lease_s`` of it unless this reader's ``close`` lets
+        it go first. The reader itself is unchanged: ``_renewed_at`` stays, so the next
+        ``receive`` renews again."""
         log = self._shared
         if log is None or self.token is None or self._taken_over:
             return
@@ -138,8 +148,9 @@ class Reader:
         and bounded, until its own attach is done and its take in progress (cancelled
         now) has exited. True once no take of it is left, False if the bound passed.
 
-        Cancellation: shielded (bounded by ``TAKEOVER_WAIT_S``): the newer attach never
-        leaves this reader half given over; the cancel reaches the caller afterwards.
+        Cancellation: finished first, shielded (bounded by ``TAKEOVER_WAIT_S``): the
+        newer attach never leaves this reader half given over; the cancel reaches the
+        caller afterwards.
         """
         self._taken_over = True
         with trio.CancelScope(shield=True, deadline=trio.current_time() + TAKEOVER_WAIT_S):
@@ -151,8 +162,8 @@ class Reader:
         return self._attached.is_set() and self._take is None
 
     def close(self) -> None:
-        """Let go of the stream: the registry holds it for the grace period. Sync,
-        idempotent, never a checkpoint."""
+        """Let go of the stream: the registry holds it (the module docstring says for how
+        long). Sync, idempotent, never a checkpoint."""
         if self._closed:
             return
         self._closed = True

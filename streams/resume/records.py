@@ -84,9 +84,10 @@ class Rebuild(Protocol):
                        events: list[tuple[int, bytes, bool]], adopt: Adopt) -> None:
         """Open the stream again and hand it to ``adopt`` as it opens.
 
-        Cancellation: a cancel before ``adopt`` must leave nothing open (the caller then
-        lets the writer lease go); an implementation calls ``adopt`` with no checkpoint
-        after the stream opens, so a cancel never leaves an open stream without an owner.
+        Cancellation: before ``adopt``, nothing to undo: nothing may be left open (the
+        caller then lets the writer lease go); after, handed over: an implementation
+        calls ``adopt`` with no checkpoint after the stream opens, so a cancel never
+        leaves an open stream without an owner.
         """
         ...
 

@@ -162,7 +162,8 @@ class StoreLeases(StoreReads):
         lease another replica took (this one stalled past it) is let go (``on_lost``;
         nothing of it is touched in the store again), one still held and marked is
         cancelled (``on_cancelled``; ``expire`` then deletes its keys).
-        Without an answer from the store, nothing changes. Cancellation: the same."""
+        Without an answer from the store, nothing changes. Cancellation: abandoned (a
+        renewal lands whole or not), with nothing to undo: the next round renews again."""
         writing, held_now = list(self._writing), list(held)
         if not (writing or held_now) or self._writer.stopped:
             return

@@ -198,7 +198,9 @@ class RedisEventLog(StoreLeases):
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Write the queue in order until cancelled; refresh held streams' time to live.
 
-        Cancellation: as ``flush``'s; the log then writes nothing more.
+        Cancellation: the way it stops: the batch in flight is abandoned to its thread (a
+        stop does not wait for a Redis that does not answer) and the log writes nothing
+        more, so no later batch overtakes it; what is left expires by its time to live.
         """
         task_status.started()
         next_refresh = trio.current_time() + self.refresh_s
@@ -224,7 +226,7 @@ class RedisEventLog(StoreLeases):
         """Return once every command queued before the call is in Redis
         (``RedisBatchWriter.stored``: ``StoreUnavailable`` if the writer stopped).
 
-        Cancellation: nothing changes; the writer goes on.
+        Cancellation: nothing to undo: it only waits for the writer, which goes on.
         """
         await self._writer.stored()
 

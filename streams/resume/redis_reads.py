@@ -143,7 +143,8 @@ class StoreReads:
     async def tail(self, stream_id: str) -> tuple[int, bool] | None:
         """``SharedEventLog.tail`` (unchecked: see the module docstring).
 
-        Cancellation: abandoned (a read): nothing changes.
+        Cancellation: abandoned: a read changes nothing, so its thread runs on unowned,
+        and gives its connection back when Redis answers (the socket timeout bounds it).
         """
         entries = await self._read(self._client.xrevrange, events_key(stream_id), "+", "-",
                                    count=1)
@@ -206,11 +207,12 @@ class StoreReads:
             StoreUnavailable: Redis did not answer, or refused the command (counted).
             StoreRejected: what it read fails its check.
 
-        Cancellation: while it waits for a token, nothing has happened. Once the thread
-        runs, ``abandon``: the call raises ``Cancelled`` at once and the thread gives its
-        token and connection back when Redis answers (for a call that changes nothing a
-        caller must own); else the cancel waits for Redis's answer (the client's socket
-        timeout bounds it), the call returns it, and the caller's next checkpoint raises.
+        Cancellation: nothing to undo while it waits for a token. Once the thread runs,
+        with ``abandon`` it is abandoned: the call raises ``Cancelled`` at once and the
+        thread gives its token and connection back when Redis answers (for a call that
+        changes nothing a caller must own); else it is finished first: the cancel waits
+        for Redis's answer (the client's socket timeout bounds it), the call returns it,
+        and the caller's next checkpoint raises.
         """
         try:
             return await trio.to_thread.run_sync(call, limiter=self._read_limiter,

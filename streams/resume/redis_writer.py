@@ -104,7 +104,7 @@ class RedisBatchWriter:
 
     async def wait_for_work(self, until: float) -> None:
         """Return once something was queued since the last call, or at ``until``
-        (Trio time). Cancellation: nothing changes."""
+        (Trio time). Cancellation: nothing to undo: it only waits."""
         with trio.move_on_at(until):
             await self._wake.wait()
         self._wake = trio.Event()
@@ -150,7 +150,7 @@ class RedisBatchWriter:
         Raises:
             StoreUnavailable: the writer stopped (a flush was cancelled).
 
-        Cancellation: nothing changes; the writer goes on.
+        Cancellation: nothing to undo: it only waits for the writer, which goes on.
         """
         mark = self._queued
         while self._written < mark:

@@ -29,9 +29,10 @@ readers get nothing). Only the first is counted, in ``overflows``. A log is kept
 the stream ended until the grace period after its last reader left, for a reader whose
 connection broke before the last event reached it.
 
-Cancellation: the holders run in the registry's nursery (``run``); cancelling ``run``
-cancels them, and each closes its stream (the engine is asked to cancel) and expires
-its log on the way out.
+Cancellation: a client's cancel never reaches a held stream: it was handed over to the
+registry, whose holders run in the registry's nursery (``run``). Cancelling ``run``
+cancels them, and each stream is closed by its owner, the holder, on the way out (the
+engine is asked to cancel) and its log expired.
 
 Failover. The writer (the replica whose engine generates a stream) publishes, with a new
 stream's first event, what a rebuild needs (``adopt(spec=...)``: the app's request,
@@ -90,9 +91,9 @@ class ResumeRegistry:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the holders of detached streams. Never returns unless cancelled.
 
-        Cancellation: every holder is cancelled; each closes its stream (the engine is
-        asked to cancel) and expires its log. Streams attached then are closed by their
-        readers' owners as usual.
+        Cancellation: every holder is cancelled; each stream held is closed by its owner,
+        the holder (the engine is asked to cancel), and its log expired. Streams attached
+        then are closed by their readers' owners as usual.
         """
         if self._local.running:
             raise RuntimeError("the registry runs once")
@@ -155,7 +156,8 @@ class ResumeRegistry:
         Raises:
             StoreUnavailable: the log stopped writing.
 
-        Cancellation: nothing changes (the log's writer goes on).
+        Cancellation: nothing to undo: it only waits; the log's writer goes on, and a
+        stream adopted already stays the registry's (handed over).
         """
         if self._shared is None:
             await trio.lowlevel.checkpoint()
@@ -164,7 +166,7 @@ class ResumeRegistry:
 
     async def store_answers(self) -> bool:
         """Whether the shared log's store answers (True without one). Cancellation:
-        the answer is not waited for."""
+        abandoned: a ping changes nothing, so the answer is not waited for."""
         if self._shared is None:
             await trio.lowlevel.checkpoint()
             return True
@@ -226,10 +228,11 @@ class ResumeRegistry:
                 store did not answer.
             Draining: the stream is not this replica's, and this replica drains.
 
-        Cancellation: the only checkpoint is the wait for the holder to exit, shielded:
-        the holder has nothing left to do but exit, so it takes one scheduling round.
-        With a shared log, also the claim of the lease (it is taken over from the
-        old reader; a claim that lands after a cancel is released, or lapses).
+        Cancellation: the hand-over is finished first: the only checkpoint is the wait
+        for the holder to exit, shielded: the holder has nothing left to do but exit, so
+        it takes one scheduling round. With a shared log, also the claim of the lease,
+        abandoned (it is taken over from the old reader; a claim that lands after a
+        cancel is released, or lapses).
         A reader attached now is taken over (``local.py``).
         """
         if self._replicas is None:
@@ -254,7 +257,7 @@ class ResumeRegistry:
         Raises:
             StoreUnavailable, StoreRejected: (a shared log) the store's read failed.
 
-        Cancellation: a read: nothing changes.
+        Cancellation: nothing to undo: a read (a shared log's is abandoned to its thread).
         """
         entry = self._local.get(request_id)
         if entry is not None or self._shared is None:
@@ -277,7 +280,9 @@ class ResumeRegistry:
         Raises:
             StoreUnavailable: not this replica's stream, and the store did not answer.
 
-        Cancellation: at the ask of the store (abandoned; it lands or not).
+        Cancellation: abandoned at the ask of the store: the cancel is one atomic script
+        in Redis, so it lands whole or not, unknown to the caller; asked again, it is
+        idempotent. A local stream is closed before any checkpoint.
         """
         if self.cancel(request_id):
             await trio.lowlevel.checkpoint()

@@ -72,8 +72,9 @@ class RemoteReader:
                 answer (or an event failed its check, and no ``refusal`` was given:
                 with one, that event is returned last instead).
 
-        Cancellation: safe at every checkpoint; an event leaves ``_pending`` only when
-        returned, and a read cancelled in flight is read again.
+        Cancellation: nothing to undo at every checkpoint: an event leaves ``_pending``
+        only when returned, and a read cancelled in flight (abandoned to its thread) is
+        read again from the same position.
         """
         await trio.lowlevel.checkpoint()
         log, token = self._log, self._token

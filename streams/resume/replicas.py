@@ -80,9 +80,11 @@ class Replicas:
     ) -> Reader | RemoteReader:
         """``ResumeRegistry.attach`` with a shared log.
 
-        Cancellation: a local stream: the claim of the reader lease is abandoned and its
-        token let go (queued) whatever it did; once ``LocalStreams.attach`` ran, as its
-        (the reader is returned). A remote one: as ``_attach_remote``.
+        Cancellation: a local stream: the claim of the reader lease is abandoned (it
+        lands or not) and its token let go (queued) whatever it did, so no lease is left
+        to lapse unowned for long; once ``LocalStreams.attach`` ran, the hand-over was
+        finished first (shielded) and the reader is returned, its owner's to close. A
+        remote one: ``_attach_remote``'s (reads abandoned, a take-over finished first).
         """
         log = self._log
         entry = self._local.get(request_id)

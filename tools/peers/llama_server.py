@@ -72,7 +72,8 @@ async def open_llama(
     Raises:
         ServerError: no binary is built, or it died or was not ready in time.
 
-    Cancellation: as ``tools.server.open_server`` (the stop runs shielded).
+    Cancellation: the process's stop is finished first (shielded, ``tools.server``'s
+    ``STOP_GRACE_S`` and a kill at most), so no server is left running.
     """
     from engine.model import smollm2_path
 

@@ -105,7 +105,8 @@ async def open_peer(
     Raises:
         ServerError: the peer died or was not ready within ``ready_timeout_s``.
 
-    Cancellation: as ``tools.server.open_server`` (the stop runs shielded).
+    Cancellation: the process's stop is finished first (shielded, ``tools.server``'s
+    ``STOP_GRACE_S`` and a kill at most), so no server is left running.
     """
     folder: Path = (model_dir if model_dir is not None
                     else await trio.to_thread.run_sync(peer_model_dir))
