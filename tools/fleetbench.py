@@ -12,7 +12,7 @@ chained by ``previous_response_id``, ``--concurrency`` at once, every request on
 connection (a shared pool without keep-alive, as many clients behind a NAT or a
 serverless function are: nothing but the key can keep a conversation in place).
 
-Each conversation opens with long instructions of its own (about 500 tokens: an agent's
+Each conversation opens with long instructions of its own (about 500 tokens, `--rules` for longer: an agent's
 system prompt), sent again at every turn. Each turn is streamed: its TTFT (request to
 first text), its prompt and cached prompt tokens (the usage the server reports), and the
 replica that answered (``Streamscope-Replica``). In the third run, after half the turns,
@@ -53,10 +53,16 @@ FOLLOW_UP = "Tell me more, in one sentence."
 # Each conversation opens with its own long instructions (an agent's system prompt, its
 # tools' descriptions): what a replica without the conversation's cache must prefill
 # again at every turn. Its number comes first, so no two conversations share a block.
-SYSTEM = ("You are assistant number {n} of a help desk. Answer briefly and politely. "
-          + " ".join(f"Rule {i}: when a question is about topic {i}, say what you know of it "
-                     "in plain words, name one source a reader could check, and never "
-                     "invent a figure you were not given." for i in range(1, 13)))
+# Twelve rules make about 500 tokens; ``--rules`` lengthens them (about 40 tokens a rule),
+# for a history whose prefill outweighs the CPU the replicas share.
+DEFAULT_RULES = 12
+
+
+def system_prompt(n: int, rules: int) -> str:
+    return (f"You are assistant number {n} of a help desk. Answer briefly and politely. "
+            + " ".join(f"Rule {i}: when a question is about topic {i}, say what you know of "
+                       "it in plain words, name one source a reader could check, and never "
+                       "invent a figure you were not given." for i in range(1, rules + 1)))
 REPLICA_HEADER = "streamscope-replica"
 
 
@@ -136,10 +142,10 @@ class Conversation:
     """One conversation's state between turns; ``take`` runs its next turns in order (a
     thread's work). A failed turn ends it."""
 
-    def __init__(self, url: str, model: str, index: int, answer: int) -> None:
+    def __init__(self, url: str, model: str, index: int, answer: int, rules: int) -> None:
         self.client, self.model, self.index, self.answer = client_of(url), model, index, answer
         self.api = "chat" if index % 2 == 0 else "responses"
-        self.system = SYSTEM.format(n=index)
+        self.system = system_prompt(index, rules)
         self.messages: list[dict[str, str]] = [{"role": "system", "content": self.system}]
         self.previous: str | None = None
         self.turns: list[Turn] = []
@@ -215,7 +221,7 @@ async def run_once(cfg: Path, args: argparse.Namespace, log_dir: Path,
                             env={"OMP_NUM_THREADS": str(args.threads)},
                             haproxy_cfg=cfg) as cluster:
         model = await served_model(cluster)
-        conversations = [Conversation(cluster.url, model, i, args.answer)
+        conversations = [Conversation(cluster.url, model, i, args.answer, args.rules)
                          for i in range(args.conversations)]
         half = args.turns // 2 if kill else args.turns
         await take_turns(conversations, 1, half, args.concurrency, False)
@@ -291,6 +297,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--answer", type=int, default=24, help="output tokens per turn")
     parser.add_argument("--concurrency", type=int, default=6)
+    parser.add_argument("--rules", type=int, default=DEFAULT_RULES,
+                        help="rules in each conversation's instructions (about 40 tokens each)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per replica")
     parser.add_argument("--model", default=None, help="STREAMSCOPE_MODEL of the replicas")
     parser.add_argument("--json", type=Path, default=None)
