@@ -12,13 +12,13 @@ chained by ``previous_response_id``, ``--concurrency`` at once, every request on
 connection (a shared pool without keep-alive, as many clients behind a NAT or a
 serverless function are: nothing but the key can keep a conversation in place).
 
-Each conversation opens with long instructions of its own (about 500 tokens, `--rules` for longer: an agent's
-system prompt), sent again at every turn. Each turn is streamed: its TTFT (request to
-first text), its prompt and cached prompt tokens (the usage the server reports), and the
-replica that answered (``Streamscope-Replica``). In the third run, after half the turns,
-the replica that served most is killed (SIGKILL) between turns: its conversations' later
-turns must each land on one other replica, miss the cache once there, and hit it again
-from the turn after.
+Each conversation opens with long instructions of its own (about 500 tokens, more with
+``--rules``: an agent's system prompt), sent again at every turn. Each turn is streamed: its
+TTFT (request to first text), its prompt and cached prompt tokens (the usage the server
+reports), and the replica that answered (``Streamscope-Replica``). In the third run, after
+half the turns, the replica that served most is killed (SIGKILL) between turns: its
+conversations' later turns must each land on one other replica, miss the cache once there,
+and hit it again from the turn after.
 
 Writes, per configuration: cached / prompt tokens over turns 2 and later, TTFT p50 and
 p99 per turn number and over turns 2 and later, each replica's share of requests and
