@@ -29,6 +29,7 @@ from app.settings import Settings, SettingsError
 from engine.model import LoadedModel
 from tests.http_server import SETTLE_TIMEOUT_S, RunningServer, StartServer
 from tests.test_responses_sdk import MODEL, serve
+from tests.test_scope_http import open_feed
 
 KEY_FAST = "fast-lane-" + "f" * 32  # its ceiling: CEILING
 KEY_PLAIN = "plain-key-" + "p" * 32  # no ceiling of its own: the server's, the default
@@ -315,3 +316,14 @@ async def test_the_objective_header_reaches_the_native_route(
                                      headers={OBJECTIVE_HEADER: "critical"})
     assert response.status_code == 200
     assert bands(chat_server) == {OBJECTIVES["critical"]}
+
+
+async def test_the_scope_shows_a_rows_band(chat_server: RunningServer) -> None:
+    async with chat_server.client() as client, open_feed(client) as feed:
+        answer = await client.post("/v1/generate", json={"prompt": "Paris",
+                                                         "max_new_tokens": 2,
+                                                         "priority": 4})
+        assert answer.status_code == 200
+        request_id = answer.headers["X-Request-ID"]
+        await feed.until(lambda: bool(feed.rows(request_id)), "the row")
+        assert {row["band"] for row in feed.rows(request_id)} == {4}
