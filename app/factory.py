@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-import streams
-
 from .auth import key_name, register_auth
 from .edge import hypercorn_patches
 from .edge.connection import StreamingConnection
@@ -30,7 +28,14 @@ from .routes import (
     make_resumable_blueprint,
     make_scope_blueprint,
 )
-from .runtime import MakeEngine, Rebuilder, Runtime, load_engine_from_settings, stop_deadline_s
+from .runtime import (
+    MakeEngine,
+    MakeHub,
+    Rebuilder,
+    Runtime,
+    load_engine_from_settings,
+    stop_deadline_s,
+)
 from .settings import Settings
 
 __all__ = ["StreamscopeApp", "create_app"]
@@ -41,7 +46,7 @@ def create_app(
     *,
     make_engine: MakeEngine | None = None,
     drain_on_sigterm: bool = False,
-    run_step: streams.RunStep | None = None,
+    make_hub: MakeHub | None = None,
 ) -> StreamscopeApp:
     """Build the app, and install the HTTP fixes in hypercorn (idempotent). Nothing is
     loaded until the server starts it (``before_serving``).
@@ -53,8 +58,9 @@ def create_app(
         drain_on_sigterm: drain on SIGTERM, and when hypercorn's CLI stops, then stop
             hypercorn (``edge/signals.py``); for ``hypercorn -k trio app:app``, whose
             ``app`` sets it. It installs a process-wide SIGTERM handler while served.
-        run_step: how the hub runs its stepping (``streams.Hub``): none in the service
-            (a worker thread); the lab's ``naive`` device (``tools/lab/naive.py``).
+        make_hub: makes the hub over the engine: none in the service (``streams.Hub``,
+            stepping in a worker thread); the lab's ``naive`` device
+            (``tools/lab/naive.py``: one step at a time, then a wait for the readers).
 
     Raises:
         SettingsError: a ``STREAMSCOPE_`` variable is invalid (when ``settings`` is None).
@@ -72,7 +78,7 @@ def create_app(
         MAX_CONTENT_LENGTH=settings.max_body_bytes,  # checked on Content-Length and as read
         BACKGROUND_TASK_SHUTDOWN_TIMEOUT=stop_deadline_s(settings),
     )
-    runtime = Runtime(settings, make_engine or load_engine_from_settings, run_step=run_step)
+    runtime = Runtime(settings, make_engine or load_engine_from_settings, make_hub=make_hub)
     app.runtime = runtime
     recorder = Recorder.from_settings(settings, key_name)  # traces, JSON request lines; None: off
     app.metrics = metrics = Metrics(runtime.statistics,

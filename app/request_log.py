@@ -83,7 +83,7 @@ class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
 def install_json_logging() -> None:
     """The ``streamscope`` loggers' lines as JSON (idempotent): every handler the
-    ``streamscope`` logger has (``streamscope serve``'s, on stderr: ``app/edge/cli.py``)
+    ``streamscope`` logger has (``streamscope serve``'s, on stderr: ``app/cli.py``)
     gets the JSON formatter; with none (``hypercorn -k trio app:app`` configures no
     logging of ours), one on stderr is added. hypercorn's own lines keep its format."""
     logger = logging.getLogger("streamscope")

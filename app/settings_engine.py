@@ -4,7 +4,8 @@ steps and cache are sized.
 What the engine is made of, apart from how the service around it behaves
 (``settings.py``, whose ``Settings`` extends this class: one model, one environment,
 these fields first). Each is read by the engine's load (``app/runtime/loading.py``) and
-nowhere else.
+nowhere else: the engine factory (``MakeEngine``, ``load_engine_from_settings``) takes
+this type, so that it can read nothing of the service's.
 """
 
 from __future__ import annotations

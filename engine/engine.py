@@ -15,7 +15,7 @@ the batches, runs the forward passes and samples; ``StepPasses`` runs a step's p
 through it and contains their failures; text (detokenizer, stop strings) runs in the
 scheduler's per-sequence error boundary; ``StepTiming`` clocks the steps,
 ``TtftEstimator`` turns costs and the queue into a first-token estimate and
-``step_statistics`` builds what ``statistics()`` returns. This
+``step_round``'s ``boundary_statistics`` builds what ``statistics()`` returns. This
 module only wires them, so it imports no torch: tests drive it with a scripted runner.
 
 A sequence is therefore never removed while its tensors are in use, and its
@@ -23,10 +23,11 @@ blocks are released in one place (``BlockAllocator.release``, which raises on
 a second release). ``statistics()`` is a snapshot taken at the last step
 boundary, so reading it never waits for a step.
 
-Prompts are encoded with ``tokenize`` (any thread, the tokenizer's own copy:
-``text.PromptEncoder``) or in ``submit``, which makes a request a sequence in the
-caller's thread (``intake.Intake``: checks, prompt ids, a constraint's matcher);
-detokenizing happens only in the stepping thread: no tokenizer is shared by two threads.
+Prompts are encoded with ``tokenize`` (any thread, its own copy of the
+tokenizer: see ``text.PromptEncoder``), or in ``submit``, which turns a request into
+a sequence in the caller's thread (``intake.Intake``: checks, prompt ids, a
+constraint's compiled matcher); detokenizing happens only in the stepping thread,
+so no fast tokenizer is used by two threads.
 """
 
 from __future__ import annotations
@@ -212,14 +213,18 @@ class Engine:
 
         The prompt is encoded here unless ``request.prompt_token_ids`` holds its ids.
 
-        ``resume_from``: the tokens it already generated (a stream rebuilt on another
-        replica after its writer died). It continues as the uninterrupted run would: its
-        prefill caches the prompt and these tokens but the last (a recompute: nothing
-        sampled); the step that applies the submit replays them, with no event, through
-        its detokenizer, stop matcher and constraint's matcher, and advances its
-        generator by their draws (``Runner.advance_generator``; a sampled request needs
-        its ``seed``); its events go on from index ``len(resume_from)``, counted in
-        ``max_new_tokens``. If they already end it, that step gives only its finish.
+        ``resume_from``: the tokens this request already generated (a stream rebuilt on
+        another replica after its writer died). It continues exactly as the
+        uninterrupted run would: its prefill caches the prompt and these tokens but the
+        last (as a preempted sequence's recompute: nothing sampled), the step that
+        applies the submit replays them through its detokenizer and stop matcher with no
+        event (text and stop strings across the cut come out the same) and advances its
+        generator by the draws they took (``Runner.advance_generator``); its token
+        events go on from index ``len(resume_from)``, and ``max_new_tokens`` counts
+        them. If they already end it (a stop string, eos, the length), that step gives
+        only its FinishEvent. A sampled request needs its ``seed`` for this. A
+        constrained request's matcher is compiled here if ``compile_constraint`` did
+        not, and replays those tokens with them.
 
         Raises:
             EmptyPrompt, InvalidMaxNewTokens, InvalidSampling, PromptTooLong,

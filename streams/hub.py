@@ -85,6 +85,9 @@ class Hub:
         run_step: how to run the stepping (``Stepper.run_steps``): by default in a worker
             thread; tests pass one costing virtual time, the lab its ``naive`` device
             (``tools/lab/naive.py``: one step at a time, then a wait for the readers).
+        stream_type: the class of the streams ``open_stream`` makes: by default
+            ``TokenStream``; the lab's ``naive`` device passes its subclass, whose readers
+            it can wait for.
     """
 
     def __init__(
@@ -93,21 +96,28 @@ class Hub:
         settings: HubSettings = HubSettings(),  # noqa: B008 - frozen, safe to share
         *,
         run_step: RunStep = trio.to_thread.run_sync,
+        stream_type: type[TokenStream] | None = None,
     ) -> None:
         self.settings = settings
         self._engine = engine
+        self._stream_type = stream_type or TokenStream
         # A stream opened with no policy of its own has this very object (``open_stream``).
         self.default_policy = self._policy(settings.policy)  # validates the policy's limits
-        self.scope = ScopeFeed(self.default_policy, streams=lambda: self._streams,
-                               steps=lambda: self._stepper.steps)  # the live view
-        self._streams = OpenStreams(engine, wake=lambda: self._loop.wake(),
-                                    closed=self.scope.closed,
-                                    caught_up=lambda: self._stepper.caught_up())
+        # Its five parts, each made with the parts it reads: the open streams, the router
+        # that fills them, the stepping thread (which holds events while their writers
+        # are busy), the step loop over it, and the scope (the live view) over both.
+        self._streams = OpenStreams(engine)
         self._deadlines = TtftDeadlines(engine)
         self._router = EventRouter(self._streams, self._deadlines)
-        self._stepper = Stepper(engine, self._router.route, watch=self.scope,
-                                hold=lambda: self._streams.any_writing)
+        self._stepper = Stepper(engine, self._router.route, hold=self._streams.any_writing)
         self._loop = StepLoop(engine, self._stepper, run_step, self._deadlines)
+        self.scope = ScopeFeed(self.default_policy, streams=self._streams,
+                               stepping=self._stepper)
+        # Then who reports back to a part made after it: the stepper to the scope, and
+        # the streams to the loop (wake), the stepper (caught up) and the scope (closed).
+        self._stepper.watch = self.scope
+        self._streams.connect(wake=self._loop.wake, caught_up=self._stepper.caught_up,
+                              closed=self.scope.closed)
         self._state = HubState.NEW
         self._stopped = trio.Event()
         self._draining = trio.Event()  # set by drain(); _drain_deadline is then valid
@@ -226,7 +236,7 @@ class Hub:
             raise DuplicateRequestId(f"request id {request_id!r} is in use")
         prompt_tokens = self._engine.submit(request, resume_from)
         chosen = self.default_policy if policy is None else self._policy(policy)
-        stream = TokenStream(request_id, prompt_tokens, chosen, self._streams)
+        stream = self._stream_type(request_id, prompt_tokens, chosen, self._streams)
         stream.band = request.priority
         self._streams.add(stream)
         self._router.submitted(request_id)

@@ -24,24 +24,29 @@ class OpenStreams:
 
     Args:
         engine: where the wishes go.
-        wake: wakes the hub's step loop (a wish gives it work).
-        caught_up: told when no stream has items left to write (the stepping thread
-            may route what it held for them).
-        closed: told of each stream as it unregisters (the hub's scope).
+
+    Whom it tells of what its streams do is set by ``connect``: those parts (the step
+    loop, the stepper, the scope) are made after it, since they read it.
     """
 
-    def __init__(self, engine: StepEngine, *, wake: Callable[[], None],
-                 caught_up: Callable[[], None],
-                 closed: Callable[[TokenStream], None] = lambda stream: None) -> None:
+    def __init__(self, engine: StepEngine) -> None:
         self._engine = engine
-        self._wake = wake
-        self._caught_up = caught_up
-        self._closed = closed
+        self._wake: Callable[[], None] = _nobody
+        self._caught_up: Callable[[], None] = _nobody
+        self._closed: Callable[[TokenStream], None] = _nobody
         self._streams: dict[str, TokenStream] = {}
         self._writing: set[str] = set()  # streams whose reader has items to write
         self.closes = 0  # close() calls that did work (one per stream)
         # The stall watchdog's scope (``Hub._watch_stalls``), while it sleeps.
         self.watch_scope: trio.CancelScope | None = None
+
+    def connect(self, *, wake: Callable[[], None], caught_up: Callable[[], None],
+                closed: Callable[[TokenStream], None]) -> None:
+        """Whom to tell: ``wake`` wakes the hub's step loop (a wish gives it work);
+        ``caught_up`` is told when no stream has items left to write (the stepping
+        thread may route what it held for them); ``closed`` is told of each stream as
+        it unregisters (the hub's scope)."""
+        self._wake, self._caught_up, self._closed = wake, caught_up, closed
 
     # -- the hub's side ------------------------------------------------------------
 
@@ -57,8 +62,8 @@ class OpenStreams:
     def all(self) -> list[TokenStream]:
         return list(self._streams.values())
 
-    @property
     def any_writing(self) -> bool:
+        """Whether a stream's writer still has items to write (the stepper's ``hold``)."""
         return bool(self._writing)
 
     def num_waiting(self) -> int:
@@ -98,3 +103,7 @@ class OpenStreams:
         del self._streams[stream.request_id]
         self.closes += 1
         self._closed(stream)
+
+
+def _nobody(*_: object) -> None:
+    """Told nothing: an ``OpenStreams`` not connected yet (``tools/scopebench.py``'s)."""

@@ -65,20 +65,27 @@ class OpenStreamsView(Protocol):
     def all(self) -> list[TokenStream]: ...
 
 
+class StepCount(Protocol):
+    """The steps made so far, as the feed reads them (``stepper.Stepper``)."""
+
+    @property
+    def steps(self) -> int: ...
+
+
 class ScopeFeed:
     """The publisher (module docstring).
 
     Args:
         policy: the watchers' (the hub's default policy: its queue limit and timeout).
         streams: the hub's open streams (``OpenStreams``).
-        steps: the steps the stepping thread made so far.
+        stepping: counts the steps the stepping thread made so far (``Stepper``).
     """
 
-    def __init__(self, policy: Policy, *, streams: Callable[[], OpenStreamsView],
-                 steps: Callable[[], int]) -> None:
+    def __init__(self, policy: Policy, *, streams: OpenStreamsView,
+                 stepping: StepCount) -> None:
         self.policy = policy
         self._open = streams
-        self._steps = steps
+        self._stepping = stepping
         self.watched = False  # the one check the step path makes
         self.show_text = False  # the operator's setting: rows carry their latest text
         self.key_of: Callable[[str], str | None] = lambda request_id: None
@@ -183,7 +190,7 @@ class ScopeFeed:
             self.key_of(request_id)
         row = self._row(stream, key=key, final=True)
         if row.state == "cancelled" and not row.released:
-            self._closes[request_id] = (trio.current_time(), self._steps(), row)
+            self._closes[request_id] = (trio.current_time(), self._stepping.steps, row)
         self._end_row(row)
 
     def _finished(self, event: FinishEvent, now: float) -> None:
@@ -195,9 +202,9 @@ class ScopeFeed:
             self._moment(ScopeMoment(
                 "disconnect", request_id, row.key,
                 "the client left: close() asked the engine to cancel; the step that "
-                "applied it released the blocks", steps=self._steps() + 1 - steps_at,
+                "applied it released the blocks", steps=self._stepping.steps + 1 - steps_at,
                 ms=round((now - closed_at) * 1000, 3)))
-        elif self._open().get(request_id) is not None:
+        elif self._open.get(request_id) is not None:
             self._finishes[request_id] = event.reason
 
     # -- frames --------------------------------------------------------------------
@@ -205,7 +212,7 @@ class ScopeFeed:
     def _publish(self, now: float) -> None:
         steps, pool = self._take_steps()
         prefilling = {i for s in steps for i in s[1]}
-        rows = [self._live_row(s, prefilling) for s in self._open().all()]
+        rows = [self._live_row(s, prefilling) for s in self._open.all()]
         self._seq += 1
         frame = ScopeFrame(f"{self._epoch}-{self._seq}", now, False,
                            (*rows, *self._ended), tuple(s[0] for s in steps), pool,
@@ -218,7 +225,7 @@ class ScopeFeed:
 
     def snapshot(self, missed: int = 0) -> ScopeFrame:
         """Everything a new (or lagging) watcher needs now, reporting ``missed``."""
-        rows = [self._row(s, key=self._key(s.request_id)) for s in self._open().all()]
+        rows = [self._row(s, key=self._key(s.request_id)) for s in self._open.all()]
         stats = self._last_stats
         return ScopeFrame(f"{self._epoch}-{self._seq}", trio.current_time(), True,
                           (*rows, *self._recent_rows.values()), tuple(self._recent_steps),

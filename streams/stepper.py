@@ -36,8 +36,10 @@ events are routed, so the engine may make up to ``steps_ahead`` more tokens for 
 reader that is already behind.
 
 The thread returns to the hub's loop (``run_steps`` returns) when the engine has no
-work, after a step that produced no event (the loop backs off), when ``keep_stepping``
-says no (a policy that makes the loop wait for readers), or after ``stop()``.
+work, after a step that produced no event (the loop backs off), or after ``stop()``.
+Whether stepping goes on at all (a drain, the hub's ledger) is the loop's question,
+asked between ``run_steps`` calls (``step_loop.py``); a device that waits for readers
+after each step (the lab's ``naive``) runs the stepping inline, one step a call.
 
 Invariants:
 - The engine's wishes (submit, cancel, pause, resume) are applied at the start of a
@@ -99,11 +101,11 @@ class Stepper:
     Args:
         engine: the engine; only ``step`` and ``has_work`` are called, in the thread.
         route: delivers a batch of events, in the Trio thread; never blocks.
-        keep_stepping: read in the thread after each step; False returns to the loop.
         hold: read in the Trio thread: True while writers are still busy with the
             last routing's items (hold the next step's events; see the docstring).
         steps_ahead: steps stepped and not yet routed, at most (>= 1).
-        watch: told of each step and routing while it watches (the hub's scope).
+        watch: told of each step and routing while it watches (the hub's scope, which
+            it sets on ``watch`` once both exist: the scope counts this stepper's steps).
     """
 
     def __init__(
@@ -111,7 +113,6 @@ class Stepper:
         engine: StepEngine,
         route: Callable[[list[EngineEvent]], None],
         *,
-        keep_stepping: Callable[[], bool] = lambda: True,
         hold: Callable[[], bool] = lambda: False,
         steps_ahead: int = DEFAULT_STEPS_AHEAD,
         watch: StepWatch | None = None,
@@ -120,8 +121,7 @@ class Stepper:
             raise ValueError(f"steps_ahead must be >= 1, not {steps_ahead}")
         self._engine = engine
         self._route = route
-        self._watch = watch
-        self._keep_stepping = keep_stepping
+        self.watch = watch
         self._hold = hold
         self._held: list[list[EngineEvent]] = []  # Trio thread only: batches not routed yet
         self._held_steps = 0  # of which whole steps
@@ -181,7 +181,7 @@ class Stepper:
                 self._post_step(events)
             if not events and not self._prefilled:
                 return True
-            if not self._keep_stepping() or not self._engine.has_work():
+            if not self._engine.has_work():
                 return False
         return False
 
@@ -254,13 +254,13 @@ class Stepper:
                 self._room.notify_all()
 
     def _watch_step(self) -> None:
-        watch = self._watch
+        watch = self.watch
         if watch is not None and watch.watched:
             watch.stepped(self._engine.statistics())
 
     def _route_watched(self, events: list[EngineEvent]) -> None:
         self._route(events)
-        watch = self._watch
+        watch = self.watch
         if watch is not None and watch.watched:
             watch.routed(events)
 

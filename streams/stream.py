@@ -17,9 +17,11 @@ unregisters, and only ``close()`` (or an end the hub makes) asks the engine to c
        └──────── terminal item queued before any token ────────────>┘
     WAITING or STREAMING ──close()──> CLOSED      (client gone: the engine is asked to cancel)
 
-Every way a stream ends (``StreamEnd``) reaches the same ``close()``: the next
-``receive()`` after the terminal item raises ``trio.EndOfChannel`` and its ``finally``
-closes, or ``trio.Cancelled`` unwinds through that ``finally`` (``docs/cancellation.md``).
+Every way a stream ends (``StreamEnd`` says who causes each) reaches the same ``close()``:
+the reader takes the terminal item, the next ``receive()`` raises ``trio.EndOfChannel``
+and its ``finally`` closes; or ``trio.Cancelled`` unwinds through that same ``finally``.
+(``docs/cancellation.md`` follows one disconnect from the socket through this ``close()``
+to the freed block.)
 
 Invariants:
 - ``close()`` is synchronous, idempotent and never a checkpoint, so it runs in a
@@ -140,7 +142,6 @@ class TokenStream:
         self._items: deque[StreamItem] = deque()
         self._readable = trio.lowlevel.ParkingLot()  # the reader, waiting for an item
         self._nudged = False  # nudge() woke the reader: a receive_batch returns no items
-        self._settled = trio.lowlevel.ParkingLot()  # wait_settled's waiter (the lab's naive)
         self._delivered = 0
         self._discarded = 0
         self._marks = WriteMarks(self, control)  # see "Writing" in the module docstring
@@ -244,7 +245,6 @@ class TokenStream:
         self._lag = CAUGHT_UP
         self._items.clear()
         self._readable.unpark_all()
-        self._settled.unpark_all()
         self._marks.written()
         try:
             if engine_holds_it:
@@ -293,8 +293,6 @@ class TokenStream:
     def _take(self) -> StreamItem:
         item = self._items.popleft()
         self._delivered += 1
-        if not self._items:
-            self._settled.unpark_all()
         if self._state is not StreamState.ENDED:
             self._apply(self.policy.after_take(self._lag, len(self._items)))
         return item
@@ -345,25 +343,12 @@ class TokenStream:
         )
         return self.fail(StreamError(ErrorType.SLOW_CLIENT, message), StreamEnd.ERROR)
 
-    async def wait_settled(self) -> None:
-        """For the lab's naive stepping (it waits for this reader after each step): wait
-        until the reader took every item, or the hub ended the stream with an error, or
-        it closed. May return without a checkpoint.
-
-        Cancellation: nothing changes; the step loop just stops waiting.
-        """
-        while self._items and self._state is not StreamState.CLOSED:
-            if self._end in (StreamEnd.ERROR, StreamEnd.SHUTDOWN):
-                return
-            await self._settled.park()
-
     def _end_with(self, error: StreamError, end: StreamEnd) -> None:
         self._discarded += len(self._items)
         self._items.clear()
         self._items.append(error)
         self._mark_ended(end)
         self._marks.written()  # ended from outside: not waited for (write_marks.py)
-        self._settled.unpark_all()
 
     def _mark_ended(self, end: StreamEnd) -> None:
         # A paused sequence needs no resume: the engine releases it (finish or cancel).

@@ -41,7 +41,7 @@ from engine import (
     StepReentered,
     TokenEvent,
 )
-from streams import Hub, HubSettings
+from streams import Hub, HubSettings, TokenStream
 
 STEP_S = 1 / 64  # a binary fraction, so sums of step costs are exact in virtual time
 HANG_GUARD_S = 100.0  # (virtual) seconds; the longest test here needs about 4
@@ -310,12 +310,15 @@ async def open_hub(
     settings: HubSettings | None = None,
     *,
     run_step: RunStep | None = None,
+    stream_type: type[TokenStream] | None = None,
 ) -> AsyncIterator[Hub]:
     """A running hub over ``engine``; on a clean exit, shut down and assert_settled.
+    ``run_step`` and ``stream_type``: as ``Hub``'s (the lab's naive device sets both).
 
     A test that would hang fails with trio.TooSlowError after HANG_GUARD_S instead.
     """
-    hub = Hub(engine, settings or HubSettings(), run_step=run_step or fixed_cost_step())
+    hub = Hub(engine, settings or HubSettings(), run_step=run_step or fixed_cost_step(),
+              stream_type=stream_type)
     with trio.fail_after(HANG_GUARD_S):
         async with trio.open_nursery() as nursery:
             await nursery.start(hub.run)

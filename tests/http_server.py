@@ -432,7 +432,7 @@ async def open_servers(
                 nursery.start_soon(h2_retire.goaway_on_drain, app.runtime, config)
             if wait_ready:
                 with trio.fail_after(SETTLE_TIMEOUT_S):
-                    phase = await app.runtime.wait_settled()
+                    phase = await app.runtime.loading_outcome()
                 assert phase is Phase.READY, app.runtime.failure
             return server
 

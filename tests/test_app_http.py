@@ -162,7 +162,7 @@ async def test_health_answers_while_the_model_loads(start_server: StartServer) -
         "error": {"type": "not_ready", "message": "the model is still loading"}
     }
     with trio.fail_after(10):
-        await server.app.runtime.wait_settled()
+        await server.app.runtime.loading_outcome()
 
 
 async def test_engine_failure_after_the_first_byte_is_an_error_event(

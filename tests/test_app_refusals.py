@@ -215,7 +215,7 @@ async def test_request_before_the_model_is_loaded_is_503_not_ready(
 
     for response in responses:
         assert_envelope(response, 503, "not_ready")
-    await server.app.runtime.wait_settled()
+    await server.app.runtime.loading_outcome()
     assert server.app.runtime.engine is not None
     assert server.hub.statistics().opened == 0
 
@@ -237,7 +237,7 @@ async def test_failed_load_makes_health_and_ready_503_and_only_the_log_says_why(
     logger.addHandler(handler)
     try:
         server = await start_server(make_engine=broken, wait_ready=False)
-        await server.app.runtime.wait_settled()
+        await server.app.runtime.loading_outcome()
     finally:
         logger.removeHandler(handler)
     async with server.client() as client:

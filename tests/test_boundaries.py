@@ -160,6 +160,8 @@ def breaks(rule: str, importer: str, imported: str) -> bool:
         return False
     if rule == "tools":
         return top in (*TOOLS_ONLY, "tests", "tools")
+    if rule == "edge":  # the edge serves a built app; building it is the root's
+        return within(importer, "app.edge") and imported in ("app.factory", "app.cli")
     raise AssertionError(rule)
 
 
@@ -179,12 +181,13 @@ def roots_and_their_names(root: str) -> frozenset[str]:
                       *(["streams.resume"] if root == "streams" else [])})
 
 
-@pytest.mark.parametrize("rule", ["hypercorn", "roots", "tools"])
+@pytest.mark.parametrize("rule", ["hypercorn", "roots", "tools", "edge"])
 def test_no_service_module_crosses_a_boundary(rule: str) -> None:
     """hypercorn: only ``app.edge`` imports it. roots: other packages import ``engine``,
     ``streams``, ``streams.resume``, ``app.runtime``, ``app.schemas`` and ``app.wire`` at
     their roots only. tools: the service never imports
-    the tools' extra, the tests or the tools."""
+    the tools' extra, the tests or the tools. edge: ``app.edge`` never imports the
+    composition root (``app.factory``) or the command beside it (``app.cli``)."""
     assert crossings(rule) == {}
 
 
@@ -202,7 +205,7 @@ EXPORTS: dict[str, list[str]] = {  # each package's public face, as a literal
     ],
     "app.runtime": [
         "HANDOVER_LEAD_S", "LOADING_RETRY_AFTER_S", "SHUTDOWN_RETRY_AFTER_S",
-        "STORE_CHECK_TIMEOUT_S", "MakeEngine", "OutputParsing", "Phase", "Prepared",
+        "STORE_CHECK_TIMEOUT_S", "MakeEngine", "MakeHub", "OutputParsing", "Phase", "Prepared",
         "Rebuilder", "ResponseStore", "ResponseStoreUnavailable", "ResponsesFull", "Runtime",
         "ServingEngine", "StoreBounds", "StoredResponse",
         "load_engine_from_settings", "response_store", "stop_deadline_s",

@@ -76,7 +76,7 @@ async def open_app(
     monkeypatch.setattr(streams, "Hub", partial(Hub, run_step=log))
     app = create_app(TEST_SETTINGS, make_engine=lambda settings: engine)
     async with app.test_app():
-        await app.runtime.wait_settled()
+        await app.runtime.loading_outcome()
         yield app, log
 
 

@@ -12,7 +12,7 @@ from tests.fakes import STEP_S, ScriptedEngine, fixed_cost_step, open_hub, reque
 from tests.test_policies import SLOW_READ_S, TOKENS, healthy_durations, read_all
 from tools.lab._settings import LabSettings, LabSettingsError
 from tools.lab.common import lab_server_settings
-from tools.lab.naive import LAB_POLICIES, NAIVE_QUEUE_POLICY, NaiveStepping
+from tools.lab.naive import LAB_POLICIES, NAIVE_QUEUE_POLICY, NaiveStepping, NaiveStream
 
 
 def test_naive_is_no_policy_of_the_service_but_the_lab_measures_it() -> None:
@@ -27,7 +27,8 @@ async def test_one_slow_reader_delays_everyone_under_the_labs_naive(
     async def naive(slow_readers: int) -> list[float]:
         return await healthy_durations(
             NAIVE_QUEUE_POLICY, slow_readers=slow_readers,
-            run_step=lambda hub: NaiveStepping(hub, step=fixed_cost_step()))
+            run_step=lambda hub: NaiveStepping(hub, step=fixed_cost_step()),
+            stream_type=NaiveStream)
 
     assert await naive(0) == [TOKENS * STEP_S] * 8
     # After each step the loop waits for the slow reader to take its token. It takes
@@ -46,7 +47,7 @@ async def test_a_stream_that_picks_its_own_policy_is_not_waited_for(
     engine = ScriptedEngine(batch_limit=8)
     opened: list[Hub] = []
     naive = NaiveStepping(lambda: opened[0] if opened else None, step=fixed_cost_step())
-    async with (open_hub(engine, settings, run_step=naive) as hub,
+    async with (open_hub(engine, settings, run_step=naive, stream_type=NaiveStream) as hub,
                 trio.open_nursery() as readers):
         opened.append(hub)
         slow = hub.open_stream(request("slow", TOKENS), policy=PolicyName.UNBOUNDED)

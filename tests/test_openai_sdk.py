@@ -467,7 +467,7 @@ async def test_failed_engine_is_not_retried_by_the_sdk(
         raise RuntimeError("no model here")
 
     server = await start_server(make_engine=broken, wait_ready=False)
-    await server.app.runtime.wait_settled()
+    await server.app.runtime.loading_outcome()
     client, tee = sdk(server, max_retries=2)
 
     with pytest.raises(openai.InternalServerError) as caught:

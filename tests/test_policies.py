@@ -76,6 +76,7 @@ async def read_all(stream: TokenStream, pause_s: float, done: dict[str, float]) 
 async def healthy_durations(
     policy: PolicyName, *, slow_readers: int,
     run_step: Callable[[Callable[[], Hub | None]], RunStep] | None = None,
+    stream_type: type[TokenStream] | None = None,
 ) -> list[float]:
     """How long each of the 8 - slow_readers healthy streams took, from opening."""
     settings = HubSettings(policy=policy, queue_limit=LIMIT, stall_timeout_s=STALL_S)
@@ -84,7 +85,7 @@ async def healthy_durations(
     engine = ScriptedEngine(batch_limit=8)
     opened: list[Hub] = []
     stepping = None if run_step is None else run_step(lambda: opened[0] if opened else None)
-    async with (open_hub(engine, settings, run_step=stepping) as hub,
+    async with (open_hub(engine, settings, run_step=stepping, stream_type=stream_type) as hub,
                 trio.open_nursery() as readers):
         opened.append(hub)
         for i in range(8):

@@ -16,6 +16,7 @@ import trio.testing
 
 from app.runtime import OutputParsing, StoredResponse
 from app.runtime.responses_store import KEY_PREFIX, MemoryResponses, RedisResponses
+from app.schemas.tool_formats import GENERIC, HERMES
 from engine.model import LoadedModel
 from streams.resume import RedisStore, StoreRejected
 from tests import test_openai_sdk
@@ -52,7 +53,8 @@ def test_a_record_is_read_back_from_its_json_form_as_it_was() -> None:
     assert StoredResponse.from_json(data) == RECORD
     assert list(json.loads(data)) == ["created", "response", "input_items", "context",
                                       "owner", "parser"]
-    assert json.loads(data)["parser"] == {"logprobs": False, "tools": "call_abc"}
+    assert json.loads(data)["parser"] == {"logprobs": False, "tools": "call_abc",
+                                          "format": GENERIC}
     assert plain.parser == OutputParsing(logprobs=True, call_prefix=None)
     assert json.loads(plain.to_json())["parser"] == {"logprobs": True, "tools": False}
     assert (RECORD.id, RECORD.is_stored, RECORD.is_background) == ("resp_abc", True, False)
@@ -60,6 +62,17 @@ def test_a_record_is_read_back_from_its_json_form_as_it_was() -> None:
         StoredResponse.from_json(b'{"created": {}}')  # fields missing
     with pytest.raises(ValueError):
         StoredResponse.from_json(data.replace(b'"input_items":[', b'"input_items":[1,'))
+
+
+def test_a_record_keeps_its_calls_format_and_an_older_one_reads_as_generic() -> None:
+    hermes = dataclasses.replace(RECORD, parser=OutputParsing(call_prefix="call_abc",
+                                                              call_format=HERMES))
+    older = json.loads(RECORD.to_json())
+    del older["parser"]["format"]  # as records were stored before there were formats
+
+    assert StoredResponse.from_json(hermes.to_json()).parser.call_format == HERMES
+    assert StoredResponse.from_json(json.dumps(older).encode()).parser == RECORD.parser
+    assert OutputParsing().call_format == GENERIC  # the runtime's name is the schemas'
 
 
 def test_a_record_is_frozen_and_a_new_state_is_a_new_record() -> None:

@@ -189,6 +189,10 @@ class NoStreams:
         return []
 
 
+class NoSteps:
+    steps = 0
+
+
 def engine_stats(step: int, **fields: Any) -> EngineStatistics:
     base = EngineStatistics(blocks_total=8, blocks_free=8, blocks_reserved=0, running=0,
                             waiting=0, paused=0, admitted=0, releases=0, steps=step,
@@ -199,7 +203,7 @@ def engine_stats(step: int, **fields: Any) -> EngineStatistics:
 async def test_a_preemption_for_a_higher_band_is_a_moment_of_its_own(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    feed = ScopeFeed(Policy(PolicyName.PAUSE_DROP), streams=NoStreams, steps=lambda: 0)
+    feed = ScopeFeed(Policy(PolicyName.PAUSE_DROP), streams=NoStreams(), stepping=NoSteps())
     watcher = feed.subscribe()
     watcher.take_ready(1)  # its snapshot
     feed.stepped(engine_stats(1))
@@ -214,7 +218,7 @@ async def test_a_preemption_for_a_higher_band_is_a_moment_of_its_own(
 async def test_a_preemption_and_its_recompute_are_moments_and_pending_steps_are_bounded(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    feed = ScopeFeed(Policy(PolicyName.PAUSE_DROP), streams=NoStreams, steps=lambda: 0)
+    feed = ScopeFeed(Policy(PolicyName.PAUSE_DROP), streams=NoStreams(), stepping=NoSteps())
     watcher = feed.subscribe()
     watcher.take_ready(1)  # its snapshot
     feed.stepped(engine_stats(1))

@@ -1,4 +1,5 @@
-"""``streamscope serve`` (``app/edge/cli.py``): a real process of the console script, real signals.
+"""``streamscope serve`` (``app/cli.py``, serving with ``app/edge/serve.py``): a real process
+of the console script, real signals.
 
 The drain tests hold two streams open exactly as ``test_app_drain.py`` does against the
 hypercorn CLI (a short one that finishes with ``done``, a long one cut by the deadline)
@@ -26,7 +27,7 @@ import httpx
 import pytest
 import trio
 
-from app.edge.cli import H11_MAX_INCOMPLETE_BYTES, LISTEN_BACKLOG, ServeError, make_config
+from app.edge.serve import H11_MAX_INCOMPLETE_BYTES, LISTEN_BACKLOG, ServeError, make_config
 from app.edge.signals import DRAIN_MARGIN_S
 from app.settings import Settings
 from tests.http_clients import stream_body

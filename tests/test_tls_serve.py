@@ -22,7 +22,7 @@ import httpx
 import pytest
 import trio
 
-from app.edge.cli import ServeError, make_config
+from app.edge.serve import ServeError, make_config
 from app.settings import Settings
 from tests.http2_clients import H2Client
 from tests.http_clients import long_body, parse_sse, stream_body

@@ -79,10 +79,10 @@ def free_port() -> int:
 
 
 def serve_command(port: int) -> list[str]:
-    """``streamscope serve --bind 127.0.0.1:PORT``, as ``python -m app.edge.cli serve``: the
+    """``streamscope serve --bind 127.0.0.1:PORT``, as ``python -m app.cli serve``: the
     console script's own ``main``, run from this checkout (``REPO_ROOT`` is the working
     directory) whatever checkout the script was installed from."""
-    return [sys.executable, "-m", "app.edge.cli", "serve", "--bind", f"127.0.0.1:{port}"]
+    return [sys.executable, "-m", "app.cli", "serve", "--bind", f"127.0.0.1:{port}"]
 
 
 @dataclass(frozen=True, slots=True)

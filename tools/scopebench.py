@@ -175,6 +175,12 @@ async def screenshot(url: str, prompts: list[str], args: argparse.Namespace, pat
                        ignore_eos=True, progress=False)
 
 
+class NoSteps:
+    """The feed's step count where nothing steps."""
+
+    steps = 0
+
+
 class _NoEngine:
     """The wishes of streams that no engine serves (``frame_cost``)."""
 
@@ -188,14 +194,13 @@ def frame_cost(streams: int, frames: int = 2000) -> dict[str, Any]:
     encoded, as at each step boundary while one page watches."""
 
     async def measure() -> float:
-        open_streams = OpenStreams(_NoEngine(), wake=lambda: None,  # type: ignore[arg-type]
-                                   caught_up=lambda: None)
+        open_streams = OpenStreams(_NoEngine())  # type: ignore[arg-type]
         policy = Policy(PolicyName.PAUSE_DROP)
         for i in range(streams):
             stream = TokenStream(f"{i:032x}", 20, policy, open_streams)
             open_streams.add(stream)
             stream.deliver(TokenEvent(stream.request_id, 0, 1, "x"))
-        feed = ScopeFeed(policy, streams=lambda: open_streams, steps=lambda: 0)
+        feed = ScopeFeed(policy, streams=open_streams, stepping=NoSteps())
         watcher, encoder = feed.subscribe(), ScopeEvents()
         watcher.take_ready(1)
         events: list[Any] = [TokenEvent(s.request_id, 1, 1, "y") for s in open_streams.all()]
@@ -221,14 +226,13 @@ def watchers_cost(streams: int, watchers: int, frames: int = 200) -> dict[str, A
     encode it, each its own encode (``unshared``) or one encode shared (``shared``)."""
 
     async def measure(shared: SharedFrames | None) -> float:
-        open_streams = OpenStreams(_NoEngine(), wake=lambda: None,  # type: ignore[arg-type]
-                                   caught_up=lambda: None)
+        open_streams = OpenStreams(_NoEngine())  # type: ignore[arg-type]
         policy = Policy(PolicyName.PAUSE_DROP)
         for i in range(streams):
             stream = TokenStream(f"{i:032x}", 20, policy, open_streams)
             open_streams.add(stream)
             stream.deliver(TokenEvent(stream.request_id, 0, 1, "x"))
-        feed = ScopeFeed(policy, streams=lambda: open_streams, steps=lambda: 0)
+        feed = ScopeFeed(policy, streams=open_streams, stepping=NoSteps())
         pairs = [(feed.subscribe(), ScopeEvents(None, shared)) for _ in range(watchers)]
         for watcher, _ in pairs:
             watcher.take_ready(1)

@@ -26,7 +26,7 @@ largest level), two servers run side by side, started at once and idle while the
 is measured: ours (``hypercorn -k trio app:app``, or ``'tools.simulated:build_app()'``)
 and the peer (``tools/peers/uvicorn_starlette.py``: the same engine behind uvicorn and Starlette's
 ``StreamingResponse``, h11 and the asyncio loop as on ours), both with ``--backlog``
-2048 (``app/edge/cli.py``'s LISTEN_BACKLOG: hypercorn's 100 drops part of a burst of
+2048 (``app/edge/serve.py``'s LISTEN_BACKLOG: hypercorn's 100 drops part of a burst of
 connections) and ``OMP_NUM_THREADS=1``. Inherited ``STREAMSCOPE_`` variables are
 dropped: the command defines the configuration. Each server is warmed up with two short
 streams first. The client is ``tools/servicebench_client.py``, a process of its own: N

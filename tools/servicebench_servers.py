@@ -23,7 +23,7 @@ import httpx
 from tools.server import READY_TIMEOUT_S, REPO_ROOT, STOP_GRACE_S, LoggedProcess
 from tools.servicebench_proc import serving_pid
 
-BACKLOG = 2048  # app/edge/cli.py's LISTEN_BACKLOG and uvicorn's default
+BACKLOG = 2048  # app/edge/serve.py's LISTEN_BACKLOG and uvicorn's default
 TINY_MODEL = "tiny-gpt2"
 OURS, PEER = "streamscope", "starlette"
 APPS = {"tiny": "app:app", "simulated": "tools.simulated:build_app()"}

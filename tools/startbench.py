@@ -9,7 +9,7 @@
 Systems, each started once untimed (``--warmup``: files into the page cache, a converted
 copy made), then ``--repeats`` times in turn (rotating which goes first):
 
-* ``serve``: ``streamscope serve --bind 127.0.0.1:0`` (``app.edge.cli``);
+* ``serve``: ``streamscope serve --bind 127.0.0.1:0`` (``app.cli``);
 * ``hypercorn``: ``python -m hypercorn -k trio app:app --bind 127.0.0.1:0``;
 * the same two from the source tree ``--before`` (``before-serve``, ``before-hypercorn``:
   ``PYTHONPATH`` and the working directory set to it), to measure a change against the
@@ -69,7 +69,7 @@ READY_TARGET_S = 5.0  # issue 27: /ready within 5 s on this machine
 _LISTENING = re.compile(rb"(?:listening on|Running on|Uvicorn running on) (http://127\.0\.0\.1:\d+)")
 _INTERPRETER = ("import torch, transformers.modeling_utils, app.factory, hypercorn.trio\n"
                 "print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])")
-_LAUNCH_SERVE = "import sys; from app.edge.cli import main; sys.exit(main())"
+_LAUNCH_SERVE = "import sys; from app.cli import main; sys.exit(main())"
 
 
 def command_of(system: str) -> tuple[list[str], str, str]:

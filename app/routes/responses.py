@@ -138,7 +138,9 @@ class ResponsesAdapter(Adapter[ResponsesBody]):
                 raise OpenAIError(ApiError(
                     ErrorType.INVALID_REQUEST, f"the conversation (previous_response_id's "
                     f"turns and this input): {exc}"), param="input") from None
-        text, ids = await runtime.render_chat(body.prompt_turns(context), True, key_name())
+        body.speak_tools_of(runtime.engine)  # its template's tool format, if any
+        text, ids = await runtime.render_chat(body.prompt_turns(context), True, key_name(),
+                                              body.template_tools())
         return Prompt(text, ids, tuple(context))
 
     def terms(self, body: ResponsesBody) -> Terms:
@@ -169,8 +171,7 @@ class ResponsesAdapter(Adapter[ResponsesBody]):
             created=created, response=created,
             input_items=tuple(with_ids(response_id, items)), context=call.prompt.context,
             owner=key_name() or SERVER_OWNER,
-            parser=OutputParsing(logprobs=body.wants_logprobs, call_prefix=(
-                f"call_{request_id}" if body.tool_use() is not None else None)))
+            parser=output_parsing(body, request_id))
         if document.is_stored:
             await self._store(document)
         if body.background:
@@ -192,6 +193,17 @@ class ResponsesAdapter(Adapter[ResponsesBody]):
                               param="store") from None
         except ResponseStoreUnavailable:
             raise unavailable() from None
+
+
+def output_parsing(body: ResponsesBody, request_id: str) -> OutputParsing:
+    """How the response's text becomes its output, kept in its record so that every
+    reader parses it alike: function calls in the request's tool format (the template's
+    own, or the generic one), else text."""
+    call_format = body.tool_format()
+    if call_format is None:
+        return OutputParsing(logprobs=body.wants_logprobs)
+    return OutputParsing(logprobs=body.wants_logprobs, call_prefix=f"call_{request_id}",
+                         call_format=call_format)
 
 
 class ForegroundAnswer:

@@ -105,10 +105,10 @@ def id_maker(response_id: str) -> Callable[[str], str]:
 
 
 def parser_of(parsing: OutputParsing) -> OutputParser:
-    """What the model's text becomes, as the record says: function calls or text (its
-    ``call_prefix``: the calls' id prefix), or text."""
+    """What the model's text becomes, as the record says: function calls or text, in its
+    tool format (its ``call_prefix``: the calls' id prefix), or text."""
     if parsing.call_prefix is not None:
-        return ToolCalls(parsing.call_prefix)
+        return ToolCalls(parsing.call_prefix, parsing.call_format)
     return PlainText(with_logprobs=parsing.logprobs)
 
 

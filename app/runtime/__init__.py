@@ -9,7 +9,7 @@ Other packages import these names from here, not from the modules.
 """
 
 from .draining import HANDOVER_LEAD_S, stop_deadline_s
-from .loading import MakeEngine, ServingEngine, load_engine_from_settings
+from .loading import MakeEngine, MakeHub, ServingEngine, load_engine_from_settings
 from .phase import LOADING_RETRY_AFTER_S, SHUTDOWN_RETRY_AFTER_S, Phase
 from .rebuild import Rebuilder
 from .responses_store import (
@@ -29,6 +29,7 @@ __all__ = [
     "SHUTDOWN_RETRY_AFTER_S",
     "STORE_CHECK_TIMEOUT_S",
     "MakeEngine",
+    "MakeHub",
     "OutputParsing",
     "Phase",
     "Prepared",

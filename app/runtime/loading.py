@@ -18,7 +18,8 @@ from typing import Any, Protocol
 import engine
 import streams
 
-from ..settings import Settings, SettingsError, env_name
+from ..settings import SettingsError, env_name
+from ..settings_engine import EngineSettings
 
 
 class ServingEngine(streams.StepEngine, Protocol):
@@ -45,13 +46,18 @@ class ServingEngine(streams.StepEngine, Protocol):
     def chat_template_uses(self, name: str) -> bool: ...
 
 
-MakeEngine = Callable[[Settings], ServingEngine]
+# Builds the engine from the engine's settings only (``EngineSettings``: the server's
+# ``Settings`` is one, and its other fields are no business of the engine's).
+MakeEngine = Callable[[EngineSettings], ServingEngine]
+# Makes the hub over the built engine: ``streams.Hub`` in the service; the lab's ``naive``
+# device makes one that steps its own way (``tools/lab/naive.py``).
+MakeHub = Callable[[ServingEngine, streams.HubSettings], streams.Hub]
 # The oldest generation's threshold while the engine is built: full collections that many
 # young collections apart, i.e. none during a build.
 NO_FULL_COLLECTION = 1_000_000
 
 
-def load_engine_from_settings(settings: Settings, **engine_options: Any) -> ServingEngine:
+def load_engine_from_settings(settings: EngineSettings, **engine_options: Any) -> ServingEngine:
     """The production ``make_engine``: load the model (imports torch, blocks for seconds).
     ``engine_options`` go to the Engine as well: the lab's seam for its devices (e.g. the
     reservation admission, ``tools/lab/reservation.py``).
@@ -65,7 +71,7 @@ def load_engine_from_settings(settings: Settings, **engine_options: Any) -> Serv
         raise SettingsError([f"{env_name('dtype')}={settings.dtype}: {exc}"]) from None
 
 
-def _load(settings: Settings, engine_options: dict[str, Any]) -> ServingEngine:
+def _load(settings: EngineSettings, engine_options: dict[str, Any]) -> ServingEngine:
     return engine.load_engine(
         settings.model,
         settings.device,
@@ -82,7 +88,7 @@ def _load(settings: Settings, engine_options: dict[str, Any]) -> ServingEngine:
     )
 
 
-def build_and_freeze(make_engine: MakeEngine, settings: Settings) -> ServingEngine:
+def build_and_freeze(make_engine: MakeEngine, settings: EngineSettings) -> ServingEngine:
     """In a worker thread: build the engine, then take every object alive then out of the
     cyclic garbage collector's reach (``gc.freeze``). With the embedded model loaded a
     full collection walks about 400,000 objects (mostly the functions and tuples of

@@ -49,7 +49,7 @@ from ..key_shares import KeyShares
 from ..new_tokens import fit_new_tokens
 from ..settings import Settings
 from .draining import finish_drain
-from .loading import MakeEngine, ServingEngine, build_and_freeze
+from .loading import MakeEngine, MakeHub, ServingEngine, build_and_freeze
 from .phase import Phase, refusal
 from .prompts import TokenizerQueue
 from .stats import statistics_fields
@@ -73,6 +73,8 @@ class Runtime:
     Args:
         settings: the server's settings.
         make_engine: builds the engine from settings; runs in a worker thread.
+        make_hub: makes the hub over the built engine (``create_app``'s); none:
+            ``streams.Hub``.
     """
 
     def __init__(
@@ -80,11 +82,11 @@ class Runtime:
         settings: Settings,
         make_engine: MakeEngine,
         *,
-        run_step: streams.RunStep | None = None,
+        make_hub: MakeHub | None = None,
     ) -> None:
         self.settings = settings
         self._make_engine = make_engine
-        self._run_step = run_step  # how the hub runs its stepping (None: a worker thread)
+        self._make_hub = make_hub  # None: ``streams.Hub`` (looked up when the hub is made)
         self.phase = Phase.NEW
         self.engine: ServingEngine | None = None
         self.hub: streams.Hub | None = None
@@ -96,7 +98,7 @@ class Runtime:
         # log's and the Responses API store's (store.py).
         self.shared_store = shared_store(settings)
         self._load_scope = trio.CancelScope()
-        self._settled = trio.Event()  # set when the phase leaves NEW and LOADING
+        self._loading_over = trio.Event()  # set when the phase leaves NEW and LOADING
         self._nursery: trio.Nursery | None = None  # the app's, from start()
         self._drain_started = False
         self._hub_draining = False  # drain() told a running hub to drain
@@ -163,14 +165,14 @@ class Runtime:
                 await self.hub.shutdown()
         finally:
             self.phase = Phase.STOPPED
-            self._settled.set()
+            self._loading_over.set()
 
-    async def wait_settled(self) -> Phase:
+    async def loading_outcome(self) -> Phase:
         """Wait until loading is over (READY, FAILED or later); return the phase then.
 
         Cancellation: nothing changes; the caller just stops waiting.
         """
-        await self._settled.wait()
+        await self._loading_over.wait()
         return self.phase
 
     # -- for the routes --------------------------------------------------------------
@@ -330,10 +332,7 @@ class Runtime:
             if self._load_scope.cancelled_caught or self.phase is not Phase.LOADING:
                 return
             self.engine = built
-            self.hub = (streams.Hub(built, self.settings.hub_settings())
-                        if self._run_step is None else
-                        streams.Hub(built, self.settings.hub_settings(),
-                                    run_step=self._run_step))
+            self.hub = (self._make_hub or streams.Hub)(built, self.settings.hub_settings())
             self.resumption = ResumeRegistry(
                 resume_log(self.settings, self.shared_store),
                 grace_s=self.settings.resume_grace_s,
@@ -347,7 +346,7 @@ class Runtime:
         if self.phase is Phase.LOADING:
             self.phase = Phase.READY
             log.info("ready: model %s, policy %s", self.settings.model, self.settings.policy.value)
-        self._settled.set()
+        self._loading_over.set()
 
     async def _run_hub(
         self, hub: streams.Hub, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -376,4 +375,4 @@ class Runtime:
         self.failure = message
         if self.phase in (Phase.LOADING, Phase.READY):
             self.phase = Phase.FAILED
-        self._settled.set()
+        self._loading_over.set()

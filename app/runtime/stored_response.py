@@ -29,26 +29,41 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 JsonObject = dict[str, Any]
+# The generic tool format's name (``app.schemas.tool_formats.GENERIC``: a test checks
+# they agree; this package does not import the schemas).
+GENERIC_CALLS = "generic"
 
 
 @dataclass(frozen=True, slots=True)
 class OutputParsing:
     """How the model's text becomes a response's output: function calls, when the request
-    offered tools (``call_prefix``: the calls' ids are ``<call_prefix>_<index>``), else
-    text, with its log-probabilities if the request asked for them."""
+    offered tools (``call_prefix``: the calls' ids are ``<call_prefix>_<index>``), in
+    ``call_format`` (the tool format's name, ``app.schemas.tool_formats``: the generic
+    one, or the model's own), else text, with its log-probabilities if the request asked
+    for them. Every reader of the record (the foreground answer, a background response's
+    runner, a retrieve, a replica's replay) parses the calls the same way of it."""
 
     logprobs: bool = False
     call_prefix: str | None = None
+    call_format: str = GENERIC_CALLS
 
     def to_json(self) -> JsonObject:
-        """The JSON form: ``{"logprobs": bool, "tools": <call prefix> | false}``."""
-        return {"logprobs": self.logprobs, "tools": self.call_prefix or False}
+        """The JSON form: ``{"logprobs": bool, "tools": <call prefix> | false}``, with
+        ``"format": <call format>`` where there are calls (a record without it, stored
+        before there were formats, is generic)."""
+        value: JsonObject = {"logprobs": self.logprobs, "tools": self.call_prefix or False}
+        if self.call_prefix is not None:
+            value["format"] = self.call_format
+        return value
 
     @classmethod
     def from_json(cls, value: JsonObject) -> OutputParsing:
         tools = value.get("tools")
+        call_format = value.get("format")
         return cls(logprobs=bool(value.get("logprobs")),
-                   call_prefix=tools if isinstance(tools, str) and tools else None)
+                   call_prefix=tools if isinstance(tools, str) and tools else None,
+                   call_format=call_format if isinstance(call_format, str) and call_format
+                   else GENERIC_CALLS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -72,16 +71,7 @@ from .limits import (
     limits_of,
     salt_bytes,
 )
-from .tool_formats import (
-    GENERIC,
-    TemplateReader,
-    answer_constraint,
-    calls_writer,
-    request_format,
-    template_tool_format,
-    template_tools,
-    with_tools,
-)
+from .tool_formats import SpeaksToolFormats, answer_constraint, with_tools
 from .tools import CallsText, ToolUse, calls_text
 from .unsupported import neutral_validator
 
@@ -158,7 +148,7 @@ class InputMessage(BaseModel):
         return {"role": self.role, "content": turn_text(self.content, names, write_calls)}
 
 
-class AnthropicPrompt(BaseModel):
+class AnthropicPrompt(SpeaksToolFormats):
     """What both routes share: the model, the conversation, the unsupported fields."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
@@ -177,7 +167,6 @@ class AnthropicPrompt(BaseModel):
     context_management: Any = None
 
     _neutral = neutral_validator(list(PROMPT_UNSUPPORTED))
-    _model_tool_format: str = PrivateAttr(GENERIC)  # the template's (``speak_tools_of``)
 
     @field_validator("system", mode="before")
     @classmethod
@@ -230,26 +219,10 @@ class AnthropicPrompt(BaseModel):
         check_prompt_chars(sum(len(m["content"]) for m in self.template_input()), limits)
         return self
 
-    def speak_tools_of(self, model: TemplateReader | None) -> None:
-        """Answer with tools in the format of ``model``'s chat template (None: no model
-        yet), where it has one of its own (``tool_formats.py``), else the generic one.
-        Call it before ``template_input``, ``template_tools`` and the request is made."""
-        self._model_tool_format = template_tool_format(model)
-
-    def tool_use(self) -> ToolUse | None:
-        """What the request asks of its tools (None: no tools, or ``none``), in the
-        format it is answered in."""
-        return request_format(self._model_tool_format,
-                              anthropic_tool_use(self.tools, self.tool_choice))
-
-    def tool_format(self) -> str | None:
-        """The format of the answer's tool calls (the encoders' ``tools``), or None."""
-        use = self.tool_use()
-        return None if use is None else use.format
-
-    def template_tools(self) -> list[dict[str, Any]] | None:
-        """The tools for the chat template, where it renders its own; else None."""
-        return template_tools(self.tool_use())
+    def asked_tool_use(self) -> ToolUse | None:
+        """What the request asks of its tools (None: no tools, or ``none``);
+        ``tool_use`` answers it in the model's format (``SpeaksToolFormats``)."""
+        return anthropic_tool_use(self.tools, self.tool_choice)
 
     def template_input(self) -> list[dict[str, str]]:
         """The conversation as a chat template takes it: the system prompt (if any) as
@@ -257,16 +230,24 @@ class AnthropicPrompt(BaseModel):
         format: a template with its own takes them as ``template_tools``), then the
         turns (tool blocks as text, past calls in the answer's format)."""
         names: dict[str, str] = {}
-        use = self.tool_use()
-        write_calls = calls_writer(use, self._model_tool_format)
+        write_calls = self.past_calls_writer()
         turns = [m.as_template_input(names, write_calls) for m in self.messages]
         if self.system is not None:
             turns = [{"role": "system", "content": _joined(self.system)}, *turns]
-        return with_tools(turns, use)
+        return with_tools(turns, self.tool_use())
 
 
 class CountTokensBody(AnthropicPrompt):
-    """``POST /v1/messages/count_tokens``: the prompt alone."""
+    """``POST /v1/messages/count_tokens``: the prompt alone, and ``speed``, which the
+    SDK's ``count_tokens`` sends too (accepted at ``"standard"``, as on the Messages
+    route, rather than refused as an unknown field)."""
+
+    UNSUPPORTED: ClassVar[dict[str, tuple[object, ...]]] = {
+        **PROMPT_UNSUPPORTED, "speed": ANTHROPIC_UNSUPPORTED["speed"]}
+
+    speed: Any = None
+
+    _speed_neutral = neutral_validator(["speed"])
 
 
 class MessagesBody(AnthropicPrompt):

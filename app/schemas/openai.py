@@ -36,7 +36,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from engine import MAX_TOP_LOGPROBS, Constraint, GenerationRequest, SamplingParams
@@ -71,16 +71,7 @@ from .openai_tools import (
     openai_tool_use,
 )
 from .penalties import LogitBias, Penalty, RepetitionPenalty, bias_pairs
-from .tool_formats import (
-    GENERIC,
-    TemplateReader,
-    answer_constraint,
-    calls_writer,
-    request_format,
-    template_tool_format,
-    template_tools,
-    with_tools,
-)
+from .tool_formats import SpeaksToolFormats, answer_constraint, with_tools
 from .tools import ToolUse
 from .unsupported import (
     CHAT_UNSUPPORTED,
@@ -253,7 +244,7 @@ class CompletionsBody(OpenAIBody):
         return self.prompt
 
 
-class ChatBody(OpenAIBody):
+class ChatBody(OpenAIBody, SpeaksToolFormats):
     """``POST /v1/chat/completions``: messages, rendered by the model's chat template."""
 
     UNSUPPORTED: ClassVar[dict[str, tuple[object, ...]]] = CHAT_UNSUPPORTED
@@ -278,7 +269,6 @@ class ChatBody(OpenAIBody):
     store: Any = None
 
     _neutral = neutral_validator(list(CHAT_UNSUPPORTED))
-    _model_tool_format: str = PrivateAttr(GENERIC)  # the template's (``speak_tools_of``)
 
     @field_validator("max_completion_tokens")
     @classmethod
@@ -327,26 +317,11 @@ class ChatBody(OpenAIBody):
                 raise PydanticCustomError("invalid_tool_choice", str(exc)) from None
         return value
 
-    def speak_tools_of(self, model: TemplateReader | None) -> None:
-        """Answer with tools in the format of ``model``'s chat template (None: no model
-        yet), where it has one of its own (``tool_formats.py``), else the generic one.
-        Call it before ``template_input``, ``template_tools`` and ``constraint``."""
-        self._model_tool_format = template_tool_format(model)
-
-    def tool_use(self) -> ToolUse | None:
-        """What the request asks of its tools (None: no tools, or ``tool_choice: none``),
-        in the format it is answered in."""
-        return request_format(self._model_tool_format, openai_tool_use(
-            self.tools, self.tool_choice, self.parallel_tool_calls, self.response_format))
-
-    def tool_format(self) -> str | None:
-        """The format of the answer's tool calls (the encoders' ``tools``), or None."""
-        use = self.tool_use()
-        return None if use is None else use.format
-
-    def template_tools(self) -> list[dict[str, Any]] | None:
-        """The tools for the chat template, where it renders its own; else None."""
-        return template_tools(self.tool_use())
+    def asked_tool_use(self) -> ToolUse | None:
+        """What the request asks of its tools (None: no tools, or ``tool_choice: none``);
+        ``tool_use`` answers it in the model's format (``SpeaksToolFormats``)."""
+        return openai_tool_use(self.tools, self.tool_choice, self.parallel_tool_calls,
+                               self.response_format)
 
     @property
     def constraint_param(self) -> str:
@@ -363,9 +338,8 @@ class ChatBody(OpenAIBody):
         """The messages as the chat template takes them: tool turns as text, and the
         tools (if the answer may call them) in the system turn, in the generic format
         (a template with its own takes them as ``template_tools``)."""
-        use = self.tool_use()
-        write_calls = calls_writer(use, self._model_tool_format)
-        return with_tools(template_input(self.messages, write_calls), use)
+        return with_tools(template_input(self.messages, self.past_calls_writer()),
+                          self.tool_use())
 
     def new_tokens(self) -> int:
         return self.max_completion_tokens or self.max_tokens or UNTIL_CONTEXT

@@ -65,14 +65,8 @@ from .limits import (
     limits_of,
 )
 from .responses_items import InputItem, content_parts, template_messages
-from .tools import (
-    ToolSpec,
-    ToolUse,
-    json_schema_constraint,
-    output_constraint,
-    system_text,
-    with_system_text,
-)
+from .tool_formats import SpeaksToolFormats, answer_constraint, with_tools
+from .tools import ToolSpec, ToolUse, json_schema_constraint
 from .unsupported import neutral_validator
 
 _HOW = "validate a Responses body with the request limits as its context"
@@ -148,7 +142,7 @@ class TextConfig(BaseModel):
     verbosity: Literal["medium"] | None = None  # the only answer length we have
 
 
-class ResponsesBody(BaseModel):
+class ResponsesBody(SpeaksToolFormats):
     """``POST /v1/responses`` (see the module docstring)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
@@ -274,8 +268,9 @@ class ResponsesBody(BaseModel):
             return None
         return fmt.schema_ if fmt.type == "json_schema" else {"type": "object"}
 
-    def tool_use(self) -> ToolUse | None:
-        """What the request asks of its tools (None: none, or ``tool_choice: none``)."""
+    def asked_tool_use(self) -> ToolUse | None:
+        """What the request asks of its tools (None: none, or ``tool_choice: none``);
+        ``tool_use`` answers it in the model's format (``SpeaksToolFormats``)."""
         if not self.tools or self.tool_choice == "none":
             return None
         choice = self.tool_choice
@@ -286,11 +281,11 @@ class ResponsesBody(BaseModel):
                        response_schema=self._format_schema())
 
     def constraint(self) -> Constraint | None:
-        """The engine's constraint on the answer: the generic tool format's (with
-        tools), ``text.format``'s, or None for free text."""
+        """The engine's constraint on the answer: its tool format's (with tools),
+        ``text.format``'s, or None for free text."""
         use = self.tool_use()
         if use is not None:
-            return output_constraint(use)
+            return answer_constraint(use)
         if self.format_type == "json_object":
             return Constraint(ConstraintKind.JSON_OBJECT)
         schema = self._format_schema()
@@ -303,12 +298,12 @@ class ResponsesBody(BaseModel):
 
     def prompt_turns(self, context: list[dict[str, Any]]) -> list[dict[str, str]]:
         """What the chat template renders: ``instructions`` as the system turn, then the
-        conversation's items (``template_messages``), and the tools (if the answer may
-        call them) in the system turn, in the generic format's words."""
+        conversation's items (``template_messages``, past calls in the answer's format),
+        and the tools (if the answer may call them) in the system turn, in the generic
+        format's words (a template with its own takes them as ``template_tools``)."""
         turns = [{"role": "system", "content": self.instructions}] if self.instructions else []
-        turns += template_messages(context)
-        use = self.tool_use()
-        return turns if use is None else with_system_text(turns, system_text(use))
+        turns += template_messages(context, self.past_calls_writer())
+        return with_tools(turns, self.tool_use())
 
     # -- what the request asks for ---------------------------------------------------
 

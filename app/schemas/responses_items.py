@@ -5,8 +5,9 @@ through ``previous_response_id``) is a message whose content is text parts
 (``input_text``, ``output_text``; a string is one part), a function call the model made,
 or a call's output. Any other kind (``reasoning``, ``item_reference``, an image or a
 file part) is refused by the body's validation. ``template_messages`` renders them for
-the model's chat template in the generic tool format (``tools.py``), the one the tool
-prompt teaches: the model reads its past calls as it wrote them.
+the model's chat template, past calls in the format the answer is in (the generic one,
+``tools.py``, or the model's own, ``tool_formats.py``): the model reads its past calls
+as it writes them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pydantic import (
     field_validator,
 )
 
-from .tools import arguments_value, calls_text, result_text
+from .tools import CallsText, arguments_value, calls_text, result_text
 
 _FROZEN = ConfigDict(extra="ignore", strict=True, frozen=True)
 
@@ -116,19 +117,20 @@ def content_parts(items: list[dict[str, Any]]) -> int:
     return count
 
 
-def template_messages(items: list[dict[str, Any]]) -> list[dict[str, str]]:
+def template_messages(items: list[dict[str, Any]],
+                      write_calls: CallsText = calls_text) -> list[dict[str, str]]:
     """Input items (``ResponsesBody.input_items``' form, or a stored response's output
     items) as chat-template turns: messages as they are (``developer`` as ``system``),
-    consecutive function calls as one assistant turn and a call's output as a user
-    turn, in the generic tool format the tool prompt teaches the model
-    (``tools.calls_text``, ``tools.result_text``)."""
+    consecutive function calls as one assistant turn, as ``write_calls`` writes them
+    (the answer's format; by default the generic one, ``tools.calls_text``), and a
+    call's output as a user turn (``tools.result_text``)."""
     turns: list[dict[str, str]] = []
     names: dict[str, str] = {}  # call_id -> name, for the outputs
     calls: list[tuple[str, Any]] = []
 
     def flush() -> None:
         if calls:
-            turns.append({"role": "assistant", "content": calls_text(list(calls))})
+            turns.append({"role": "assistant", "content": write_calls(list(calls), "")})
             calls.clear()
 
     for item in items:

@@ -30,6 +30,11 @@ wire reads it back with ``app.wire``'s format scanner. Where a family's marker i
 special token of the model's tokenizer (Mistral's ``[TOOL_CALLS]``, in some), the
 grammar asks for its text, which the detokenizer keeps (it drops special tokens).
 
+Every body with tools (chat, Messages, Responses) speaks them through one mixin,
+``SpeaksToolFormats``: told the model's template once (``speak_tools_of``), it gives the
+request's ``tool_use`` in the format it is answered in, that format's name for the
+encoders, the template's tools and the writer of past calls.
+
 Pure: JSON in, text out.
 """
 
@@ -40,6 +45,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Protocol
+
+from pydantic import BaseModel, PrivateAttr
 
 from engine import Constraint, ConstraintKind, bounded_schema
 
@@ -123,6 +130,43 @@ def template_tool_format(model: TemplateReader | None) -> str:
         if any(model.chat_template_uses(marker) for marker in markers):
             return name
     return GENERIC
+
+
+class SpeaksToolFormats(BaseModel):
+    """A request body whose tools are answered in the model's own format where its chat
+    template has one (the module docstring), else in the generic one. A subclass says
+    what its request asks of its tools (``asked_tool_use``, in its API's words); the
+    route tells it the model (``speak_tools_of``) before it renders the prompt."""
+
+    _model_tool_format: str = PrivateAttr(GENERIC)  # the template's (``speak_tools_of``)
+
+    def asked_tool_use(self) -> ToolUse | None:
+        """What the request asks of its tools, in the generic format (None: no tools, or
+        a choice of none)."""
+        raise NotImplementedError
+
+    def speak_tools_of(self, model: TemplateReader | None) -> None:
+        """Answer with tools in the format of ``model``'s chat template (None: no model
+        yet), where it has one of its own, else the generic one. Call it before the
+        prompt is rendered (``template_tools``, past calls) and the request is made."""
+        self._model_tool_format = template_tool_format(model)
+
+    def tool_use(self) -> ToolUse | None:
+        """What the request asks of its tools, in the format it is answered in."""
+        return request_format(self._model_tool_format, self.asked_tool_use())
+
+    def tool_format(self) -> str | None:
+        """The format of the answer's tool calls (the encoders' ``tools``), or None."""
+        use = self.tool_use()
+        return None if use is None else use.format
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools for the chat template, where it renders its own; else None."""
+        return template_tools(self.tool_use())
+
+    def past_calls_writer(self) -> CallsText:
+        """How the conversation's past calls are written (``calls_writer``)."""
+        return calls_writer(self.tool_use(), self._model_tool_format)
 
 
 def request_format(model_format: str, use: ToolUse | None) -> ToolUse | None:

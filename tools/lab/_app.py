@@ -26,8 +26,9 @@ by ``create_lab_app``: ``app.factory.create_app()`` as a user runs it, then
   may need at admission (``reservation.py``, injected through ``Engine(admission=...)``):
   the capacity experiment's comparison;
 * ``STREAMSCOPE_LAB_NAIVE=true``: the step loop waits for the reader of every stream on
-  the default policy after each step (``naive.py``, injected through the hub's
-  ``run_step``: ``create_app(run_step=...)``): the slowclient experiment's ``naive``.
+  the default policy after each step (``naive.py``, injected as the hub's ``run_step``
+  with streams it can wait for: ``create_app(make_hub=...)``): the slowclient
+  experiment's ``naive``.
 
 The lab's settings are its own ``STREAMSCOPE_LAB_*`` variables. The service refuses them
 (they are not its settings), so ``_asgi.py`` and ``_serve.py`` give the service the
@@ -213,12 +214,10 @@ def create_lab_app(
     clock = FinishClock()
     loader = load_reserving_engine if lab.kv_admission == "reserve" else load_engine_from_settings
     build = make_engine or loader
-    built: list[StreamscopeApp] = []  # the app, once made: its runtime holds the hub
-    naive = (NaiveStepping(lambda: built[0].runtime.hub if built else None)
-             if lab.naive else None)  # the hub's run_step seam (naive.py)
+    # The naive device makes the hub: its run_step seam and streams it waits for (naive.py).
+    make_hub = NaiveStepping().make_hub if lab.naive else None
     app = create_app(settings, make_engine=lambda s: clock.attach(build(s)),
-                     drain_on_sigterm=drain_on_sigterm, run_step=naive)
-    built.append(app)
+                     drain_on_sigterm=drain_on_sigterm, make_hub=make_hub)
     app.register_blueprint(make_flood_blueprint())
     watch = QueueWatch()
     app.register_blueprint(make_lab_blueprint(app.runtime, clock, watch))

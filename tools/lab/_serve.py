@@ -1,5 +1,5 @@
 """``python -m tools.lab._serve serve [--bind ...]``: ``streamscope serve``
-(``app/edge/cli.py``) serving the lab's app (``_app.py``), with its ``STREAMSCOPE_LAB_*``
+(``app/cli.py``) serving the lab's app (``_app.py``), with its ``STREAMSCOPE_LAB_*``
 devices: the same arguments, defaults, signals and exit statuses.
 """
 
@@ -7,14 +7,15 @@ import os
 import sys
 from collections.abc import Sequence
 
-from app.edge.cli import ServeError, configure_logging, make_config, parse_args, run_until_drained
+from app.cli import parse_args
+from app.edge.serve import ServeError, configure_logging, make_config, run_until_drained
 from app.settings import Settings, SettingsError
 from tools.lab._app import create_lab_app
 from tools.lab._settings import LabSettingsError, split_lab_environ
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """As ``app.edge.cli.main``, with the lab's app. Exit status: 0 after a drain, 2 when
+    """As ``app.cli.main``, with the lab's app. Exit status: 0 after a drain, 2 when
     it cannot start as asked."""
     args = parse_args(argv)
     configure_logging()

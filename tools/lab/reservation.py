@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the lab's server passes them; importing this module loads no app
     from app.runtime import ServingEngine
-    from app.settings import Settings
+    from app.settings_engine import EngineSettings
     from engine.sequence import Sequence
 
 
@@ -35,7 +35,7 @@ class ReservationAdmission:
 RESERVATION = ReservationAdmission()
 
 
-def load_reserving_engine(settings: Settings) -> ServingEngine:
+def load_reserving_engine(settings: EngineSettings) -> ServingEngine:
     """``app.runtime.load_engine_from_settings`` with reservation admission: the same
     model, batch, prefill and cache settings (loads the model: imports torch)."""
     from app.runtime import load_engine_from_settings  # here: importing this loads no app

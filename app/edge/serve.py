@@ -1,10 +1,5 @@
-"""``streamscope serve``: the app under hypercorn's Trio worker, with defaults for this job.
-
-::
-
-    streamscope serve                                 # http://127.0.0.1:8000
-    streamscope serve --bind 0.0.0.0:8000 --bind [::]:8000 --config hypercorn.toml
-    streamscope serve --certfile cert.pem --keyfile key.pem   # https://, h2 and http/1.1
+"""Serving under hypercorn's Trio worker, with defaults for this job: what ``streamscope
+serve`` (``app/cli.py``, which builds the app and reads the options) runs.
 
 The same app as ``hypercorn -k trio app:app`` (``create_app``, the ``STREAMSCOPE_*``
 settings from the environment, ``hypercorn_patches`` installed as it is built), served in this
@@ -38,12 +33,13 @@ No ``--workers``: one process holds one model (its weights, its KV cache, its en
 thread); hypercorn's workers would each load their own and share nothing, not even the
 admission limits. Several replicas behind a balancer are the scale-out's job.
 
-argparse, not a CLI library: one subcommand and four options, and no dependency to pin.
+Why apart from the command: this module is the edge's (it alone here knows hypercorn),
+and it takes a built app; building it is the composition root's (``app/factory.py``),
+which the command, beside it, calls. So the edge never imports the root.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import resource
 import sys
@@ -56,12 +52,10 @@ import hypercorn.trio
 import trio
 from hypercorn.config import Config
 
-from ..factory import StreamscopeApp, create_app
-from ..request_log import install_json_logging
+from ..quart_app import StreamscopeApp
 from ..runtime import Phase, Runtime
-from ..settings import Settings, SettingsError
+from ..settings import Settings
 from .h2_retire import goaway_on_drain
-from .hypercorn_patches import UnsupportedVersion
 from .signals import DRAIN_MARGIN_S, drain_on_signals
 
 log = logging.getLogger("streamscope.app")
@@ -270,7 +264,7 @@ async def _announce(app: StreamscopeApp, config: Config) -> None:
               f"device {device}; backlog {config.backlog}, graceful timeout "
               f"{config.graceful_timeout:g} s, keep-alive {config.keep_alive_timeout:g} s",
               flush=True)
-        phase = await app.runtime.wait_settled()
+        phase = await app.runtime.loading_outcome()
         if phase is Phase.READY:
             print(f"streamscope serve: ready: model {settings.model} on device "
                   f"{_loaded_device(app.runtime) or device}", flush=True)
@@ -304,58 +298,9 @@ def configure_logging() -> None:
     streamscope.propagate = False
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="streamscope", description="Stream a language model's tokens over HTTP (SSE).")
-    commands = parser.add_subparsers(dest="command", required=True)
-    serve_parser = commands.add_parser(
-        "serve", help="serve the app (hypercorn's Trio worker, in this process)",
-        description="Serve streamscope. Settings: the STREAMSCOPE_* environment variables "
-        "(docs/settings.md). No --workers: one process holds one model.")
-    serve_parser.add_argument(
-        "--bind", action="append", metavar="HOST:PORT", default=[],
-        help=f"an address to listen on (repeatable; default {DEFAULT_BIND}, or the config "
-        "file's bind)")
-    serve_parser.add_argument(
-        "--config", type=Path, metavar="FILE",
-        help="hypercorn settings, any of them: a TOML file, or Python if it ends in .py "
-        "(hypercorn's Config.from_toml / from_pyfile); they override this command's defaults")
-    serve_parser.add_argument(
-        "--certfile", type=Path, metavar="FILE",
-        help="serve TLS with this certificate (PEM; with --keyfile): ALPN offers h2 and "
-        "http/1.1")
-    serve_parser.add_argument(
-        "--keyfile", type=Path, metavar="FILE", help="the certificate's private key (PEM)")
-    return parser.parse_args(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The ``streamscope`` console script. Exit status: 0 after a drain, 2 when it
-    cannot start as asked (a setting, an option, or a hypercorn or h11 outside the
-    versions ``hypercorn_patches`` is known for)."""
-    args = parse_args(argv)
-    configure_logging()
-    try:
-        settings = Settings.from_env()
-        if settings.log_format == "json":  # STREAMSCOPE_LOG_FORMAT: our lines as JSON
-            install_json_logging()
-        config = make_config(settings, args.config, args.bind, certfile=args.certfile,
-                             keyfile=args.keyfile)
-        app = create_app(settings)  # installs the HTTP fixes, which check the versions
-    except (SettingsError, ServeError, UnsupportedVersion) as exc:
-        print(f"streamscope serve: {exc}", file=sys.stderr)
-        return 2
-    run_until_drained(app, config)
-    return 0
-
-
 def run_until_drained(app: StreamscopeApp, config: Config) -> None:
     """Serve ``app`` in this process, announced, until a signal has drained it: what
-    ``main`` does once the settings are read (the lab's ``tools/lab/_serve.py`` serves
-    its own app with it)."""
+    ``app.cli.main`` does once the settings are read (the lab's ``tools/lab/_serve.py``
+    serves its own app with it)."""
     raise_open_files_limit()
     trio.run(partial(_announce, app, config))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
