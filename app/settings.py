@@ -40,7 +40,7 @@ from pydantic_settings import (
 from streams import HubSettings, PolicyName
 
 from .api_keys import ApiKey, all_keys, check_key, parse_api_keys
-from .settings_engine import EngineSettings
+from .settings_bands import BandSettings
 from .settings_env import (
     ENV_PREFIX,
     Milliseconds,
@@ -62,9 +62,10 @@ _SECRETS = frozenset({"api_key", "api_keys", "resume_store", "resume_secret",  #
 
 
 
-class Settings(EngineSettings):
-    """The server's configuration: the engine's (``EngineSettings``, first), then the
-    service's. Field ``name`` is read from ``STREAMSCOPE_NAME``.
+class Settings(BandSettings):
+    """The server's configuration: the engine's (``EngineSettings``, first), the
+    priority bands' (``BandSettings``), then the service's. Field ``name`` is read from
+    ``STREAMSCOPE_NAME``.
 
     Raises:
         SettingsError: from the constructor, if a value is out of range.
@@ -287,7 +288,11 @@ class Settings(EngineSettings):
             raise ValueError(
                 f"{env_name('default_max_new_tokens')} ({self.default_max_new_tokens}) must "
                 f"not exceed {env_name('max_new_tokens_limit')} ({self.max_new_tokens_limit})")
-        all_keys(self.api_key, self.api_keys)  # raises ValueError for a key given twice
+        names = {k.name for k in all_keys(self.api_key, self.api_keys)}  # raises for twice
+        unknown = sorted({name for name, _ in self.priority_ceilings} - names)
+        if unknown:
+            raise ValueError(f"{env_name('priority_ceilings')} names no API key of this "
+                             f"server: {', '.join(unknown)}")
         if self.resume_store is not None and self.resume_secret is None:
             raise ValueError(f"{env_name('resume_store')} needs {env_name('resume_secret')}: "
                              "the same secret of at least 32 characters on every replica, "

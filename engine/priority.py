@@ -13,12 +13,16 @@ scheduling policy; ``order_waiting`` sorts it, stably, before each admission by:
    long answers is served less often, in proportion, than one with short ones, and two
    tenants that keep work waiting get equal work whatever their stream counts;
 3. then a sequence that has already streamed tokens (a preempted one, to be recomputed)
-   before one that has not; then arrival (the sort is stable and the queue is in arrival
-   order, a preempted sequence at its head). Not by ``ttft_deadline`` within a band: the
-   deadline gate refuses at the door what its estimate says cannot be met, on the premise
-   that a band's queue is served in arrival order (``ttft``), and a deadline-first order
-   would let a late arrival with a deadline overtake admitted work the gate already
-   promised.
+   before one that has not;
+4. then, among fresh sequences, the earliest ``ttft_deadline`` first (one without a
+   deadline last): earliest deadline first breaks the tie of equal counters (mostly one
+   tenant's own requests), never the band's or the fair share's order. The deadline gate
+   stays sound: it judges a new request against all the waiting work of its band and
+   above (``ttft``), wherever it lands within its band; a request it overtakes either
+   has no deadline (it was promised nothing) or a later one, and earliest-deadline-first
+   is the order that meets every deadline when any order can;
+5. then arrival (the sort is stable and the queue is in arrival order, a preempted
+   sequence at its head).
 
 Idle credit is bounded as VTC bounds it: a tenant with nothing in the engine that submits
 gets its counter lifted to the least counter of the tenants that have work in it
@@ -38,6 +42,7 @@ higher bands keep the batch full waits: bands are strict. Pure Python: no torch.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -101,13 +106,16 @@ class FairShare:
 
 def order_waiting(waiting: deque[Sequence], fair: FairShare) -> None:
     """Sort the waiting queue in place (stably): band, tenant's counter, started first,
-    arrival (see the module docstring)."""
+    a fresh one's deadline, arrival (see the module docstring)."""
     if len(waiting) < 2:
         return
 
-    def key(seq: Sequence) -> tuple[int, float, bool]:
+    def key(seq: Sequence) -> tuple[int, float, bool, float]:
         request = seq.request
-        return (request.priority, fair.counter(request.tenant), not seq.generated_ids)
+        fresh = not seq.generated_ids
+        deadline = request.ttft_deadline if fresh else None
+        return (request.priority, fair.counter(request.tenant), fresh,
+                math.inf if deadline is None else deadline)
 
     ordered = sorted(waiting, key=key)
     waiting.clear()

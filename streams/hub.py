@@ -237,6 +237,7 @@ class Hub:
         prompt_tokens = self._engine.submit(request, resume_from)
         chosen = self.default_policy if policy is None else self._policy(policy)
         stream = self._stream_type(request_id, prompt_tokens, chosen, self._streams)
+        stream.band = request.priority
         self._streams.add(stream)
         self._router.submitted(request_id)
         self._deadlines.submitted(request)

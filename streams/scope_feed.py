@@ -256,6 +256,12 @@ class ScopeFeed:
             self._moment(ScopeMoment(
                 "preemption", None, None, "running sequences gave their blocks back to "
                 "make room; they pay by being prefilled again", count=preempted))
+        for_band = stats.priority_preemptions - last.priority_preemptions
+        if for_band > 0:
+            self._moment(ScopeMoment(
+                "priority", None, None, "a lower band's youngest stream gave its slot to "
+                "a waiting higher band's (lower is sooner); it is prefilled again, bit for "
+                "bit, and preempted so at most twice", count=for_band))
         recomputed = stats.recomputed_tokens - last.recomputed_tokens
         if recomputed > 0:
             self._moment(ScopeMoment(
@@ -312,7 +318,7 @@ class ScopeFeed:
         text = self._texts.pop(request_id, None) if final else self._texts.get(request_id)
         return ScopeRow(request_id, key, state, max(tokens, 0), stats.queued,
                         stream.policy.queue_limit, released=finish is not None,
-                        text=text if self.show_text else None)
+                        text=text if self.show_text else None, band=stream.band)
 
     def _key(self, request_id: str) -> str | None:
         if request_id not in self._keys:

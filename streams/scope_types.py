@@ -31,6 +31,7 @@ class ScopeRow:
     queue_limit: int  # its policy's limit
     released: bool = False
     text: str | None = None  # the latest text, only with the operator's setting on
+    band: int = 0  # its priority band (lower is sooner, engine.priority)
 
     @property
     def is_over(self) -> bool:

@@ -127,6 +127,8 @@ class TokenStream:
     or call ``close()`` in a ``finally``.
     """
 
+    band: int = 0  # its request's priority band (engine.priority), which /scope shows
+
     def __init__(
         self, request_id: str, prompt_tokens: int, policy: Policy, control: StreamControl
     ) -> None:

@@ -79,15 +79,17 @@ async def test_stream_is_the_documented_event_sequence(
     assert start["id"] == "msg_" + response.headers["x-request-id"]
     assert (start["content"], start["stop_reason"], start["model"]) == ([], None, MODEL)
     prompt_tokens = whole["usage"]["input_tokens"] + whole["usage"]["cache_read_input_tokens"]
-    assert start["usage"] == {"input_tokens": prompt_tokens, "output_tokens": 0}
+    assert start["usage"] == {"input_tokens": prompt_tokens, "output_tokens": 0,
+                              "service_tier": "standard"}  # the tier that serves it
     assert data[1] == {"type": "content_block_start", "index": 0,
                        "content_block": {"type": "text", "text": ""}}
     deltas = [d["delta"] for d in data if d["type"] == "content_block_delta"]
     assert all(d["type"] == "text_delta" and d["text"] for d in deltas)  # none empty
     assert "".join(d["text"] for d in deltas) == whole["content"][0]["text"]
+    counts = {k: v for k, v in whole["usage"].items() if k != "service_tier"}  # start's
     assert data[-2] == {"type": "message_delta",
                         "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
-                        "usage": whole["usage"]}
+                        "usage": counts}
     assert data[-1] == {"type": "message_stop"}
 
 

@@ -50,7 +50,7 @@ class Page:
         return self.js(
             "const tr = document.getElementById('row-' + arguments[0]);"
             "return tr ? {state: tr.dataset.state, released: tr.dataset.released,"
-            " blocks: tr.cells[5].textContent} : null;", request_id[:SHORT_ID])
+            " blocks: tr.querySelector('td.blocks').textContent} : null;", request_id[:SHORT_ID])
 
     def moments(self, request_id: str) -> list[str]:
         return list(self.js("return window.scope.moments.filter(m => m.id === arguments[0])"

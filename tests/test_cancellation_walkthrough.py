@@ -204,9 +204,12 @@ async def test_a_request_still_waiting_at_its_deadline_is_let_go_without_a_block
                               clock=lambda: base[0] + autojump_clock.current_time())
     base[0] = time.monotonic() - autojump_clock.current_time()
     greedy_to_the_end = SamplingParams(ignore_eos=True)
-    # The blocker holds the only batch slot for LONG steps, far more than the 9.
+    # The blocker holds the only batch slot for LONG steps, far more than the 9. Due
+    # sooner than "late", it is admitted first (earliest deadline first within a band,
+    # engine.priority) and, its prefill begun at the first step, never let go.
     blocker = GenerationRequest("blocker", "one two three", max_new_tokens=LONG,
-                                sampling=greedy_to_the_end)
+                                sampling=greedy_to_the_end,
+                                ttft_deadline=engine.scheduler.clock() + DEADLINE_S / 2)
     async with trio.open_nursery() as nursery:
         hub = Hub(engine, run_step=fixed_cost_step())
         await nursery.start(hub.run)

@@ -286,7 +286,10 @@ def test_a_request_admitted_with_a_cache_hit_is_let_go_at_its_deadline() -> None
     engine.submit(GenerationRequest("a", "", 1, prompt_token_ids=cached))
     while engine.has_work():
         engine.step()
-    engine.submit(GenerationRequest("c", "", 4, prompt_token_ids=tuple(range(90, 97))))
+    # "c" due first: earliest deadline first keeps it ahead of "b" (engine.priority); its
+    # prefill begins at once, so its own deadline never lets it go.
+    engine.submit(GenerationRequest("c", "", 4, prompt_token_ids=tuple(range(90, 97)),
+                                    ttft_deadline=now[0] + 0.005))
     engine.submit(GenerationRequest("b", "", 4, prompt_token_ids=cached,
                                     ttft_deadline=now[0] + 0.01))
     engine.step()

@@ -8,6 +8,7 @@ seeded: every token equals the same request's run alone.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
@@ -55,6 +56,20 @@ def test_a_higher_band_is_admitted_before_an_earlier_lower_band() -> None:
     assert stats.waiting_by_band == ((1, 2), (2, 1))
     assert _firsts(engine) == ["mid", "high", "low"]
     assert engine.statistics().priority_preemptions == 0
+    _assert_whole(engine)
+
+
+def test_within_a_band_the_earliest_deadline_goes_first_then_arrival() -> None:
+    engine = scripted_engine(max_batch=1)
+    _submit(engine, "first")
+    engine.step()  # "first" runs: the rest wait, in one band and one tenant
+    now = time.monotonic()
+    for request_id, deadline, band in [("none", None, 0), ("late", now + 900.0, 0),
+                                       ("lower", now + 1.0, 1), ("soon", now + 600.0, 0),
+                                       ("none-2", None, 0)]:
+        engine.submit(GenerationRequest(request_id, "abcd", 4, priority=band,
+                                        ttft_deadline=deadline))
+    assert _firsts(engine) == ["soon", "late", "none", "none-2", "lower"]
     _assert_whole(engine)
 
 

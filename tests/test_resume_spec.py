@@ -30,6 +30,15 @@ def rebuilt(request: GenerationRequest, policy: PolicyName | None,
     return replace(body.generation_request(), cache_namespace=namespace), body.policy
 
 
+@pytest.mark.parametrize("band", [-3, 0, 7])
+def test_the_band_it_was_served_in_reads_back(band: int) -> None:
+    request = GenerationRequest("r0", "Hello", 4, priority=band)
+
+    read, _ = rebuilt(request, None)
+
+    assert read.priority == band  # a failover keeps the stream's band (issue 48)
+
+
 @pytest.mark.parametrize("policy", [None, *PolicyName])
 def test_every_policy_reads_back_as_the_policy_it_was(policy: PolicyName | None) -> None:
     request = GenerationRequest("r1", "Hello", 4, prompt_token_ids=(1, 2, 3))

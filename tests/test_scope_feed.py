@@ -200,6 +200,21 @@ def engine_stats(step: int, **fields: Any) -> EngineStatistics:
     return dataclasses.replace(base, **fields)
 
 
+async def test_a_preemption_for_a_higher_band_is_a_moment_of_its_own(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    feed = ScopeFeed(Policy(PolicyName.PAUSE_DROP), streams=NoStreams(), stepping=NoSteps())
+    watcher = feed.subscribe()
+    watcher.take_ready(1)  # its snapshot
+    feed.stepped(engine_stats(1))
+    feed.stepped(engine_stats(2, preemptions=1, priority_preemptions=1))
+    feed.routed([])
+    (frame,) = watcher.take_ready(10)
+    watcher.close()
+    assert isinstance(frame, ScopeFrame)
+    assert [(m.kind, m.count) for m in frame.moments] == [("preemption", 1), ("priority", 1)]
+
+
 async def test_a_preemption_and_its_recompute_are_moments_and_pending_steps_are_bounded(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -24,7 +24,7 @@ BOB_ID = "b2" * 16
 
 def frame(*, snapshot: bool = False, text: str | None = None, seq: int = 7) -> ScopeFrame:
     rows = (ScopeRow(ALICE_ID, "alice", "running", 5, 2, 32, text=text),
-            ScopeRow(BOB_ID, "bob", "cancelled", 9, 0, 32, released=True))
+            ScopeRow(BOB_ID, "bob", "cancelled", 9, 0, 32, released=True, band=-2))
     moments = (ScopeMoment("disconnect", BOB_ID, "bob", "the client left", steps=1, ms=4.5),
                ScopeMoment("preemption", None, None, "blocks taken back", count=2))
     return ScopeFrame(f"e0-{seq}", 12.5, snapshot, rows,
@@ -43,9 +43,9 @@ def test_a_frame_is_one_event_with_the_feeds_id_and_every_part() -> None:
     assert (name, event_id) == ("frame", "e0-7")
     assert data["rows"] == [
         {"id": ALICE_ID[:SHORT_ID], "key": "alice", "state": "running", "tokens": 5,
-         "queued": 2, "limit": 32, "released": False},
+         "queued": 2, "limit": 32, "released": False, "band": 0},
         {"id": BOB_ID[:SHORT_ID], "key": "bob", "state": "cancelled", "tokens": 9,
-         "queued": 0, "limit": 32, "released": True}]
+         "queued": 0, "limit": 32, "released": True, "band": -2}]
     assert data["steps"] == [[41, 3.25, 2, 0, None], [42, 9.0, 1, 16, 8.0]]
     assert data["pool"] == {"total": 64, "free": 50, "in_use": 14, "cached": 6, "shared": 2}
     assert [m["kind"] for m in data["moments"]] == ["disconnect", "preemption"]

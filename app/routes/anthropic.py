@@ -39,6 +39,7 @@ from ..auth import key_name
 from ..error_handlers import answer_errors_under
 from ..errors import ApiError
 from ..metrics import Metrics
+from ..priority_bands import anthropic_tier
 from ..runtime import Runtime
 from ..schemas import CountTokensBody, MessagesBody, RequestLimits
 from ..wire import AnthropicEvents, Encoder, whole_message
@@ -85,15 +86,19 @@ class MessagesAdapter(Adapter[MessagesBody]):
         answer's at the stream's receive (``with source`` closes it), a streaming one's
         in the body, or the connection's backstop, closes it."""
         return await answer_owned(
-            call, lambda streams: MessageAnswer(call.body, call.model, streams[0]),
+            call, lambda streams: MessageAnswer(
+                call.body, call.model, streams[0],
+                anthropic_tier(call.prepared.request.priority)),
             streaming=call.body.is_streaming)
 
 
 class MessageAnswer:
     """One stream's Anthropic events, or its message."""
 
-    def __init__(self, body: MessagesBody, model: str, stream: TokenStream) -> None:
+    def __init__(self, body: MessagesBody, model: str, stream: TokenStream,
+                 service_tier: str | None = None) -> None:
         self.tools = body.tool_format()
+        self.service_tier = service_tier  # the tier that served it, in the usage
         self.model = model
         self.stream = stream
 
@@ -102,13 +107,14 @@ class MessageAnswer:
 
     def encoder(self) -> Encoder[Any]:
         return AnthropicEvents(self.stream.request_id, self.model, self.stream.prompt_tokens,
-                               error_envelope=anthropic_error_envelope, tools=self.tools)
+                               error_envelope=anthropic_error_envelope, tools=self.tools,
+                               service_tier=self.service_tier)
 
     async def whole(self, results: list[Collected]) -> dict[str, Any]:
         """Cancellation: nothing to undo, as none can land: no checkpoint."""
         text, _, finish = results[0]
         return whole_message(self.stream.request_id, self.model, text, finish,
-                             tools=self.tools)
+                             tools=self.tools, service_tier=self.service_tier)
 
 
 class AnthropicViews:

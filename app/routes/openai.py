@@ -30,6 +30,7 @@ from ..auth import key_name
 from ..error_handlers import answer_errors_under
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics
+from ..priority_bands import openai_tier
 from ..runtime import Runtime
 from ..schemas import ChatBody, CompletionsBody, OpenAIBody, RequestLimits
 from ..wire import (
@@ -87,9 +88,10 @@ class CompletionsAdapter(Adapter[OpenAIBody]):
         """
         body = call.body
         tools = self.tools(body)
+        tier = openai_tier(call.prepared.request.priority)
         return await answer_owned(
             call, lambda streams: ChoicesAnswer(self.shape, body, call.model, streams,
-                                                tools=tools),
+                                                tools=tools, service_tier=tier),
             streaming=body.is_streaming, choices=body.choices)
 
 
@@ -138,8 +140,10 @@ class ChoicesAnswer:
     """The chunks of one request's streams (a stream a choice), or its whole answer."""
 
     def __init__(self, shape: ChoiceShape, body: OpenAIBody, model: str,
-                 streams: list[TokenStream], *, tools: str | None) -> None:
+                 streams: list[TokenStream], *, tools: str | None,
+                 service_tier: str | None = None) -> None:
         self.shape = shape
+        self.service_tier = service_tier  # the tier that served it: every object says it
         self.body = body
         self.model = model
         self.streams = streams
@@ -154,7 +158,7 @@ class ChoicesAnswer:
         return OpenAIChunks(self.shape, first, self.model,
                             error_envelope=openai_error_envelope,
                             include_usage=self.body.include_usage, tools=self.tools,
-                            choices=choices)
+                            choices=choices, service_tier=self.service_tier)
 
     async def whole(self, results: list[Collected]) -> dict[str, Any]:
         """One document; with several choices, one choice each and their usage summed.
@@ -163,6 +167,8 @@ class ChoicesAnswer:
         first = self.streams[0].request_id
         text, tokens, finish = results[0]
         answer = whole_answer(self.shape, first, self.model, text, finish, tokens)
+        if self.service_tier is not None:
+            answer["service_tier"] = self.service_tier
         if len(results) == 1:
             if self.tools:
                 with_tool_calls(answer["choices"][0], first, text, self.tools)

@@ -4,11 +4,12 @@ Every route that generates runs the same steps (``Pipeline.serve``): the metrics
 starts; the body is read (``serving.read_body``) and parsed; the ``model`` checked; the
 prompt rendered (a chat template through ``Runtime.render_chat``, or the body's prompt as
 it is); the engine's ``GenerationRequest`` built, due its first token by
-``serving.ttft_deadline``, under an id the request's API key owns
-(``auth.owned_request``); ``Runtime.prepare`` (refusals, deadline, encode; a constraint
-that does not compile is refused naming its field, in the API's shape); then the stream
-opens and is answered. What differs from one API to another is an ``Adapter``: how it
-parses its body, builds its request, names its fields in refusals, and answers.
+``serving.ttft_deadline``, in its band (``Pipeline.banded``: ``app/priority_bands.py``),
+under an id the request's API key owns (``auth.owned_request``); ``Runtime.prepare``
+(refusals, deadline, encode; a constraint that does not compile is refused naming its
+field, in the API's shape); then the stream opens and is answered. What differs from
+one API to another is an ``Adapter``: how it parses its body, builds its request, names
+its fields in refusals, and answers.
 
 Opening, the two ways (``docs/cancellation.md`` walks both):
 
@@ -30,19 +31,20 @@ stream (``Runtime.open``) and hands it to its closer.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
-from quart import Response
+from quart import Response, request
 
 from engine import FinishEvent, GenerationRequest, InvalidConstraint, TokenEvent
 from streams import PolicyName, TokenStream
 from streams.resume import spec_of, with_seed
 
-from ..auth import owned_request
+from ..auth import key_name, owned_request
 from ..error_handlers import ErrorFor, error_response
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics, RequestTimer
+from ..priority_bands import OBJECTIVE_HEADER, BandRules
 from ..runtime import Prepared, Runtime
 from ..schemas import RequestLimits
 from ..wire import Encoder
@@ -118,6 +120,11 @@ class RequestBody(Protocol):
         ttft_deadline: float | None = None,
     ) -> GenerationRequest: ...
 
+    @property
+    def asked_band(self) -> int | None:
+        """The band its ``priority`` or ``service_tier`` asks for; None: neither."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Terms:
@@ -170,6 +177,9 @@ class Pipeline:
         self.runtime = runtime
         self.metrics = metrics
         self.limits = RequestLimits.from_settings(runtime.settings)
+        settings = runtime.settings
+        self.bands = BandRules.of(settings.priority_ceiling, settings.priority_ceilings,
+                                  settings.inference_objectives)
 
     def view(self, adapter: Adapter[Any]) -> Callable[[], Awaitable[Response]]:
         """A view function that serves ``adapter``'s requests."""
@@ -190,10 +200,19 @@ class Pipeline:
         terms = adapter.terms(body)
         deadline = ttft_deadline(timer, terms.deadline_ms,
                                  self.runtime.settings.ttft_deadline_ms)
-        generation = body.generation_request(prompt.text, prompt.ids, ttft_deadline=deadline)
+        generation = self.banded(
+            body, body.generation_request(prompt.text, prompt.ids, ttft_deadline=deadline))
         prepared, spec = await self.prepare(adapter, terms, owned_request(generation))
         call = Call(self.runtime, timer, body, model, prompt, generation, prepared, spec)
         return await adapter.answer(call)
+
+    def banded(self, body: RequestBody, generation: GenerationRequest) -> GenerationRequest:
+        """``generation`` in the band it is served in: what the body asks for (else the
+        gateway's objective header's band), no higher than its key's ceiling
+        (``priority_bands``). The answer's ``service_tier`` says it."""
+        band = self.bands.served(body.asked_band, request.headers.get(OBJECTIVE_HEADER),
+                                 key_name())
+        return replace(generation, priority=band)
 
     async def prepare(self, adapter: Adapter[Any], terms: Terms, generation: GenerationRequest
                       ) -> tuple[Prepared, bytes | None]:

@@ -38,6 +38,7 @@ from ..edge.connection import close_with_connection
 from ..error_handlers import answer_errors_under
 from ..errors import ApiError, ErrorType
 from ..metrics import Metrics
+from ..priority_bands import openai_tier
 from ..runtime import (
     OutputParsing,
     ResponsesFull,
@@ -165,7 +166,8 @@ class ResponsesAdapter(Adapter[ResponsesBody]):
         response_id = response_id_of(request_id)
         g.response_id = response_id  # named in the answer's head (name_the_response)
         created = new_response(response_id, body, call.model, created_at=int(time.time()),
-                               max_output_tokens=body.new_tokens())
+                               max_output_tokens=body.new_tokens(),
+                               service_tier=openai_tier(call.prepared.request.priority))
         items = body.input_items()
         document = StoredResponse(
             created=created, response=created,

@@ -54,9 +54,10 @@ def not_found(response_id: str) -> ApiError:
 
 
 def new_response(response_id: str, body: ResponsesBody, model: str, *, created_at: int,
-                 max_output_tokens: int) -> dict[str, Any]:
+                 max_output_tokens: int, service_tier: str = "default") -> dict[str, Any]:
     """The response object as created: ``queued`` in the background (nothing runs it
-    yet), else ``in_progress``, as OpenAI's ``response.created`` shows them."""
+    yet), else ``in_progress``, as OpenAI's ``response.created`` shows them;
+    ``service_tier``: the tier that serves it (``priority_bands.openai_tier``)."""
     fmt = body.text.format if body.text is not None else None
     text_format: dict[str, Any] = ({"type": "text"} if fmt is None else
                                    fmt.model_dump(mode="json", exclude_none=True,
@@ -71,6 +72,7 @@ def new_response(response_id: str, body: ResponsesBody, model: str, *, created_a
         "parallel_tool_calls": body.parallel_tool_calls is not False,
         "previous_response_id": body.previous_response_id,
         "reasoning": {"effort": None, "summary": None},
+        "service_tier": service_tier,
         "store": body.store is not False,
         "temperature": 1.0 if body.temperature is None else body.temperature,
         "text": {"format": text_format, "verbosity": "medium"},

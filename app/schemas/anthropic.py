@@ -11,9 +11,10 @@ Four kinds of field:
   ``anthropic_blocks.py``), ``system`` (a string or text blocks), ``max_tokens``
   (required), ``stop_sequences``, ``temperature`` (default 1.0, the API's), ``top_p``,
   ``top_k`` (the newest SDK sends these three through ``extra_body``), ``stream``,
-  ``tools`` and ``tool_choice`` (which constrain the answer: ``tools.py``);
+  ``tools`` and ``tool_choice`` (which constrain the answer: ``tools.py``),
+  ``service_tier`` and vLLM's ``priority`` (the band: ``app/priority_bands.py``);
 * accepted, changing nothing in the answer: ``metadata`` (``user_id``),
-  ``cache_control`` (a prompt-caching hint, also on text blocks), ``service_tier``;
+  ``cache_control`` (a prompt-caching hint, also on text blocks);
 * unsupported (``ANTHROPIC_UNSUPPORTED``): accepted at a value that asks for nothing
   (``thinking: {"type": "disabled"}``, null), refused otherwise; a content block this
   server does not serve (an image, a document, a thinking block) is refused naming its
@@ -43,6 +44,7 @@ from pydantic_core import PydanticCustomError
 
 from engine import GenerationRequest, SamplingParams
 
+from ..priority_bands import AnthropicTier, Priority, asked_band
 from .anthropic_blocks import (
     SERVED_BLOCKS,
     AnthropicTool,
@@ -260,7 +262,9 @@ class MessagesBody(AnthropicPrompt):
     top_k: int | None = Field(default=None, ge=1)
     stream: bool | None = None
     metadata: dict[str, Any] | None = None  # user_id: changes nothing in the answer
-    service_tier: Literal["auto", "standard_only"] | None = None  # one tier here
+    # The band (app/priority_bands.py): vLLM's priority, else Anthropic's service_tier.
+    service_tier: AnthropicTier | None = None
+    priority: Priority | None = None
     container: Any = None
     inference_geo: Any = None
     diagnostics: Any = None
@@ -281,6 +285,11 @@ class MessagesBody(AnthropicPrompt):
     @property
     def stops(self) -> tuple[str, ...]:
         return tuple(self.stop_sequences or ())
+
+    @property
+    def asked_band(self) -> int | None:
+        """The band it asks for (``priority_bands.asked_band``); None: neither field."""
+        return asked_band(self.priority, self.service_tier)
 
     def generation_request(
         self, prompt: str | None = None, prompt_ids: tuple[int, ...] | None = None, *,

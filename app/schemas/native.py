@@ -19,6 +19,7 @@ from engine import MAX_TOP_LOGPROBS, MIN_TOP_K, GenerationRequest, SamplingParam
 from streams import PolicyName
 
 from ..new_tokens import UNTIL_CONTEXT
+from ..priority_bands import DEFAULT_BAND, Priority
 from .constraint import ConstraintBody, check_constraint_size
 from .limits import (
     CacheSalt,
@@ -39,8 +40,6 @@ from .limits import (
 from .penalties import LogitBias, Penalty, RepetitionPenalty, bias_pairs
 
 _HOW = "validate a GenerateBody with parse_generate_body(raw, limits)"
-# The lowest band a request may ask for (``priority``: 0, the default, to this).
-MAX_PRIORITY = 10
 
 
 class GenerateBody(BaseModel):
@@ -78,10 +77,9 @@ class GenerateBody(BaseModel):
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
     logit_bias: LogitBias | None = None
-    # Its band (vLLM's priority: lower is sooner, ``engine.priority``). A request may only
-    # lower itself below the default 0 (a batch job's flex); raising itself above the
-    # others waits for the operator's per-key ceilings.
-    priority: int = Field(default=0, ge=0, le=MAX_PRIORITY)
+    # Its band (vLLM's priority: lower is sooner): served no higher than its key's
+    # ceiling (app/priority_bands.py); None: the gateway's objective, or the default.
+    priority: Priority | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -155,8 +153,13 @@ class GenerateBody(BaseModel):
             ttft_deadline=ttft_deadline,
             cache_namespace=salt_bytes(self.cache_salt),
             constraint=None if self.constraint is None else self.constraint.to_constraint(),
-            priority=self.priority,
+            priority=DEFAULT_BAND if self.priority is None else self.priority,
         )
+
+    @property
+    def asked_band(self) -> int | None:
+        """The band it asks for (``priority_bands.asked_band``); None: none."""
+        return self.priority
 
 
 def parse_generate_body(raw: bytes, limits: RequestLimits) -> GenerateBody:

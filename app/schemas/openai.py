@@ -7,7 +7,8 @@ Three kinds of field:
 * honoured: ``model``, ``max_tokens`` (chat also ``max_completion_tokens``, which wins),
   ``temperature``, ``top_p``, ``stop``, ``seed``, ``stream``,
   ``stream_options.include_usage``, and the extensions vLLM accepts ``ignore_eos`` and
-  ``top_k`` (``-1`` or ``0``: no cut), ``frequency_penalty``, ``presence_penalty``,
+  ``top_k`` (``-1`` or ``0``: no cut), ``priority`` and ``service_tier`` (the band:
+  ``app/priority_bands.py``), ``frequency_penalty``, ``presence_penalty``,
   ``logit_bias`` and vLLM's ``repetition_penalty`` (``penalties.py``), ``n`` (1 to
   ``MAX_CHOICES``: several choices, ``app/routes/choices.py``), and streamscope's
   ``deadline_ms`` (a TTFT deadline,
@@ -41,6 +42,7 @@ from pydantic_core import PydanticCustomError
 from engine import MAX_TOP_LOGPROBS, Constraint, GenerationRequest, SamplingParams
 
 from ..new_tokens import UNTIL_CONTEXT
+from ..priority_bands import OpenAITier, Priority, asked_band
 from .limits import (
     CacheSalt,
     DeadlineMs,
@@ -122,6 +124,9 @@ class OpenAIBody(BaseModel):
     repetition_penalty: RepetitionPenalty | None = None  # vLLM
     logit_bias: LogitBias | None = None
     n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)  # choices: routes/choices.py
+    # The band (app/priority_bands.py): vLLM's priority, else OpenAI's service_tier.
+    priority: Priority | None = None
+    service_tier: OpenAITier | None = None
     min_tokens: Any = None
     best_of: Any = None
 
@@ -142,6 +147,11 @@ class OpenAIBody(BaseModel):
     @property
     def is_streaming(self) -> bool:
         return bool(self.stream)
+
+    @property
+    def asked_band(self) -> int | None:
+        """The band it asks for (``priority_bands.asked_band``); None: neither field."""
+        return asked_band(self.priority, self.service_tier)
 
     @property
     def constraint_param(self) -> str:

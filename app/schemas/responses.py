@@ -9,15 +9,16 @@ response object are ``app.wire.responses_events``'s. Three kinds of field:
   (function tools) with ``tool_choice`` and ``parallel_tool_calls``, ``text.format``
   (``text``, ``json_schema``, ``json_object``), ``top_logprobs`` with ``include:
   ["message.output_text.logprobs"]``, ``metadata``, ``store``, ``background``,
-  ``previous_response_id``, ``stream``; and streamscope's ``seed`` and ``deadline_ms``
-  as on the chat route;
+  ``previous_response_id``, ``stream``, ``service_tier`` and vLLM's ``priority`` (the
+  band: ``app/priority_bands.py``); and streamscope's ``seed`` and ``deadline_ms`` as on
+  the chat route;
 * not implemented (``UNSUPPORTED``): accepted at the value that asks for nothing
   (``truncation: "disabled"``, ``reasoning: null``, ...), refused otherwise with a 400
   whose ``param`` names the field, since ignoring it would change the answer; a built-in
   tool (``web_search``, ``file_search``, ...), a part that is not text (an image, a
   file) and an item of another kind (``reasoning``, ``item_reference``) likewise;
 * hints that change no answer (``user``, ``safety_identifier``, ``prompt_cache_key``,
-  ``service_tier``, ``stream_options``): ignored. Any other field is refused (OpenAI's
+  ``stream_options``): ignored. Any other field is refused (OpenAI's
   own answer to an unknown parameter), so a new field is never silently dropped.
 
 Defaults follow OpenAI: ``temperature`` and ``top_p`` 1, ``store`` true; for
@@ -48,6 +49,7 @@ from engine import (
 )
 
 from ..new_tokens import UNTIL_CONTEXT
+from ..priority_bands import OpenAITier, Priority, asked_band
 from .limits import (
     DeadlineMs,
     NewTokens,
@@ -165,11 +167,13 @@ class ResponsesBody(SpeaksToolFormats):
     stream: bool | None = None
     seed: Seed | None = None  # streamscope, as on the chat route
     deadline_ms: DeadlineMs | None = None  # streamscope: a TTFT deadline
+    # The band (app/priority_bands.py): vLLM's priority, else OpenAI's service_tier.
+    priority: Priority | None = None
+    service_tier: OpenAITier | None = None
     # Hints that change no answer: ignored.
     user: Any = None
     safety_identifier: Any = None
     prompt_cache_key: Any = None
-    service_tier: Any = None
     stream_options: Any = None
     # Not implemented: see RESPONSES_UNSUPPORTED.
     truncation: Any = None
@@ -321,6 +325,11 @@ class ResponsesBody(SpeaksToolFormats):
     def new_tokens(self) -> int:
         """``max_output_tokens``, or ``UNTIL_CONTEXT``: what the context leaves."""
         return self.max_output_tokens or UNTIL_CONTEXT
+
+    @property
+    def asked_band(self) -> int | None:
+        """The band it asks for (``priority_bands.asked_band``); None: neither field."""
+        return asked_band(self.priority, self.service_tier)
 
     def generation_request(
         self, prompt: str | None = None, prompt_ids: tuple[int, ...] | None = None, *,

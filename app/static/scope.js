@@ -144,7 +144,7 @@ function renderRows() {
     if (!tr) {
       tr = document.createElement("tr");
       tr.id = `row-${row.id}`;
-      for (const name of ["id", "key", "state", "tokens", "queue", "blocks", "text"]) {
+      for (const name of ["id", "key", "band", "state", "tokens", "queue", "blocks", "text"]) {
         const td = document.createElement("td");
         td.className = name;
         tr.append(td);
@@ -156,17 +156,18 @@ function renderRows() {
     tr.dataset.released = String(row.released);
     tr.className = isOver(row) ? "over" : "";
     tr.cells[1].textContent = row.key ?? "–";
-    tr.cells[2].innerHTML = "";
+    tr.cells[2].textContent = String(row.band ?? 0);
+    tr.cells[3].innerHTML = "";
     const badge = document.createElement("span");
     badge.className = `state s-${row.state}`;
     badge.textContent = row.state;
-    tr.cells[2].append(badge);
-    tr.cells[3].textContent = String(row.tokens);
+    tr.cells[3].append(badge);
+    tr.cells[4].textContent = String(row.tokens);
     const share = isOver(row) ? 0 : Math.min(1, row.queued / row.limit);
-    tr.cells[4].innerHTML = `<span class="queue" title="${row.queued}/${row.limit}">` +
+    tr.cells[5].innerHTML = `<span class="queue" title="${row.queued}/${row.limit}">` +
       `<i style="width:${(share * 100).toFixed(0)}%"${share >= 1 ? ' class="full"' : ""}></i></span>`;
-    tr.cells[5].textContent = !isOver(row) ? "held" : row.released ? "back" : "held";
-    tr.cells[6].textContent = row.text ?? "";
+    tr.cells[6].textContent = !isOver(row) ? "held" : row.released ? "back" : "held";
+    tr.cells[7].textContent = row.text ?? "";
   }
   for (const tr of [...body.rows]) if (!seen.has(tr.id)) tr.remove();
 }

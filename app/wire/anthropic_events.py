@@ -108,10 +108,14 @@ def message_usage(input_tokens: int, finish: FinishEvent | None) -> dict[str, in
 
 def message_object(
     request_id: str, model: str, content: list[dict[str, Any]], input_tokens: int,
-    finish: FinishEvent | None = None,
+    finish: FinishEvent | None = None, *, service_tier: str | None = None,
 ) -> dict[str, Any]:
     """The ``message`` object: a whole answer's (with its finish), or the one
-    ``message_start`` carries (none yet: no content, no stop reason)."""
+    ``message_start`` carries (none yet: no content, no stop reason). ``service_tier``:
+    the tier that serves it (``app.priority_bands.anthropic_tier``), in its usage."""
+    usage: dict[str, Any] = dict(message_usage(input_tokens, finish))
+    if service_tier is not None:
+        usage["service_tier"] = service_tier
     return {
         "id": MESSAGE_ID_PREFIX + request_id,
         "type": "message",
@@ -120,25 +124,27 @@ def message_object(
         "content": content,
         "stop_reason": None if finish is None else stop_reason(finish),
         "stop_sequence": None if finish is None else matched_stop(finish),
-        "usage": message_usage(input_tokens, finish),
+        "usage": usage,
     }
 
 
 def whole_message(request_id: str, model: str, text: str, finish: FinishEvent,
-                  *, tools: bool | str | None = False) -> dict[str, Any]:
+                  *, tools: bool | str | None = False,
+                  service_tier: str | None = None) -> dict[str, Any]:
     """The answer of a request without ``"stream": true``: one text block, or with
     ``tools`` the blocks of the tool format's answer (True: the generic format; a
-    format's name: ``tool_formats.tool_scanner``)."""
+    format's name: ``tool_formats.tool_scanner``); ``service_tier``: ``message_object``'s."""
     if not tools:
         return message_object(request_id, model, [{"type": "text", "text": text}],
-                              finish.prompt_tokens, finish)
+                              finish.prompt_tokens, finish, service_tier=service_tier)
     parser = ToolCalls(TOOL_USE_ID_PREFIX + request_id, tools)
     said = parser.read_whole(text)
     content: list[dict[str, Any]] = [{"type": "text", "text": said}] if said else []
     for index, call in enumerate(parser.calls):
         content.append({"type": "tool_use", "id": parser.call_id(index),
                         "name": call.name, "input": _input(call.arguments)})
-    message = message_object(request_id, model, content, finish.prompt_tokens, finish)
+    message = message_object(request_id, model, content, finish.prompt_tokens, finish,
+                             service_tier=service_tier)
     if parser.made_calls and finish.reason is not FinishReason.LENGTH:
         message["stop_reason"] = "tool_use"
     return message
@@ -161,6 +167,8 @@ class AnthropicEvents:
         error_envelope: Anthropic's error object for a failure (the routes own it).
         tools: the answer is in the generic tool format (the module docstring), or
             (a format's name) in the model's own (``tool_formats.py``).
+        service_tier: the tier that serves it, in ``message_start``'s usage (the
+            SDK keeps it in the message it accumulates); None: not said.
     """
 
     def __init__(
@@ -171,8 +179,10 @@ class AnthropicEvents:
         *,
         error_envelope: AnthropicErrorEnvelope,
         tools: bool | str | None = False,
+        service_tier: str | None = None,
     ) -> None:
         self.request_id = request_id
+        self.service_tier = service_tier
         self.model = model
         self.input_tokens = input_tokens
         self.error_envelope = error_envelope
@@ -180,7 +190,8 @@ class AnthropicEvents:
 
     def opening(self) -> bytes:
         """``message_start``, ``content_block_start`` and a first ``ping``."""
-        message = message_object(self.request_id, self.model, [], self.input_tokens)
+        message = message_object(self.request_id, self.model, [], self.input_tokens,
+                                 service_tier=self.service_tier)
         if self._tools is not None:
             return _event("message_start", {"message": message}) + PING_EVENT
         return (_event("message_start", {"message": message})

@@ -79,6 +79,8 @@ class OpenAIChunks:
             name (``tool_formats.tool_scanner``) (chat only).
         choices: the request ids of several choices, in ``index`` order (the first is
             ``request_id``); None for one.
+        service_tier: the tier that serves it (``app.priority_bands.openai_tier``), which
+            every chunk says, as OpenAI's do; None: not said.
     """
 
     def __init__(
@@ -92,8 +94,10 @@ class OpenAIChunks:
         created: int | None = None,
         tools: bool | str | None = False,
         choices: Sequence[str] | None = None,
+        service_tier: str | None = None,
     ) -> None:
         self.shape = shape
+        self.service_tier = service_tier
         self.request_id = request_id
         self.model = model
         self.error_envelope = error_envelope
@@ -172,6 +176,8 @@ class OpenAIChunks:
             "model": self.model,
             "choices": choices,
         }
+        if self.service_tier is not None:
+            chunk["service_tier"] = self.service_tier
         if self.include_usage:
             chunk["usage"] = usage
         return _data(chunk)

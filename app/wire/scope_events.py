@@ -13,7 +13,8 @@ A frame's data::
 
     {"t": server time s, "missed": n,
      "rows": [{"id": short id, "key": key name or null, "state": ..., "tokens": n,
-               "queued": n, "limit": n, "released": bool[, "text": latest text]}],
+               "queued": n, "limit": n, "released": bool, "band": its priority
+               band[, "text": latest text]}],
      "steps": [[step, ms, rows decoded, prompt positions prefilled, target ms], ...],
      "pool": {"total", "free", "in_use", "cached", "shared"} or null,
      "moments": [{"kind", "id", "key", "detail", "steps", "ms", "count"}]}
@@ -149,7 +150,7 @@ def row_data(row: ScopeRow) -> dict[str, Any]:
     data: dict[str, Any] = {
         "id": row.request_id[:SHORT_ID], "key": row.key, "state": row.state,
         "tokens": row.tokens, "queued": row.queued, "limit": row.queue_limit,
-        "released": row.released}
+        "released": row.released, "band": row.band}
     if row.text is not None:
         data["text"] = row.text
     return data

@@ -45,7 +45,8 @@ def with_seed(request: GenerationRequest) -> GenerationRequest:
 def spec_of(request: GenerationRequest, policy: PolicyName | None) -> bytes:
     """What a rebuild needs, as a request body: the request's fields with its seed."""
     s = request.sampling
-    return json.dumps(_penalties(request) | {
+    band = {"priority": request.priority} if request.priority else {}  # the served band
+    return json.dumps(_penalties(request) | band | {
         "prompt": request.prompt,
         "max_new_tokens": request.max_new_tokens,
         "stop": list(request.stop),
