@@ -158,14 +158,16 @@ IGNORED: dict[str, dict[str, Probe]] = {
         "prompt_cache_options": Probe(CACHE_OPTIONS),
         "prompt_cache_retention": Probe("24h"),
         "verbosity": Probe("low"),
-        "moderation": Probe(MODERATION),
     },
     COMPLETIONS: {"user": Probe("someone")},
     RESPONSES: {
         "user": Probe("someone"),
         "safety_identifier": Probe("someone"),
         "prompt_cache_key": Probe("docs"),
+        "prompt_cache_options": Probe(CACHE_OPTIONS),
+        "prompt_cache_retention": Probe("24h"),
         "stream_options": Probe({"include_obfuscation": False}),
+        "reasoning": Probe({"effort": "low", "summary": "auto"}),
     },
     MESSAGES: {
         "metadata": Probe({"user_id": "someone"}),
@@ -182,7 +184,6 @@ IGNORED: dict[str, dict[str, Probe]] = {
 
 _ANTHROPIC_REFUSED = {
     "thinking": Probe({"type": "enabled", "budget_tokens": 1024}, ({"type": "disabled"},)),
-    "output_config": Probe({"effort": "low"}, ({},)),
     "speed": Probe("fast", ("standard",)),
     "mcp_servers": Probe([{"type": "url", "url": "https://example.com", "name": "x"}],
                          ([],)),
@@ -199,6 +200,7 @@ REFUSED: dict[str, dict[str, Probe]] = {
         "function_call": Probe("auto", ("none",)),
         "min_tokens": Probe(3, (0,)),
         "best_of": Probe(2, (1,)),
+        "moderation": Probe(MODERATION),
     },
     COMPLETIONS: {
         "echo": Probe(True, (False,)),
@@ -208,14 +210,11 @@ REFUSED: dict[str, dict[str, Probe]] = {
     },
     RESPONSES: {
         "truncation": Probe("auto", ("disabled",)),
-        "reasoning": Probe({"effort": "low"}, ({},)),
         "conversation": Probe("conv_docs"),
         "prompt": Probe({"id": "pmpt_docs"}),
         "max_tool_calls": Probe(3),
         "context_management": Probe([{"type": "compaction"}]),
         "moderation": Probe(MODERATION),
-        "prompt_cache_options": Probe(CACHE_OPTIONS),
-        "prompt_cache_retention": Probe("24h"),
     },
     MESSAGES: {
         **_ANTHROPIC_REFUSED,

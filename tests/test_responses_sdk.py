@@ -172,7 +172,7 @@ async def test_store_false_keeps_nothing(chat_server: RunningServer, sdk: Any) -
 
 @pytest.mark.parametrize(("fields", "param"), [
     ({"truncation": "auto"}, "truncation"),
-    ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"reasoning": {"mode": "pro"}}, "reasoning.mode"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      None),

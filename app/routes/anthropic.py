@@ -18,6 +18,8 @@ With ``tools`` the answer is constrained to the generic tool format
 (``app.schemas.tools``; the constraint compiled in ``Runtime.prepare``, a 400
 ``invalid_request_error`` before the first byte if it does not compile) and sent as
 ``tool_use`` blocks (``AnthropicEvents(tools=True)``, ``whole_message(tools=True)``).
+With ``output_config.format`` (structured output, ``app.schemas.anthropic_output``) the
+answer is a JSON document of its schema, in one text block, constrained the same way.
 
 ``count_tokens`` renders and encodes the same way and answers the prompt's length; it
 opens nothing (the prepared request is dropped unsubmitted).
@@ -73,8 +75,9 @@ class MessagesAdapter(Adapter[MessagesBody]):
         return Prompt(text, ids)
 
     def terms(self, body: MessagesBody) -> Terms:
-        """The server's deadline only; only tools constrain a message."""
-        return Terms(new_tokens_field="max_tokens", constraint_param="tools")
+        """The server's deadline only; tools or ``output_config.format`` constrain a
+        message."""
+        return Terms(new_tokens_field="max_tokens", constraint_param=body.constraint_param)
 
     def field_error(self, error: ApiError, param: str) -> ApiError:
         """Anthropic's error names no field: its message does."""

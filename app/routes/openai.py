@@ -28,7 +28,7 @@ from streams import TokenStream
 
 from ..auth import key_name
 from ..error_handlers import answer_errors_under
-from ..errors import ApiError, ErrorType
+from ..errors import ApiError
 from ..metrics import Metrics
 from ..priority_bands import openai_tier
 from ..runtime import Runtime
@@ -43,7 +43,13 @@ from ..wire import (
     tool_message,
     whole_answer,
 )
-from .openai_errors import OpenAIError, ServedModels, openai_error_envelope, openai_error_for
+from .openai_errors import (
+    OpenAIError,
+    ServedModels,
+    openai_error_envelope,
+    openai_error_for,
+    refuse_effort_the_template_reads,
+)
 from .pipeline import Adapter, Call, Collected, Pipeline, Prompt, Terms, answer_owned, refusals
 from .serving import json_response
 
@@ -125,15 +131,9 @@ class ChatAdapter(CompletionsAdapter):
         return body.tool_format()
 
     def refuse_unused_field(self, body: ChatBody) -> None:
-        """``reasoning_effort`` is accepted, and changes nothing, where the model's chat
-        template has no use for it (as vLLM does); a template that reads it would be
-        rendered without it, so there it is refused (400 naming it). Sync."""
-        engine = self.runtime.engine
-        if (body.reasoning_effort is not None and engine is not None
-                and engine.chat_template_uses("reasoning_effort")):
-            raise OpenAIError(ApiError(
-                ErrorType.INVALID_REQUEST, "this model's chat template reads reasoning_effort, "
-                "which this server does not pass to it"), param="reasoning_effort")
+        """``reasoning_effort``: refused only where the template reads it. Sync."""
+        refuse_effort_the_template_reads(self.runtime.engine, body.reasoning_effort,
+                                         "reasoning_effort")
 
 
 class ChoicesAnswer:

@@ -1,5 +1,5 @@
 """The OpenAI-compatible protocol's errors and model names: ``OpenAIError``,
-``openai_error_for``, ``ServedModels``.
+``openai_error_for``, ``refuse_effort_the_template_reads``, ``ServedModels``.
 
 Errors are OpenAI's object ``{"error": {"message", "type", "param", "code"}}``: ``code``
 is our ``ErrorType`` value (``model_not_found``, ``too_many_waiting``, ...), ``type``
@@ -23,6 +23,7 @@ from engine import InvalidRequest
 
 from ..error_handlers import api_error_for
 from ..errors import STATUS, ApiError, ErrorType
+from ..runtime import ServingEngine
 
 OWNED_BY = "streamscope"
 
@@ -95,6 +96,22 @@ def openai_error_for(exc: BaseException) -> OpenAIError:
     param = (_param(exc) if isinstance(exc, pydantic.ValidationError)
              else getattr(exc, "param", None) if isinstance(exc, InvalidRequest) else None)
     return OpenAIError(api_error_for(exc), param=param)
+
+
+def refuse_effort_the_template_reads(engine: ServingEngine | None, effort: str | None,
+                                     param: str) -> None:
+    """A reasoning effort (chat's ``reasoning_effort``, Responses' ``reasoning.effort``)
+    is accepted, and changes nothing, where the model's chat template has no use for it
+    (as vLLM does: ``app.schemas.hints``); a template that reads it would be rendered
+    without it, so there it is refused, a 400 naming ``param``. Sync.
+
+    Raises: OpenAIError."""
+    if effort is not None and engine is not None and \
+            engine.chat_template_uses("reasoning_effort"):
+        raise OpenAIError(ApiError(
+            ErrorType.INVALID_REQUEST, f"this model's chat template reads reasoning_effort, "
+            f"which this server does not pass to it: send {param} null or leave it out"),
+            param=param)
 
 
 def _param(exc: pydantic.ValidationError) -> str | None:

@@ -50,7 +50,12 @@ from ..runtime import (
 )
 from ..schemas import RequestLimits, ResponsesBody
 from ..wire import Encoder
-from .openai_errors import OpenAIError, ServedModels, openai_error_for
+from .openai_errors import (
+    OpenAIError,
+    ServedModels,
+    openai_error_for,
+    refuse_effort_the_template_reads,
+)
 from .pipeline import Adapter, Call, Collected, Pipeline, Prompt, Terms, answer_owned, refusals
 from .responses_background import StoreWriter, start_background
 from .responses_objects import (
@@ -142,6 +147,8 @@ class ResponsesAdapter(Adapter[ResponsesBody]):
         body.speak_tools_of(runtime.engine)  # its template's tool format, if any
         text, ids = await runtime.render_chat(body.prompt_turns(context), True, key_name(),
                                               body.template_tools())
+        effort = body.reasoning.effort if body.reasoning is not None else None
+        refuse_effort_the_template_reads(runtime.engine, effort, "reasoning.effort")
         return Prompt(text, ids, tuple(context))
 
     def terms(self, body: ResponsesBody) -> Terms:

@@ -13,6 +13,8 @@ Four kinds of field:
   ``top_k`` (the newest SDK sends these three through ``extra_body``), ``stream``,
   ``tools`` and ``tool_choice`` (which constrain the answer: ``tools.py``),
   ``service_tier`` and vLLM's ``priority`` (the band: ``app/priority_bands.py``);
+  ``output_config.format`` (structured output, its ``effort`` refused:
+  ``anthropic_output.py``);
 * accepted, changing nothing in the answer: ``metadata`` (``user_id``),
   ``cache_control`` (a prompt-caching hint, also on text blocks);
 * unsupported (``ANTHROPIC_UNSUPPORTED``): accepted at a value that asks for nothing
@@ -42,7 +44,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from engine import GenerationRequest, SamplingParams
+from engine import Constraint, GenerationRequest, SamplingParams
 
 from ..priority_bands import AnthropicTier, Priority, asked_band
 from .anthropic_blocks import (
@@ -57,6 +59,7 @@ from .anthropic_blocks import (
     check_tools,
     turn_text,
 )
+from .anthropic_output import OutputConfig
 from .limits import (
     CacheSalt,
     NewTokens,
@@ -72,7 +75,7 @@ from .limits import (
     salt_bytes,
 )
 from .tool_formats import SpeaksToolFormats, answer_constraint, with_tools
-from .tools import CallsText, ToolUse, calls_text
+from .tools import CallsText, ToolUse, calls_text, json_schema_constraint
 from .unsupported import neutral_validator
 
 ANTHROPIC_DEFAULT_TEMPERATURE = 1.0  # the API's default
@@ -84,7 +87,6 @@ _HOW = "validate an Anthropic body with the request limits as its context"
 PROMPT_UNSUPPORTED: dict[str, tuple[object, ...]] = {
     "thinking": ({"type": "disabled"},),
     "mcp_servers": ([],),
-    "output_config": ({},),
     "context_management": (),
 }
 ANTHROPIC_UNSUPPORTED: dict[str, tuple[object, ...]] = {
@@ -160,10 +162,10 @@ class AnthropicPrompt(SpeaksToolFormats):
     cache_control: dict[str, Any] | None = None
     tools: list[AnthropicTool] | None = None
     tool_choice: ToolChoice | None = None
+    output_config: OutputConfig | None = None  # its format: the answer's schema
     # Unsupported: see UNSUPPORTED; checked by _neutral.
     thinking: Any = None
     mcp_servers: Any = None
-    output_config: Any = None
     context_management: Any = None
 
     _neutral = neutral_validator(list(PROMPT_UNSUPPORTED))
@@ -217,12 +219,33 @@ class AnthropicPrompt(SpeaksToolFormats):
         check_chat_size(len(self.messages) + bool(self.system),
                         sum(len(m.content) for m in self.messages) + len(system), limits)
         check_prompt_chars(sum(len(m["content"]) for m in self.template_input()), limits)
+        if (schema := self.answer_schema) is not None:
+            check_schema_bytes(schema, limits, "output_config.format's schema")
         return self
+
+    @property
+    def answer_schema(self) -> dict[str, Any] | None:
+        """The schema the answer must be a document of (``output_config.format``), or
+        None for free text."""
+        return None if self.output_config is None else self.output_config.answer_schema
 
     def asked_tool_use(self) -> ToolUse | None:
         """What the request asks of its tools (None: no tools, or ``none``);
         ``tool_use`` answers it in the model's format (``SpeaksToolFormats``)."""
-        return anthropic_tool_use(self.tools, self.tool_choice)
+        return anthropic_tool_use(self.tools, self.tool_choice, self.answer_schema)
+
+    def constraint(self) -> Constraint | None:
+        """The engine's constraint on the answer: its tool format's (with tools),
+        ``output_config.format``'s, or None for free text."""
+        if (use := self.tool_use()) is not None:
+            return answer_constraint(use)
+        schema = self.answer_schema
+        return None if schema is None else json_schema_constraint(schema)
+
+    @property
+    def constraint_param(self) -> str:
+        """The field to name when the constraint does not compile."""
+        return "tools" if self.tool_use() is not None else "output_config.format"
 
     def template_input(self) -> list[dict[str, str]]:
         """The conversation as a chat template takes it: the system prompt (if any) as
@@ -315,5 +338,5 @@ class MessagesBody(AnthropicPrompt):
             prompt_token_ids=prompt_ids,
             ttft_deadline=ttft_deadline,
             cache_namespace=salt_bytes(self.cache_salt),
-            constraint=None if (use := self.tool_use()) is None else answer_constraint(use),
+            constraint=self.constraint(),
         )

@@ -146,9 +146,11 @@ def check_tools(tools: list[AnthropicTool] | None, choice: ToolChoice | None) ->
                          f"among the tools ({', '.join(names)[:200]})")
 
 
-def anthropic_tool_use(tools: list[AnthropicTool] | None, choice: ToolChoice | None
-                       ) -> ToolUse | None:
-    """What the request asks of its tools, or None: no tools, or ``none``."""
+def anthropic_tool_use(tools: list[AnthropicTool] | None, choice: ToolChoice | None,
+                       answer_schema: dict[str, Any] | None = None) -> ToolUse | None:
+    """What the request asks of its tools, or None: no tools, or ``none``;
+    ``answer_schema`` (``output_config.format``) is what an answer that calls none
+    must be a document of."""
     kind = "auto" if choice is None else choice.type
     if not tools or kind == "none":
         return None
@@ -157,4 +159,5 @@ def anthropic_tool_use(tools: list[AnthropicTool] | None, choice: ToolChoice | N
         required=kind in ("any", "tool"),
         named=choice.name if choice is not None else None,
         parallel=not (choice is not None and choice.disable_parallel_tool_use),
+        response_schema=answer_schema,
     )

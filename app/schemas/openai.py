@@ -13,8 +13,9 @@ Three kinds of field:
   ``MAX_CHOICES``: several choices, ``app/routes/choices.py``), and streamscope's
   ``deadline_ms`` (a TTFT deadline,
   as on ``/v1/stream``); chat also ``messages``, ``add_generation_prompt``, ``logprobs``
-  (a boolean), ``top_logprobs`` (0 to 20, with ``logprobs``) and ``reasoning_effort``
-  (ignored: refused by the route for a template that would use it); completions also
+  (a boolean), ``top_logprobs`` (0 to 20, with ``logprobs``), ``reasoning_effort``
+  (ignored: refused by the route for a template that would use it) and ``verbosity``
+  (ignored: ``hints.py``, as the Responses route takes both); completions also
   ``logprobs`` (0 to 5: the chosen token's and that many likeliest tokens'); both
   ``response_format``, and chat ``tools``, ``tool_choice``, ``parallel_tool_calls`` and
   tool turns (``openai_tools.py``, ``openai_messages.py``), which constrain the answer
@@ -23,7 +24,10 @@ Three kinds of field:
   (``best_of: 1``, ``echo: false``, null, ...), refused otherwise
   with a 400 whose ``param`` names the field. ``min_tokens`` is one: the engine has no
   minimum length (it would need the end-of-sequence token masked until then);
-* any other field is ignored, as OpenAI's clients send many (``user``, ``metadata``).
+  ``moderation`` is another: a safety check asked for is refused (400) rather than
+  silently skipped, as on the Responses route;
+* any other field is ignored, as OpenAI's clients send many (``user``, ``metadata``,
+  ``prompt_cache_options``: the prefix cache keeps what room allows).
 
 Defaults follow OpenAI: ``temperature`` 1, ``top_p`` 1; ``max_tokens`` 16 for
 completions, and for chat (where OpenAI's default is "up to the context") the server's
@@ -34,7 +38,7 @@ and the server's limits are the native body's (``limits.py``).
 from __future__ import annotations
 
 import uuid
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
@@ -43,6 +47,7 @@ from engine import MAX_TOP_LOGPROBS, Constraint, GenerationRequest, SamplingPara
 
 from ..new_tokens import UNTIL_CONTEXT
 from ..priority_bands import OpenAITier, Priority, asked_band
+from .hints import ReasoningEffort, Verbosity
 from .limits import (
     CacheSalt,
     DeadlineMs,
@@ -264,9 +269,11 @@ class ChatBody(OpenAIBody, SpeaksToolFormats):
     prediction: Any = None
     # Accepted where the model's chat template has no use for it (it changes nothing
     # there, as vLLM has it); the route refuses it for a template that reads it.
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    verbosity: Verbosity | None = None  # ignored: a hint a small model cannot honour
     web_search_options: Any = None
     store: Any = None
+    moderation: Any = None  # refused unless null: a safety check is never skipped
 
     _neutral = neutral_validator(list(CHAT_UNSUPPORTED))
 

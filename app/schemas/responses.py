@@ -13,13 +13,17 @@ response object are ``app.wire.responses_events``'s. Three kinds of field:
   band: ``app/priority_bands.py``); and streamscope's ``seed`` and ``deadline_ms`` as on
   the chat route;
 * not implemented (``UNSUPPORTED``): accepted at the value that asks for nothing
-  (``truncation: "disabled"``, ``reasoning: null``, ...), refused otherwise with a 400
+  (``truncation: "disabled"``, ``moderation: null``, ...), refused otherwise with a 400
   whose ``param`` names the field, since ignoring it would change the answer; a built-in
   tool (``web_search``, ``file_search``, ...), a part that is not text (an image, a
   file) and an item of another kind (``reasoning``, ``item_reference``) likewise;
 * hints that change no answer (``user``, ``safety_identifier``, ``prompt_cache_key``,
-  ``stream_options``): ignored. Any other field is refused (OpenAI's
-  own answer to an unknown parameter), so a new field is never silently dropped.
+  ``prompt_cache_options``, ``prompt_cache_retention``,
+  ``stream_options``): ignored, as on the chat route; ``reasoning`` and
+  ``text.verbosity`` as chat's ``reasoning_effort`` and ``verbosity`` (``hints.py``:
+  the route refuses ``reasoning.effort`` for a template that reads it). Any other
+  field is refused (OpenAI's own answer to an unknown parameter), so a new field is
+  never silently dropped.
 
 Defaults follow OpenAI: ``temperature`` and ``top_p`` 1, ``store`` true; for
 ``max_output_tokens`` the server's ``STREAMSCOPE_DEFAULT_MAX_NEW_TOKENS``.
@@ -50,6 +54,7 @@ from engine import (
 
 from ..new_tokens import UNTIL_CONTEXT
 from ..priority_bands import OpenAITier, Priority, asked_band
+from .hints import Reasoning, Verbosity
 from .limits import (
     DeadlineMs,
     NewTokens,
@@ -78,14 +83,11 @@ MAX_ITEMS = 1024  # input items in one request
 
 RESPONSES_UNSUPPORTED: dict[str, tuple[object, ...]] = {
     "truncation": ("disabled",),
-    "reasoning": ({},),
     "conversation": (),
     "prompt": (),
     "max_tool_calls": (),
     "context_management": (),
-    "moderation": (),
-    "prompt_cache_options": (),
-    "prompt_cache_retention": (),
+    "moderation": (),  # a safety check asked for is refused, never silently skipped
 }
 
 _FROZEN = ConfigDict(extra="ignore", strict=True, frozen=True)
@@ -139,7 +141,7 @@ class TextConfig(BaseModel):
     model_config = _FROZEN
 
     format: TextFormat | None = None
-    verbosity: Literal["medium"] | None = None  # the only answer length we have
+    verbosity: Verbosity | None = None  # ignored: hints.py
 
 
 class ResponsesBody(SpeaksToolFormats):
@@ -175,16 +177,17 @@ class ResponsesBody(SpeaksToolFormats):
     safety_identifier: Any = None
     prompt_cache_key: Any = None
     stream_options: Any = None
+    prompt_cache_options: Any = None  # the prefix cache keeps what room allows
+    prompt_cache_retention: Any = None
+    # Ignored where the template has no use for it (hints.py; the route checks).
+    reasoning: Reasoning | None = None
     # Not implemented: see RESPONSES_UNSUPPORTED.
     truncation: Any = None
-    reasoning: Any = None
     conversation: Any = None
     prompt: Any = None
     max_tool_calls: Any = None
     context_management: Any = None
     moderation: Any = None
-    prompt_cache_options: Any = None
-    prompt_cache_retention: Any = None
 
     _neutral = neutral_validator(list(RESPONSES_UNSUPPORTED))
 

@@ -34,6 +34,7 @@ CHAT_UNSUPPORTED = {
     "prediction": (),
     "web_search_options": (),
     "store": (False,),
+    "moderation": (),  # no moderation model runs here: refused, never skipped
 }
 
 
