@@ -42,10 +42,14 @@ Invariants:
   FinishEvent has not yet arrived: while it is not empty the engine's cache is not
   whole. Events for an unregistered (closed) or ended stream are dropped and counted.
 
-Cancellation: cancelling ``run`` lets the step in flight finish (the default
-``run_step`` is never abandoned) and its events be routed, then ends every open
-stream with StreamError ``shutdown``; nobody steps the engine after that, so those
-cancels stay unapplied. ``shutdown()`` is the orderly way, and leaves the cache whole.
+Cancellation: cancelling ``run`` is a stop that waits for no engine. The step in flight
+is finished first (the default ``run_step`` waits for its thread: a step mutates the
+cache), and its events are routed; then the hub, each stream's owner's stand-in, ends
+every open stream with StreamError ``shutdown``, which posts the engine cancel a
+``close()`` would (closed by its owner, outcome 2, with one difference): nobody steps the
+engine after that, so those cancels stay unapplied and the cache is not whole. Only the
+server's end cancels ``run`` (the app's nursery); ``shutdown()`` is the orderly way, and
+leaves the cache whole.
 
 Failure: if ``run_step`` raises, every open stream gets StreamError ``engine_error``,
 the hub refuses new streams (FAILED, ``last_error``) and ``run`` re-raises it.
@@ -140,9 +144,11 @@ class Hub:
                 stream got StreamError ``engine_error`` (state FAILED).
 
         Cancellation:
-            The step in flight finishes (the default ``run_step`` is never abandoned)
-            and its events are routed; every open stream then gets StreamError
-            ``shutdown``, and the engine is stepped no more.
+            The step in flight is finished first (the default ``run_step`` waits for its
+            thread) and its events are routed; every open stream is then closed by its
+            owner's stand-in, the hub (StreamError ``shutdown`` and the engine cancel),
+            and the engine is stepped no more, so those cancels stay unapplied (see the
+            module docstring); Cancelled propagates.
         """
         if self._state is not HubState.NEW:
             raise RuntimeError(f"a hub runs once (state: {self._state.value})")
@@ -187,8 +193,12 @@ class Hub:
         requests, so its cache is whole.
 
         Cancellation:
-            While waiting: the remaining streams are ended at once before Cancelled
-            propagates; the loop still applies their cancels.
+            While waiting: each remaining stream is closed by its owner's stand-in, the
+            hub, at once (StreamError ``shutdown`` and the engine cancel a ``close()``
+            would post), before Cancelled propagates: a caller that stops waiting
+            leaves no stream running past the drain it asked for. The loop applies
+            those cancels at its next step while ``run`` goes on; where ``run`` is
+            cancelled too (the app's nursery at its deadline), they stay unapplied.
         """
         self.drain()
         try:
@@ -285,7 +295,9 @@ class Hub:
         """Once ``drain()`` was called, wait for its deadline, then end every open
         stream with StreamError ``shutdown``. Returns after that.
 
-        Cancellation: stops at once (the step loop ended: nothing is left to end).
+        Cancellation: nothing to undo: it only waits, and ends streams only after its
+        waits, synchronously. It is cancelled when ``run`` ends, and ``run``'s own way
+        out ends whatever is left.
         """
         await self._draining.wait()
         await trio.sleep_until(self._drain_deadline)
@@ -295,7 +307,8 @@ class Hub:
         """Drop readers still behind at their stall deadline. Never returns.
 
         Runs apart from the step loop because that loop sleeps when every sequence is
-        paused. Cancellation: stops at once; a drop is synchronous, never half done.
+        paused. Cancellation: nothing to undo: it only sleeps; a drop happens after the
+        sleep, synchronously, so a cancel never finds one half done.
         """
         while True:
             with trio.CancelScope(deadline=self._streams.earliest_stall()) as scope:

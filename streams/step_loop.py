@@ -19,9 +19,12 @@ To step, it hands ``Stepper.run_steps`` to ``run_step`` (default
 that mutates the cache), then has the stepper route what it still holds (``release``).
 A routing failure the stepper caught counts as the step's: the loop returns it.
 
-Cancellation: raised at the wake-up wait or once the stepping thread returned;
-``stop_stepping_when_cancelled``, run beside ``run``, makes the thread return after its
-step in flight.
+Cancellation: at the wake-up wait, nothing to undo: the loop only waits. During a
+stepping, the step in flight is finished first: ``run_step`` waits for its thread,
+because a step cut short would leave the cache mutated under the next one;
+``stop_stepping_when_cancelled``, run beside ``run``, makes the thread return after that
+step instead of stepping on, so the bound is one step. What the stepper still holds is
+routed (``release``, synchronous) before Cancelled propagates.
 """
 
 from __future__ import annotations
@@ -66,8 +69,9 @@ class StepLoop:
         """Step while ``keep_going()`` and there is work; return a step's exception, or
         None once ``keep_going()`` says no.
 
-        Cancellation: raised at the wake-up wait or once the stepping thread returned
-        (``stop_stepping_when_cancelled`` makes it return after its step in flight).
+        Cancellation: at the wake-up wait, nothing to undo; during a stepping, the step
+        in flight is finished first and its events routed, then Cancelled propagates
+        (bound: one step, as the module docstring says).
         """
         idle = False  # the last step produced no event
         while keep_going():
@@ -95,7 +99,10 @@ class StepLoop:
         """Sleep; when cancelled (the hub's task is, or its loop ended), tell the stepping
         thread to return after its step in flight, so that the loop sees the cancel.
 
-        Cancellation: the point of it; the stop is synchronous.
+        Cancellation: the cancel is its signal, and it keeps the loop's step finished
+        first but short: ``Stepper.stop`` (synchronous, in a ``finally``, so it runs in
+        the cancelled scope) makes the thread return after its step in flight rather
+        than step on while work remains.
         """
         try:
             await trio.sleep_forever()

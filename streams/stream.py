@@ -163,8 +163,10 @@ class TokenStream:
             trio.ClosedResourceError: the stream was closed (before or while waiting).
 
         Cancellation:
-            Safe at every checkpoint: an item leaves the queue only when it is
-            returned, so ``move_on_after(...)`` around this call loses nothing.
+            Nothing to undo, at every checkpoint: an item leaves the queue only in the
+            synchronous stretch that returns it (``_take``), so a cancel, or a
+            ``move_on_after(...)`` around this call, leaves it for the next call. The
+            stream stays its owner's to close.
         """
         item = await self._receive(nudgeable=False)
         assert item is not None  # only a nudgeable receive returns None
@@ -255,7 +257,9 @@ class TokenStream:
     async def aclose(self) -> None:
         """``close()``, then a checkpoint.
 
-        Cancellation: the stream is closed whether or not the checkpoint raises.
+        Cancellation: closed by its owner, before the checkpoint: ``close()`` runs
+        first, synchronously, so a cancel at the checkpoint finds the stream closed
+        already (the engine asked to cancel, if it held it).
         """
         self.close()
         await trio.lowlevel.checkpoint()
@@ -272,7 +276,8 @@ class TokenStream:
     async def __anext__(self) -> StreamItem:
         """The next item; StopAsyncIteration after the terminal one.
 
-        Cancellation: as ``receive()``.
+        Cancellation: nothing to undo: it is ``receive()``, whose item leaves the queue
+        only when returned.
         """
         try:
             return await self.receive()

@@ -221,8 +221,15 @@ async def serve(
 
     ``task_status`` gets the addresses hypercorn listens on.
 
-    Cancellation: hypercorn is cancelled as a whole (no drain); the signal handlers
-    are restored.
+    Cancellation: closed by its owner, with no drain: a cancel from outside is a stop
+    that waits for nothing (the drain is the signals' way: the module docstring). hypercorn is
+    cancelled as a whole (``_serve_then_stop``): each connection's task closes the
+    streams its request opened (``StreamingConnection.__call__``), and the app's
+    nursery (in hypercorn's lifespan task) is cancelled with it, so the hub ends the rest
+    with StreamError ``shutdown`` and steps no more (``Hub.run``): those cancels stay
+    unapplied, as the engine ends with the server. The signal handlers are
+    back as ``drain_on_signals``'s receiver exits (synchronously); bound: each task's
+    next checkpoint, or a step in flight (finished first).
     """
     async with trio.open_nursery() as nursery:
         await nursery.start(drain_on_signals, app.runtime)
@@ -241,9 +248,12 @@ async def _serve_then_stop(
     """Run hypercorn until its drain is over (``wait_drained``), then end ``serve``'s
     nursery: the signal watcher and the GOAWAY task have no more to do.
 
-    Cancellation: hypercorn is cancelled as a whole: its connections' tasks are
-    cancelled and their sockets closed (no graceful drain); the nursery is not cancelled
-    here (its own cancel is what reached this task).
+    Cancellation: closed by its owner: hypercorn is cancelled as a whole, so each
+    connection's task is cancelled and closes the streams its request opened
+    (``StreamingConnection.__call__``) before hypercorn closes its socket. No graceful
+    drain: hypercorn's ``graceful_timeout`` applies only to its own stop, and the cancel
+    already covers its connections. ``nursery`` is not cancelled here: its own cancel is
+    what reached this task.
     """
     await hypercorn.trio.serve(app, config, shutdown_trigger=app.runtime.wait_drained,
                                task_status=task_status)
@@ -253,8 +263,9 @@ async def _serve_then_stop(
 async def _announce(app: StreamscopeApp, config: Config) -> None:
     """Serve, saying where, with which model on which device, and when it is ready.
 
-    Cancellation: as ``serve``'s (hypercorn cancelled as a whole, signal handlers
-    restored); nothing of its own is left.
+    Cancellation: the server's streams are closed by their owners, with no drain, as
+    ``serve`` says (each connection its own, the hub the rest); this task's own wait
+    (``loading_outcome``) and prints leave nothing to undo.
     """
     settings = app.runtime.settings
     device = settings.device or "auto (cuda if available, else cpu)"

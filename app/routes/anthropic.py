@@ -67,8 +67,8 @@ class MessagesAdapter(Adapter[MessagesBody]):
         return self.models.check(body.model)
 
     async def prompt(self, runtime: Runtime, body: MessagesBody) -> Prompt:
-        """Cancellation: while the template renders and encodes (never abandoned;
-        milliseconds), nothing was made."""
+        """Cancellation: nothing to undo: nothing is opened here; a render and encode
+        in flight is finished first (milliseconds), then the cancel lands."""
         body.speak_tools_of(runtime.engine)  # its template's tool format, if any
         text, ids = await runtime.render_chat(body.template_input(), True, key_name(),
                                               body.template_tools())
@@ -131,8 +131,8 @@ class AnthropicViews:
     async def count_tokens(self) -> Response:
         """``{"input_tokens": n}``: the rendered conversation's length in tokens.
 
-        Cancellation: while reading or rendering (never abandoned; milliseconds);
-        nothing is opened.
+        Cancellation: nothing to undo: nothing is opened; a cancel while reading lands at
+        once, and a render in flight is finished first (milliseconds).
         """
         body = CountTokensBody.model_validate_json(await read_body(), context=self.limits)
         self.models.check(body.model)

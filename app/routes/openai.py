@@ -111,8 +111,8 @@ class ChatAdapter(CompletionsAdapter):
         return ChatBody.model_validate_json(raw, context=limits)
 
     async def prompt(self, runtime: Runtime, body: OpenAIBody) -> Prompt:
-        """Cancellation: while the template renders and encodes (never abandoned;
-        milliseconds), nothing was made."""
+        """Cancellation: nothing to undo: nothing is opened here; a render and encode
+        in flight is finished first (milliseconds), then the cancel lands."""
         assert isinstance(body, ChatBody)
         body.speak_tools_of(runtime.engine)  # its template's tool format, if any
         text, ids = await runtime.render_chat(body.template_input(),

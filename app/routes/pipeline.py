@@ -155,7 +155,8 @@ class Adapter(Generic[B]):
         return ""
 
     async def prompt(self, runtime: Runtime, body: B) -> Prompt:
-        """The rendered prompt. Cancellation: a render is never abandoned."""
+        """The rendered prompt. Cancellation: nothing to undo: nothing is opened; a
+        render in flight is finished first (milliseconds)."""
         raise NotImplementedError
 
     def terms(self, body: B) -> Terms:

@@ -100,10 +100,10 @@ class TokenizerQueue:
             engine.InvalidConstraint: the library refuses it, or it costs too much.
             ApiError: 429 ``too_many_waiting`` with ``Retry-After``: no turn in time.
 
-        Cancellation: while queued (nothing held), or while a compile runs (never
-        abandoned: the engine's cache is written whole; milliseconds, seconds for the
-        very first, which builds the library's view of the tokenizer): nothing was
-        submitted.
+        Cancellation: nothing to undo: nothing was submitted. A cancel while queued lands
+        at once (the turn and the slot are let go on the way out); a compile in flight
+        is finished first, as the engine's cache is written whole (milliseconds, seconds
+        for the very first, which builds the library's view of the tokenizer).
         """
         if eng.constraint_cached(constraint, namespace):
             await trio.lowlevel.checkpoint()
@@ -173,8 +173,9 @@ class TokenizerQueue:
         """``request`` with its ``prompt_token_ids`` (as it is if it has them already),
         encoded in ``owner``'s turn (None: its tenant's, ``cache_namespace``).
 
-        Cancellation: while queued for a tokenizer thread, or while an encode runs (it
-        is never abandoned; it takes milliseconds): nothing changes.
+        Cancellation: nothing to undo: nothing changes. A cancel while queued for a
+        tokenizer thread lands at once; an encode in flight is finished first (it takes
+        milliseconds).
         """
         if request.prompt_token_ids is not None:  # render_chat encoded it
             await trio.lowlevel.checkpoint()
@@ -201,8 +202,8 @@ class TokenizerQueue:
         Raises:
             engine.ChatTemplateError: no chat template, or it refused the messages.
 
-        Cancellation: while queued or rendering (never abandoned; milliseconds):
-        nothing was made.
+        Cancellation: nothing to undo: nothing was made. A cancel while queued lands at
+        once; a render in flight is finished first (milliseconds).
         """
         render = partial(eng.render_chat, messages, add_generation_prompt, tools)
         text, ids = await self._in_turn(render, owner)

@@ -149,15 +149,20 @@ class Runtime:
         """Wait until a drain (begun by ``drain()``; this does not begin one) is over: the
         hub stopped, and the engine holds none of our requests, so its cache is whole.
 
-        Cancellation: nothing changes; the caller just stops waiting.
+        Cancellation: nothing to undo: a wait; the drain goes on in the hub, bounded by
+        its own deadline (``SHUTDOWN_GRACE_S``).
         """
         await self._drained.wait()
 
     async def stop(self) -> None:
         """``after_serving``: drain if nobody did, and wait until the hub stopped.
 
-        Cancellation: the remaining streams are ended at once (``Hub.shutdown``) and
-        Cancelled propagates; the hub's own task is cancelled with the app's nursery.
+        Cancellation: (quart-trio's deadline on the app's nursery, ``stop_deadline_s``,
+        which this hook runs inside) each remaining stream is closed by its owner's
+        stand-in, the hub, at once (``Hub.shutdown``: the same engine cancel as a
+        ``close()``), and Cancelled propagates; the hub's own task is cancelled with the
+        same nursery, so nobody steps the engine after that and those cancels stay
+        unapplied: the server is ending. The phase is STOPPED on every way out.
         """
         self.drain("the server is stopping")
         try:
@@ -170,7 +175,7 @@ class Runtime:
     async def loading_outcome(self) -> Phase:
         """Wait until loading is over (READY, FAILED or later); return the phase then.
 
-        Cancellation: nothing changes; the caller just stops waiting.
+        Cancellation: nothing to undo: a wait; the load goes on in the app's nursery.
         """
         await self._loading_over.wait()
         return self.phase
@@ -203,8 +208,11 @@ class Runtime:
             ApiError: 429 too_many_waiting: its constraint had no turn to compile in
                 time (``prompts.COMPILE_WAIT_S``).
 
-        Cancellation: while queued for a tokenizer thread, or while an encode runs (it
-        is never abandoned; it takes milliseconds): nothing was submitted.
+        Cancellation: nothing to undo: nothing is submitted before ``open``. A cancel
+        while queued for a tokenizer or compile thread lands at once; an encode or a
+        compile in flight is finished first (a compile writes the engine's constraint
+        cache, which must stay whole: milliseconds, seconds for the very first compile),
+        then the cancel lands.
         """
         self._ready_hub().check_deadline(request)  # before the encode's queue
         assert self.engine is not None  # READY: built
@@ -234,8 +242,9 @@ class Runtime:
             ApiError: not ready, stopping or failed (503).
             engine.ChatTemplateError: no chat template, or it refused the messages.
 
-        Cancellation: while queued for the tokenizer or rendering (never abandoned;
-        milliseconds): nothing was made.
+        Cancellation: nothing to undo: a render makes nothing anyone must own. A cancel
+        while queued for the tokenizer's thread lands at once; a render in flight is
+        finished first (milliseconds), then the cancel lands.
         """
         self._ready_hub()
         assert self.engine is not None  # READY: built
@@ -286,7 +295,9 @@ class Runtime:
         """With ``STREAMSCOPE_RESUME_STORE``: 503 ``unavailable`` when the store does not
         answer in time (``store.py``); None when it answers or there is none.
 
-        Cancellation: the answer is not waited for (the ask is abandoned to its thread).
+        Cancellation: abandoned: a ping changes nothing, so the caller returns at once
+        and the ask runs on in its thread until the store answers or its socket times
+        out (``store.store_refusal``).
         """
         return await store_refusal(self.resumption)
 
@@ -319,9 +330,11 @@ class Runtime:
     async def _load_and_run(self, nursery: trio.Nursery) -> None:
         """Build the engine in a worker thread, then start the hub in ``nursery``.
 
-        Cancellation: at the load (``stop()`` or the app's nursery), the worker thread is
-        abandoned (a load touches no shared state; it finishes or dies with the process);
-        nothing was made. At ``nursery.start``: the hub never ran.
+        Cancellation: at the load (``drain()``'s ``_load_scope``, or the app's nursery),
+        abandoned: the worker thread runs on unowned, as a load touches no shared state;
+        it finishes, its engine dropped, or dies with the process. Past the load, at
+        either ``nursery.start``: nothing to undo, as no stream can open before the phase
+        is READY, which is set only after both started.
         """
         try:
             with self._load_scope:
@@ -353,7 +366,9 @@ class Runtime:
     ) -> None:
         """Run the hub; a failed step makes the server FAILED instead of ending the lifespan.
 
-        Cancellation: the hub ends every open stream with ``shutdown`` and returns.
+        Cancellation: as ``Hub.run`` says: the step in flight is finished first, then
+        every open stream is closed by the hub itself (StreamError ``shutdown``), and
+        Cancelled propagates (it is no ``Exception``: the phase does not become FAILED).
         """
         try:
             await hub.run(task_status=task_status)
@@ -363,8 +378,11 @@ class Runtime:
     async def _finish_drain(self, began: float) -> None:
         """``draining.finish_drain``, then mark the drain over.
 
-        Cancellation: (the app's nursery, at its shutdown deadline) the remaining
-        streams are ended at once (``Hub.shutdown``); the drain is then not over.
+        Cancellation: (the app's nursery, at its shutdown deadline) each remaining
+        stream is closed by its owner's stand-in, the hub, at once
+        (``Hub.shutdown``: the same engine cancel as a ``close()``), applied only if
+        something still steps the engine; ``wait_drained`` then never returns, as the
+        drain is not over.
         """
         assert self.hub is not None and self.engine is not None
         await finish_drain(self.hub, self.engine, self.resumption, self.settings, began)

@@ -135,12 +135,12 @@ class StoreLeases(StoreReads):
         """``SharedEventLog.take_over`` (``take_over.lua``); a won lease is renewed by
         ``run`` from then on.
 
-        Cancellation: not abandoned (issue 34, D1): a lease Redis granted while the call
-        was cancelled (a client gone, a wait run out) would be held with nobody writing
-        the stream or renewing it, and the stream would stall until it lapsed. The cancel
-        waits for Redis's answer (the client's socket timeout bounds it) and the call
-        returns it: the caller owns a won lease (``Failover.continue_here`` lets it go
-        if cancelled before the stream opens).
+        Cancellation: finished first, not abandoned (issue 34, D1): a lease Redis
+        granted while the call was cancelled (a client gone, a wait run out) would be
+        held with nobody writing the stream or renewing it, and the stream would stall
+        until it lapsed. The cancel waits for Redis's answer (the client's socket
+        timeout bounds it) and the call returns it: the caller owns a won lease
+        (``Failover.continue_here`` lets it go if cancelled before the stream opens).
         """
         lease_ms = self._ms(self.writer_lease_s)
         won = bool(await self._call(partial(self._take_over, keys=stream_keys(stream_id),

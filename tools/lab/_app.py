@@ -100,7 +100,10 @@ class UnheedingConnection(StreamingConnection):
     ) -> None:
         """Feed the request body to Quart; on ``http.disconnect`` only count it.
 
-        Cancellation: ends the loop (the handler finished, or the server stops).
+        Cancellation: nothing to undo: the loop only feeds the body; it is cancelled when
+        the handler finished or the server stops (a disconnect no longer cancels here),
+        and the streams the request opened are closed by their owner, the connection
+        (``StreamingConnection.__call__``).
         """
         await ASGIHTTPConnection.handle_messages(self, request, receive)
         self.note_disconnect()
@@ -177,12 +180,14 @@ def make_lab_blueprint(runtime: Runtime, clock: FinishClock, watch: QueueWatch) 
 
     @bp.get("/v1/lab/queues")
     async def queues() -> Response:
-        """``{"queued": {request id: items}}``. Cancellation: no checkpoint."""
+        """``{"queued": {request id: items}}``. Cancellation: nothing to undo: a read,
+        with no checkpoint for a cancel to land at."""
         return json_response({"queued": watch.queued()})
 
     @bp.get("/v1/lab/requests/<request_id>")
     async def finished_request(request_id: str) -> Response:
-        """The finish record with ``finished_at``, or 404. Cancellation: no checkpoint."""
+        """The finish record with ``finished_at``, or 404. Cancellation: nothing to undo:
+        a read, with no checkpoint for a cancel to land at."""
         finish, at = runtime.finished(request_id), clock.finished_at(request_id)
         if finish is None or at is None:
             raise ApiError(ErrorType.NOT_FOUND, f"no finished request {request_id[:64]!r}")
@@ -226,7 +231,9 @@ def create_lab_app(
 
     @app.after_request
     async def watch_queues(response: Response) -> Response:
-        """Note a ``/v1/stream`` body's stream. Cancellation: no checkpoint."""
+        """Note a ``/v1/stream`` body's stream. Cancellation: nothing to undo: no
+        checkpoint, and the watch holds the stream weakly, so it stays its connection's
+        to close."""
         body = response.response
         if (request.path == "/v1/stream" and isinstance(body, EventStreamBody)
                 and isinstance(body.source, TokenStream)):
@@ -237,7 +244,9 @@ def create_lab_app(
 
         @app.after_request
         async def pad_token_events(response: Response) -> Response:
-            """Pad a plain ``/v1/stream`` body. Cancellation: no checkpoint."""
+            """Pad a plain ``/v1/stream`` body. Cancellation: nothing to undo: no
+            checkpoint; the new body wraps the same stream, still its connection's to
+            close."""
             body = response.response
             if (request.path == "/v1/stream" and isinstance(body, EventStreamBody)
                     and type(body.encoder) is NativeEvents):

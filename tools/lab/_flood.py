@@ -38,8 +38,10 @@ answers (the last ``RECENT_FLOODS``). A flood is registered when Quart enters it
 (``__aenter__``), so one cut off before that (the client left at once) never is: every
 registered flood is ended by its ``__aexit__``. Until then GET answers 404.
 
-Cancellation: ``__anext__`` checkpoints once before each write, with nothing handed out;
-``__aexit__`` never checkpoints.
+Cancellation: at ``__anext__``'s one checkpoint, nothing to undo: the previous chunk is
+counted before it and the next one handed out only after it, so no count is lost or
+doubled. A registered flood is then closed by its owner, the body's ``__aexit__``, which
+has no checkpoint and so runs whole in the cancelled scope (``end``: ``cancelled``).
 """
 
 from __future__ import annotations
@@ -172,7 +174,9 @@ class FloodBody(ResponseBody):
 
     async def __aenter__(self) -> FloodBody:
         """Register the flood: only now can it end by ``__aexit__``, so a flood whose
-        body never started is never registered. Cancellation: no checkpoint."""
+        body never started is never registered. Cancellation: closed by its owner: no
+        checkpoint between the registration and the return, and Quart's ``async with``
+        runs ``__aexit__`` on every way out once this returned."""
         self.flood.started_at = trio.current_time()
         self.registry.enter(self.flood)
         return self
@@ -183,7 +187,9 @@ class FloodBody(ResponseBody):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        """End and release the flood, on every way out. Cancellation: no checkpoint."""
+        """End and release the flood, on every way out. Cancellation: closed by its
+        owner: this is the owner's close, with no checkpoint, so it runs whole in a
+        cancelled scope."""
         flood = self.flood
         if flood.end is None:
             cancelled = exc_type is not None and issubclass(exc_type, trio.Cancelled)
@@ -200,7 +206,8 @@ class FloodBody(ResponseBody):
         Raises:
             StopAsyncIteration: ``max_bytes`` or ``max_seconds`` reached.
 
-        Cancellation: at the checkpoint before the chunk is handed out.
+        Cancellation: nothing to undo, at the checkpoint before the chunk is handed out
+        (the previous one counted already); ``__aexit__`` then ends the flood.
         """
         flood = self.flood
         now = trio.current_time()
@@ -233,7 +240,9 @@ def make_flood_blueprint() -> Blueprint:
         """Start a flood and answer it as ``text/event-stream``.
 
         Raises: pydantic.ValidationError (422), ApiError for an id in use (422).
-        Cancellation: before the body, nothing registered; after, ``__aexit__`` ends it.
+        Cancellation: before the body starts, nothing to undo: nothing is registered
+        (reading the request, or a body Quart never entered). After, the flood is
+        closed by its owner, the body's ``__aexit__``.
         """
         spec = FloodRequest.model_validate_json(await read_body())
         floods.check(spec)
@@ -244,7 +253,8 @@ def make_flood_blueprint() -> Blueprint:
 
     @bp.get("/v1/lab/flood/<flood_id>")
     async def flood_status(flood_id: str) -> Response:
-        """A flood's counters (see the module docstring), or 404. Cancellation: none."""
+        """A flood's counters (see the module docstring), or 404. Cancellation: nothing
+        to undo: a read, with no checkpoint."""
         found = floods.find(flood_id)
         if found is None:
             raise ApiError(ErrorType.NOT_FOUND, f"no flood {flood_id[:64]!r}")

@@ -53,8 +53,10 @@ class LeakStream(RawStream):
     async def send(self, path: str, body: dict[str, Any], *, close: bool = False,
                    fraction: float = 1.0, hold_back: int = 0) -> None:
         """Send the request, or its first ``fraction`` of bytes, or all but its last
-        ``hold_back`` bytes (the rest is kept in ``unsent``). Cancellation: the socket
-        stays open; ``close_rst`` it."""
+        ``hold_back`` bytes (the rest is kept in ``unsent``). Cancellation: closed by its
+        owner: the socket is the caller's, and stays open, the request perhaps half
+        sent; the caller resets it on its way out (``run_stream``'s ``finally``:
+        ``close_rst``, synchronous)."""
         if not self._connected:
             await self.connect()
         payload = json.dumps(body).encode()
@@ -130,7 +132,10 @@ def _kind_edges() -> list[tuple[str, float]]:
 
 
 async def run_stream(url: str, plan: StreamPlan, pause_s: float) -> LeakStream:
-    """One stream, read and left as ``plan`` says. Cancellation: the socket is reset."""
+    """One stream, read and left as ``plan`` says. Cancellation: closed by its owner:
+    this is the socket's owner, and its ``finally`` resets it unless it closed already
+    (``close_rst``: synchronous, so it runs in the cancelled scope); the server reads a
+    client gone, and its connection closes the stream."""
     stream = LeakStream(url)
     body = {"prompt": plan.prompt, "ignore_eos": True, "max_new_tokens": plan.max_new_tokens}
     try:

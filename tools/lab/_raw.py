@@ -87,8 +87,10 @@ class RawStream:
         self._connected = True
 
     async def post(self, path: str, body: dict[str, Any]) -> None:
-        """Send the request (connecting first if needed). Cancellation: the socket stays
-        open; ``close_rst`` it."""
+        """Send the request (connecting first if needed). Cancellation: closed by its
+        owner: the socket is the caller's, and stays open, the request perhaps half
+        sent; the caller resets it on its way out (``close_rst``: synchronous, so it
+        runs in a cancelled scope), which the server reads as a client gone."""
         if not self._connected:
             await self.connect()
         payload = json.dumps(body).encode()

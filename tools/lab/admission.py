@@ -99,7 +99,10 @@ class Outcome:
 async def request_one(client: httpx.AsyncClient, body: dict[str, Any], out: Outcome) -> None:
     """POST /v1/stream and read it to its end into ``out``.
 
-    Cancellation: httpx closes the connection; ``out`` keeps what arrived.
+    Cancellation: closed by its owner: the response's ``async with`` closes it, and
+    httpx (httpcore, shielded) closes its connection, as the body was not read to its
+    end, so the server reads a client gone; ``out`` keeps what arrived, with
+    ``ended_at`` set in the ``finally``.
     """
     parser = SSEParser()
     try:

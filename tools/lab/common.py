@@ -168,7 +168,8 @@ class Lab:
         """``GET /stats``, on ``client`` if given (pollers pass one, so that each poll
         does not build a client and its TLS context on the cores being measured).
 
-        Cancellation: nothing to undo.
+        Cancellation: nothing to undo: a read; a client made here is closed by its
+        ``async with``.
         """
         if client is None:
             async with self.client(url) as own:
@@ -184,7 +185,8 @@ class Lab:
         Raises:
             LabError: not idle after ``IDLE_TIMEOUT_S``.
 
-        Cancellation: nothing to undo.
+        Cancellation: nothing to undo: reads and waits; its client is closed by its
+        ``async with``.
         """
         keys = ("running", "waiting", "streams_open")
         stats: dict[str, Any] = {}

@@ -148,7 +148,10 @@ async def _run_epoch(
 ) -> list[HostileCase]:
     """Send ``cases`` to ``epoch.url`` until done or the server dies; return those unsent.
 
-    Cancellation: the sockets in flight are reset.
+    Cancellation: closed by its owner: each case in flight is cancelled, and its
+    socket's owner, ``hostile_client.send_case``, resets it on the way out; the
+    outcomes gathered so far stay in ``epoch.results``. The waits for the server
+    (``wait_idle``, ``settled_fds``) leave nothing to undo.
     """
     host, port = host_port(epoch.url)
     await lab.wait_idle(epoch.url)

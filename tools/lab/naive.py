@@ -59,7 +59,7 @@ class NaiveStream(TokenStream):
         """Wait until the reader took every item, or the hub ended the stream with an
         error (its backlog replaced), or it closed. May return without a checkpoint.
 
-        Cancellation: nothing changes; the step loop just stops waiting.
+        Cancellation: nothing to undo: a wait; the stream and its queue are unchanged.
         """
         while True:
             now = self.statistics()
@@ -108,7 +108,9 @@ class NaiveStream(TokenStream):
 async def step_inline(run_steps: Callable[[], bool]) -> bool:
     """Run the stepping in this (the Trio) thread: one step, its events routed now.
 
-    Cancellation: at the checkpoint before the step only; the step itself has none.
+    Cancellation: nothing to undo at its one checkpoint, before the step; once begun,
+    the step runs in this thread with no checkpoint, so it is finished first by
+    construction (a cut step would leave the cache mutated under the next).
     """
     await trio.lowlevel.checkpoint()
     return run_steps()
@@ -139,7 +141,9 @@ class NaiveStepping:
     async def __call__(self, run_steps: Callable[[], bool]) -> bool:
         """One step, then wait until each naive stream's reader took every item.
 
-        Cancellation: at the step's checkpoint or at a wait; the step is never cut.
+        Cancellation: nothing to undo at the step's checkpoint (``step_inline``) or at
+        a wait for a reader (the step and its routing are done; the loop's next call
+        steps again); the step itself is finished first, never cut.
         """
         idle = await self._step(run_steps)
         hub = self._hub()
