@@ -47,6 +47,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .aging import Aging, band_of
 from .costs import StepCosts
 from .sequence import Sequence
 
@@ -104,11 +105,12 @@ class FairShare:
         self.decode_weight = min(max(decode / max(decode_rows, 1) / line[1], low), high)
 
 
-def order_waiting(waiting: deque[Sequence], fair: FairShare) -> None:
-    """Sort the waiting queue in place (stably): band, tenant's counter, started first,
-    a fresh one's deadline, arrival (see the module docstring)."""
-    if len(waiting) < 2:
-        return
+def ordered_waiting(waiting: Iterable[Sequence], fair: FairShare, aging: Aging | None = None,
+                    running: Iterable[Sequence] = ()) -> tuple[list[Sequence], dict[Sequence, int]]:
+    """The waiting sequences in the queue's order (stably): band, tenant's counter,
+    started first, a fresh one's deadline, arrival, then each band head that ``aging``
+    lifts moved up to the band it has risen to, first in it; and those lifts (head ->
+    band). Reads only (see the module docstring)."""
 
     def key(seq: Sequence) -> tuple[int, float, bool, float]:
         request = seq.request
@@ -118,21 +120,34 @@ def order_waiting(waiting: deque[Sequence], fair: FairShare) -> None:
                 math.inf if deadline is None else deadline)
 
     ordered = sorted(waiting, key=key)
+    lifted = aging.lifts(ordered, running) if aging is not None and ordered else {}
+    if lifted:
+        ordered.sort(key=lambda s: (lifted.get(s, s.request.priority), s not in lifted))
+    return ordered, lifted
+
+
+def order_waiting(waiting: deque[Sequence], fair: FairShare, aging: Aging | None = None,
+                  running: Iterable[Sequence] = ()) -> dict[Sequence, int]:
+    """Sort the waiting queue in place (``ordered_waiting``); the heads aging lifts."""
+    ordered, lifted = ordered_waiting(waiting, fair, aging, running)
     waiting.clear()
     waiting.extend(ordered)
+    return lifted
 
 
 def lowest_band_youngest(running: Iterable[Sequence]) -> Sequence:
-    """The sequence of the greatest ``priority`` admitted last (``running`` in admission
-    order): the victim of an exhausted pool, as of a band (all one band: the newest)."""
-    return max(reversed(list(running)), key=lambda s: s.request.priority)
+    """The sequence of the lowest band it runs at (the greatest ``band_of``) admitted
+    last (``running`` in admission order): the victim of an exhausted pool, as of a
+    band (all one band: the newest)."""
+    return max(reversed(list(running)), key=band_of)
 
 
 def priority_victim(running: Iterable[Sequence], head: Sequence) -> Sequence | None:
-    """The running sequence to preempt for ``head``: the youngest of the lowest band below
-    ``head``'s, among those under the cap; None if there is none."""
+    """The running sequence to preempt for ``head``: the youngest of the lowest band
+    running below ``head``'s own band (not one aging lifts it to), among those under the
+    cap; None if there is none."""
     band = head.request.priority
-    under = [s for s in running if s.request.priority > band
+    under = [s for s in running if band_of(s) > band
              and s.num_priority_preemptions < PRIORITY_PREEMPTION_CAP]
     return lowest_band_youngest(under) if under else None
 
@@ -145,10 +160,20 @@ class BandStatistics:
     wait_s: dict[int, float] = field(default_factory=dict)  # summed over first admissions
     preempted: dict[int, int] = field(default_factory=dict)  # any cause
     preempted_by_priority: dict[int, int] = field(default_factory=dict)
+    # Every admission (a readmission too): the most steps one waited since it last
+    # entered the queue (the floor of progress, measured), and those lifted by aging.
+    longest_wait_steps: dict[int, int] = field(default_factory=dict)
+    aged: dict[int, int] = field(default_factory=dict)
 
     def admit(self, band: int, waited_s: float) -> None:
         self.admitted[band] = self.admitted.get(band, 0) + 1
         self.wait_s[band] = self.wait_s.get(band, 0.0) + waited_s
+
+    def left_queue(self, band: int, waited_steps: int, aged: bool) -> None:
+        """Any admission of ``band``'s: its wait in steps, and whether aging lifted it."""
+        self.longest_wait_steps[band] = max(self.longest_wait_steps.get(band, 0), waited_steps)
+        if aged:
+            self.aged[band] = self.aged.get(band, 0) + 1
 
     def preempt(self, band: int, by_priority: bool) -> None:
         self.preempted[band] = self.preempted.get(band, 0) + 1
