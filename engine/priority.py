@@ -5,7 +5,8 @@ its band, and a ``tenant`` (the app passes the API key's name; "" for all others
 residency admits from the head of its waiting queue, so the order of that queue is the
 scheduling policy; ``order_waiting`` sorts it, stably, before each admission by:
 
-1. band: a lower ``priority`` first, always (strict priority between bands);
+1. band: a lower ``priority`` first (strict priority between bands, but for the floor
+   of progress below);
 2. within a band, the tenant with the least *virtual token counter* first (VTC, Sheng et
    al., "Fairness in Serving Large Language Models", OSDI 2024): each tenant's counter
    grows by the work the engine did for it, prefill tokens and decode tokens weighted as
@@ -22,7 +23,10 @@ scheduling policy; ``order_waiting`` sorts it, stably, before each admission by:
    has no deadline (it was promised nothing) or a later one, and earliest-deadline-first
    is the order that meets every deadline when any order can;
 5. then arrival (the sort is stable and the queue is in arrival order, a preempted
-   sequence at its head).
+   sequence at its head);
+6. last, aging (``engine.aging``): the head of a band that higher bands have passed
+   over for ``PRIORITY_AGING_STEPS`` steps per band present above it moves up to the
+   band it has risen to, first in it (``ordered_waiting``).
 
 Idle credit is bounded as VTC bounds it: a tenant with nothing in the engine that submits
 gets its counter lifted to the least counter of the tenants that have work in it
@@ -30,14 +34,22 @@ gets its counter lifted to the least counter of the tenants that have work in it
 all forgotten (nothing to be fair against), which also bounds the table between idles.
 
 Preemption by priority (``priority_victim``): when the head of the queue, after ordering,
-cannot be admitted because the batch or the pool is full, and a sequence of a lower band
-(a greater ``priority``) runs, the lowest band's youngest running sequence is preempted by
-recompute (``Residency.preempt``: its answer continues bit for bit), at most one per step.
-Floor of progress: a sequence preempted by priority ``PRIORITY_PREEMPTION_CAP`` times is
-never a priority victim again (it still yields to an exhausted pool, as every sequence
-does), so a low-band stream is preempted by priority a bounded number of times and, once
-readmitted after that, runs to its end. A low band that never gets admitted at all while
-higher bands keep the batch full waits: bands are strict. Pure Python: no torch.
+cannot be admitted because the batch or the pool is full, and a sequence runs at a band
+lower (a greater value) than the highest band waiting, the lowest running band's youngest
+sequence is preempted by recompute (``Residency.preempt``: its answer continues bit for
+bit), at most one per step. A running sequence's band is the one it was admitted at
+(``aging.band_of``: aging's, kept while it runs); a waiting one preempts by its own band
+only, never by the band aging lifted it to.
+
+Floor of progress, two halves. Once running: a sequence preempted by priority
+``PRIORITY_PREEMPTION_CAP`` times is never a priority victim again (it still yields to an
+exhausted pool, as every sequence does), so it is preempted by priority a bounded number
+of times and, readmitted after that, runs to its end; one admitted by aging is not the
+victim of the band it overtook either. Once waiting (fresh, or preempted and waiting to
+be readmitted): bands are strict only for waits under the aging period; a band's head
+passed over by higher bands rises one band present per ``PRIORITY_AGING_STEPS`` steps
+and is admitted within (bands above it) x period steps plus a freed slot
+(``engine.aging`` says why, and the bound). Pure Python: no torch.
 """
 
 from __future__ import annotations

@@ -22,11 +22,15 @@ compute a block another's prefill is computing: it shares it once committed.
 Bands and fair shares (``engine.priority``). Before each admission the waiting queue is
 ordered (``priority.order_waiting``: band, the tenant's virtual token counter, started
 ones, arrival; all one band and one tenant, that is arrival order with the
-preempted at the head, as above), and an admitted prompt is charged to its tenant. In a
+preempted at the head, as above; then aging's lifted heads, ``engine.aging``), and an
+admitted prompt is charged to its tenant. Each step starts the bands' aging clocks
+(``Aging.tick``); an admission restarts its band's, and a head admitted lifted keeps
+the band it rose to while it runs (``Sequence.aged_band``; a preemption drops it). In a
 step that preempted nobody for blocks, a head that cannot be admitted because the batch
-or the pool is full preempts the lowest band's youngest running sequence below its own
-band (``priority.priority_victim``, at most one a step); an exhausted pool's victim is
-also the lowest band's youngest (all one band: the newest, as above).
+or the pool is full makes the highest band waiting preempt the lowest band's youngest
+running sequence below its own band (``priority.priority_victim``, at most one a step);
+an exhausted pool's victim is also the lowest band's youngest (all one band: the newest,
+as above).
 
 Blocks go back to the allocator in two places only, both here: ``remove`` (the
 scheduler's ``finish``, the only way out) and ``preempt``, which also drops the table

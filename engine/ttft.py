@@ -18,7 +18,12 @@ With bands (``engine.priority``), for a request of ``priority`` p: the waiting s
 of a lower band (a greater priority) are not ahead of it (they are admitted after it),
 and every running one of a lower band that may still be preempted by priority is a slot
 it can take, one a step (preemption in view): its deadline is judged by the work of its
-own band and above. All in one band, the estimate is as above.
+own band and above. All in one band, the estimate is as above. Aging (``engine.aging``)
+makes a lower band's head work ahead of it once lifted to its band or above: the estimate
+counts such a head ahead, and also one its band's clock would lift within the estimate's
+own steps (the estimate is made again with those; a second lift needs another whole
+period, long against any wait a deadline can ask for). A band lower than the newcomer's
+running at a band aging lifted it to is a victim only if that band is still lower.
 
 It reads the scheduler's state as the last step boundary left it (``Boundary``, taken
 by the stepping thread and replaced whole), and the inbox, which is thread-safe.
