@@ -5,20 +5,20 @@ batch or the pool full, and without a floor it can wait forever (a preempted str
 the preemption cap, ``PRIORITY_PREEMPTION_CAP``, keeps it from being preempted again once
 readmitted, but says nothing of when it is readmitted). Aging is the floor. Each band
 that has sequences waiting has a clock, ``Aging.passed_over``: the engine steps since the
-band last admitted a sequence in which a sequence of a higher band held a batch slot (it
-was running). Every ``period`` of them, the band's head (its first waiting sequence in
-the queue's order: ``priority.order_waiting``) is served one band higher, counting the
-bands present in the engine (running or waiting) above its own, never above the highest
-of them; it goes first within the band it has risen to (it has waited longest), and once
-admitted it keeps that band while it runs (``Sequence.aged_band``). Its band's clock then
-starts again for the next head.
+band last admitted a sequence in which a higher band was in the engine (running, holding
+a slot, or waiting to be admitted before it). Every ``period`` of them, the band's head
+(its first waiting sequence in the queue's order: ``priority.order_waiting``) is served
+one band higher, counting the bands present in the engine (running or waiting) above
+its own, never above the highest of them; it goes first within the band it has risen to
+(it has waited longest), and once admitted it keeps that band while it runs
+(``Sequence.aged_band``). Its band's clock then starts again for the next head.
 
 Why these choices:
 
 * Steps, not seconds: deterministic, testable, and a step is the unit a higher band's
   service is made of (a token per running stream).
-* Only steps in which a higher band ran count: a band that waits for its own streams to
-  finish (a deep backlog of one band, no higher traffic) is not starved by priority and
+* Only steps in which a higher band was present count: a band that waits for its own
+  streams to finish (a deep backlog of one band, no higher traffic) is not starved by priority and
   must not age; otherwise it would sit at the top, already aged, the moment an
   interactive request arrived.
 * Only a band's head ages, and the clock restarts at each of the band's admissions: at
@@ -40,16 +40,17 @@ Why these choices:
   of its own, and a higher band behind it still preempts as before (the slot it frees may
   go to the lifted head first: one extra step for that higher band).
 
-The bound: a band with ``k`` bands present above it admits its head within ``k *
-period`` steps in which a higher band runs, plus the steps until a slot frees (the fewest
-tokens any running sequence has left to make, unless all of them are paused by slow
-readers) and until enough blocks are free for it; one lifted head of each lower band may
-be ahead of it, each taking one slot. ``PRIORITY_AGING_STEPS`` is 200: an interactive
-request waits a few steps (one preemption, its prefill), so no wait under a period is
-ever reordered, and 200 steps is about twice the longest answer of ``tools.lab
-priority``'s flood, so a band whose own streams hold slots admits within a period while
-a higher band runs beside it; on a GPU step of 20 to 50 ms a period is 4 to 10 s. Pure
-Python: no torch.
+The bound: a band with ``k`` bands present above it admits its head once it has been
+passed over ``k * period`` steps, plus the steps until a slot frees (the fewest tokens
+any running sequence has left to make, unless all of them are paused by slow readers)
+and until enough blocks are free for it; the heads of other bands lifted as high and
+lower in their own band go before it, one slot each. A band that waited less than a
+period is never reordered: bands are strict for it. ``PRIORITY_AGING_STEPS`` is 200: an
+interactive request waits a few steps (one preemption, its prefill), short against a
+period, so at most one lifted head per lower band can come before it in that wait; and
+200 steps is about twice the longest answer of ``tools.lab priority``'s flood, so a band
+whose own streams hold slots admits well within a period while a higher band is served
+beside it; on a GPU step of 20 to 50 ms a period is 4 to 10 s. Pure Python: no torch.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from collections.abc import Iterable
 
 from .sequence import Sequence
 
-# Steps (in which a higher band ran) a band's head waits per band it rises.
+# Steps (with a higher band present) a band's head waits per band it rises.
 PRIORITY_AGING_STEPS = 200
 
 
