@@ -7,6 +7,8 @@ each band (a request's ``priority``, lower is sooner) a ``band`` label:
     streamscope_queue_wait_mean_seconds        gauge    mean wait before first admission
     streamscope_preemptions_by_band            counter  preempted sequences of the band
     streamscope_priority_preemptions           counter  preemptions for a higher band
+    streamscope_queue_wait_longest_steps       gauge    most steps waited before an admission
+    streamscope_aged_admissions_by_band        counter  admissions lifted by aging
 
 A band says nothing of any API key (the per-key figures stay behind the metrics token
 elsewhere), so these are served to every scraper.
@@ -28,6 +30,11 @@ _BAND_SERIES = (
     ("streamscope_preemptions_by_band", "preemptions_by_band",
      "Running sequences of the band preempted (for blocks or for a higher band).",
      "counter", 1.0),
+    ("streamscope_queue_wait_longest_steps", "longest_wait_steps_by_band",
+     "Most engine steps a sequence of the band waited before an admission (aging's floor).",
+     "gauge", 1.0),
+    ("streamscope_aged_admissions_by_band", "aged_admissions_by_band",
+     "Admissions of the band's sequences lifted above it by aging.", "counter", 1.0),
 )
 
 

@@ -5,7 +5,8 @@ its band, and a ``tenant`` (the app passes the API key's name; "" for all others
 residency admits from the head of its waiting queue, so the order of that queue is the
 scheduling policy; ``order_waiting`` sorts it, stably, before each admission by:
 
-1. band: a lower ``priority`` first, always (strict priority between bands);
+1. band: a lower ``priority`` first (strict priority between bands, but for the floor
+   of progress below);
 2. within a band, the tenant with the least *virtual token counter* first (VTC, Sheng et
    al., "Fairness in Serving Large Language Models", OSDI 2024): each tenant's counter
    grows by the work the engine did for it, prefill tokens and decode tokens weighted as
@@ -22,7 +23,10 @@ scheduling policy; ``order_waiting`` sorts it, stably, before each admission by:
    has no deadline (it was promised nothing) or a later one, and earliest-deadline-first
    is the order that meets every deadline when any order can;
 5. then arrival (the sort is stable and the queue is in arrival order, a preempted
-   sequence at its head).
+   sequence at its head);
+6. last, aging (``engine.aging``): the head of a band that higher bands have passed
+   over for ``PRIORITY_AGING_STEPS`` steps per band present above it moves up to the
+   band it has risen to, first in it (``ordered_waiting``).
 
 Idle credit is bounded as VTC bounds it: a tenant with nothing in the engine that submits
 gets its counter lifted to the least counter of the tenants that have work in it
@@ -30,14 +34,22 @@ gets its counter lifted to the least counter of the tenants that have work in it
 all forgotten (nothing to be fair against), which also bounds the table between idles.
 
 Preemption by priority (``priority_victim``): when the head of the queue, after ordering,
-cannot be admitted because the batch or the pool is full, and a sequence of a lower band
-(a greater ``priority``) runs, the lowest band's youngest running sequence is preempted by
-recompute (``Residency.preempt``: its answer continues bit for bit), at most one per step.
-Floor of progress: a sequence preempted by priority ``PRIORITY_PREEMPTION_CAP`` times is
-never a priority victim again (it still yields to an exhausted pool, as every sequence
-does), so a low-band stream is preempted by priority a bounded number of times and, once
-readmitted after that, runs to its end. A low band that never gets admitted at all while
-higher bands keep the batch full waits: bands are strict. Pure Python: no torch.
+cannot be admitted because the batch or the pool is full, and a sequence runs at a band
+lower (a greater value) than the highest band waiting, the lowest running band's youngest
+sequence is preempted by recompute (``Residency.preempt``: its answer continues bit for
+bit), at most one per step. A running sequence's band is the one it was admitted at
+(``aging.band_of``: aging's, kept while it runs); a waiting one preempts by its own band
+only, never by the band aging lifted it to.
+
+Floor of progress, two halves. Once running: a sequence preempted by priority
+``PRIORITY_PREEMPTION_CAP`` times is never a priority victim again (it still yields to an
+exhausted pool, as every sequence does), so it is preempted by priority a bounded number
+of times and, readmitted after that, runs to its end; one admitted by aging is not the
+victim of the band it overtook either. Once waiting (fresh, or preempted and waiting to
+be readmitted): bands are strict only for waits under the aging period; a band's head
+passed over by higher bands rises one band present per ``PRIORITY_AGING_STEPS`` steps
+and is admitted within (bands above it) x period steps plus a freed slot
+(``engine.aging`` says why, and the bound). Pure Python: no torch.
 """
 
 from __future__ import annotations
@@ -47,6 +59,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .aging import Aging, band_of
 from .costs import StepCosts
 from .sequence import Sequence
 
@@ -104,11 +117,12 @@ class FairShare:
         self.decode_weight = min(max(decode / max(decode_rows, 1) / line[1], low), high)
 
 
-def order_waiting(waiting: deque[Sequence], fair: FairShare) -> None:
-    """Sort the waiting queue in place (stably): band, tenant's counter, started first,
-    a fresh one's deadline, arrival (see the module docstring)."""
-    if len(waiting) < 2:
-        return
+def ordered_waiting(waiting: Iterable[Sequence], fair: FairShare, aging: Aging | None = None,
+                    running: Iterable[Sequence] = ()) -> tuple[list[Sequence], dict[Sequence, int]]:
+    """The waiting sequences in the queue's order (stably): band, tenant's counter,
+    started first, a fresh one's deadline, arrival, then each band head that ``aging``
+    lifts moved up to the band it has risen to, first in it; and those lifts (head ->
+    band). Reads only (see the module docstring)."""
 
     def key(seq: Sequence) -> tuple[int, float, bool, float]:
         request = seq.request
@@ -118,21 +132,34 @@ def order_waiting(waiting: deque[Sequence], fair: FairShare) -> None:
                 math.inf if deadline is None else deadline)
 
     ordered = sorted(waiting, key=key)
+    lifted = aging.lifts(ordered, running) if aging is not None and ordered else {}
+    if lifted:
+        ordered.sort(key=lambda s: (lifted.get(s, s.request.priority), s not in lifted))
+    return ordered, lifted
+
+
+def order_waiting(waiting: deque[Sequence], fair: FairShare, aging: Aging | None = None,
+                  running: Iterable[Sequence] = ()) -> dict[Sequence, int]:
+    """Sort the waiting queue in place (``ordered_waiting``); the heads aging lifts."""
+    ordered, lifted = ordered_waiting(waiting, fair, aging, running)
     waiting.clear()
     waiting.extend(ordered)
+    return lifted
 
 
 def lowest_band_youngest(running: Iterable[Sequence]) -> Sequence:
-    """The sequence of the greatest ``priority`` admitted last (``running`` in admission
-    order): the victim of an exhausted pool, as of a band (all one band: the newest)."""
-    return max(reversed(list(running)), key=lambda s: s.request.priority)
+    """The sequence of the lowest band it runs at (the greatest ``band_of``) admitted
+    last (``running`` in admission order): the victim of an exhausted pool, as of a
+    band (all one band: the newest)."""
+    return max(reversed(list(running)), key=band_of)
 
 
 def priority_victim(running: Iterable[Sequence], head: Sequence) -> Sequence | None:
-    """The running sequence to preempt for ``head``: the youngest of the lowest band below
-    ``head``'s, among those under the cap; None if there is none."""
+    """The running sequence to preempt for ``head``: the youngest of the lowest band
+    running below ``head``'s own band (not one aging lifts it to), among those under the
+    cap; None if there is none."""
     band = head.request.priority
-    under = [s for s in running if s.request.priority > band
+    under = [s for s in running if band_of(s) > band
              and s.num_priority_preemptions < PRIORITY_PREEMPTION_CAP]
     return lowest_band_youngest(under) if under else None
 
@@ -145,10 +172,20 @@ class BandStatistics:
     wait_s: dict[int, float] = field(default_factory=dict)  # summed over first admissions
     preempted: dict[int, int] = field(default_factory=dict)  # any cause
     preempted_by_priority: dict[int, int] = field(default_factory=dict)
+    # Every admission (a readmission too): the most steps one waited since it last
+    # entered the queue (the floor of progress, measured), and those lifted by aging.
+    longest_wait_steps: dict[int, int] = field(default_factory=dict)
+    aged: dict[int, int] = field(default_factory=dict)
 
     def admit(self, band: int, waited_s: float) -> None:
         self.admitted[band] = self.admitted.get(band, 0) + 1
         self.wait_s[band] = self.wait_s.get(band, 0.0) + waited_s
+
+    def left_queue(self, band: int, waited_steps: int, aged: bool) -> None:
+        """Any admission of ``band``'s: its wait in steps, and whether aging lifted it."""
+        self.longest_wait_steps[band] = max(self.longest_wait_steps.get(band, 0), waited_steps)
+        if aged:
+            self.aged[band] = self.aged.get(band, 0) + 1
 
     def preempt(self, band: int, by_priority: bool) -> None:
         self.preempted[band] = self.preempted.get(band, 0) + 1

@@ -22,11 +22,15 @@ compute a block another's prefill is computing: it shares it once committed.
 Bands and fair shares (``engine.priority``). Before each admission the waiting queue is
 ordered (``priority.order_waiting``: band, the tenant's virtual token counter, started
 ones, arrival; all one band and one tenant, that is arrival order with the
-preempted at the head, as above), and an admitted prompt is charged to its tenant. In a
+preempted at the head, as above; then aging's lifted heads, ``engine.aging``), and an
+admitted prompt is charged to its tenant. Each step starts the bands' aging clocks
+(``Aging.tick``); an admission restarts its band's, and a head admitted lifted keeps
+the band it rose to while it runs (``Sequence.aged_band``; a preemption drops it). In a
 step that preempted nobody for blocks, a head that cannot be admitted because the batch
-or the pool is full preempts the lowest band's youngest running sequence below its own
-band (``priority.priority_victim``, at most one a step); an exhausted pool's victim is
-also the lowest band's youngest (all one band: the newest, as above).
+or the pool is full makes the highest band waiting preempt the lowest band's youngest
+running sequence below its own band (``priority.priority_victim``, at most one a step);
+an exhausted pool's victim is also the lowest band's youngest (all one band: the newest,
+as above).
 
 Blocks go back to the allocator in two places only, both here: ``remove`` (the
 scheduler's ``finish``, the only way out) and ``preempt``, which also drops the table
@@ -42,6 +46,7 @@ from collections import deque
 from collections.abc import Callable
 
 from .admission import AdmissionPolicy
+from .aging import Aging
 from .block_allocator import BlockAllocator
 from .prefix_cache import PrefixCache
 from .priority import (
@@ -49,6 +54,7 @@ from .priority import (
     FairShare,
     lowest_band_youngest,
     order_waiting,
+    ordered_waiting,
     priority_victim,
 )
 from .sequence import Sequence, SequenceState
@@ -94,28 +100,42 @@ class Residency:
         self.num_priority_preemptions = 0  # of those, for a higher band
         self.fair = FairShare()  # the tenants' counters (``engine.priority``)
         self.bands = BandStatistics()
+        self.aging = Aging()  # the floor of progress under strict bands (``engine.aging``)
         self.clock = clock
 
     def grant(self) -> None:
         """This step's blocks: every decode row's next one (preempting while none is
         free), then, unless that preempted, a preemption for a higher band if one
         waits that does not fit, and admission of what fits."""
+        self.aging.tick(self.waiting, self.running.values())
         if not self.grow_decoding():
             self.preempt_for_priority()
             self.admit()
 
+    def enqueue(self, seq: Sequence) -> None:
+        """A submitted sequence joins the tail of the waiting queue."""
+        seq.entered_queue_step = self.aging.steps
+        self.waiting.append(seq)
+
     def preempt_for_priority(self) -> None:
-        """At most one preemption: the waiting head (ordered) cannot be admitted because
-        the batch or the pool is full, and a lower band runs (``priority_victim``)."""
-        if not self.waiting:
-            return
-        order_waiting(self.waiting, self.fair)
-        head = self.waiting[0]
-        if len(self.running) < self.max_batch and self.fits(head):
-            return
-        victim = priority_victim(self.running.values(), head)
+        """At most one preemption for a higher band (``priority_victim_now``)."""
+        order_waiting(self.waiting, self.fair, self.aging, self.running.values())
+        victim = self.priority_victim_now()
         if victim is not None:
             self.preempt(victim, by_priority=True)
+
+    def priority_victim_now(self) -> Sequence | None:
+        """Whom a preemption for a higher band would take now (reads only): the queue's
+        head (ordered) cannot be admitted because the batch or the pool is full, and a
+        band lower than the highest band waiting runs (``priority_victim``: judged by the
+        first waiting sequence of that band, whatever head aging put before it)."""
+        if not self.waiting:
+            return None
+        ordered, _ = ordered_waiting(self.waiting, self.fair, self.aging, self.running.values())
+        if len(self.running) < self.max_batch and self.fits(ordered[0]):
+            return None
+        highest = min(ordered, key=lambda s: s.request.priority)  # the first of its band
+        return priority_victim(self.running.values(), highest)
 
     def fits(self, seq: Sequence) -> bool:
         """Whether ``seq`` fits now (the watermark only while others run: alone, one
@@ -127,7 +147,8 @@ class Residency:
         """Admit waiting sequences in arrival order up to the first that may not run now."""
         pending = self.prefix.in_flight(self.running.values())  # prefix cache: shared
         while self.waiting and len(self.running) < self.max_batch:
-            order_waiting(self.waiting, self.fair)  # the last admission charged a tenant
+            # Again each time: the last admission charged a tenant and restarted a clock.
+            lifted = order_waiting(self.waiting, self.fair, self.aging, self.running.values())
             head = self.waiting[0]
             if (not self.fits(head) or self.prefix.waits_for(head, pending)
                     or self.prefix.defer(self.running, self.max_prefill_tokens)):
@@ -139,6 +160,11 @@ class Residency:
             head.state = SequenceState.RUNNING
             self.running[head.request_id] = head
             self.num_admitted += 1
+            head.aged_band = lifted.get(head)  # kept while it runs (``engine.aging``)
+            self.aging.admitted(head)
+            self.bands.left_queue(head.request.priority,
+                                  max(self.aging.steps - head.entered_queue_step - 1, 0),
+                                  head.aged_band is not None)
             self.admitted(head)
             pending |= self.prefix.in_flight([head])  # the next waits for these
 
@@ -185,6 +211,8 @@ class Residency:
         seq.num_priority_preemptions += by_priority
         self.num_priority_preemptions += by_priority
         self.bands.preempt(seq.request.priority, by_priority)
+        seq.aged_band = None  # it waits in its own band again
+        seq.entered_queue_step = self.aging.steps
         self.waiting.appendleft(seq)
 
     def remove(self, seq: Sequence) -> None:

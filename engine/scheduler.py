@@ -42,12 +42,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .admission import DEFAULT_WATERMARK, ON_DEMAND, AdmissionPolicy
+from .aging import band_of
 from .block_allocator import BlockAllocator
 from .costs import StepCosts, cost_tokens, tokens_within
 from .inbox import Inbox, Op
 from .logprobs import Outcome
 from .prefix_cache import PrefixCache
-from .priority import priority_victim
 from .residency import Residency
 from .sequence import Chunk, Sequence, SequenceState
 from .token_record import TokenRecorder
@@ -136,11 +136,8 @@ class Scheduler:
         if (self.waiting and len(self.running) < self.max_batch
                 and self.residency.fits(self.waiting[0])):
             return True
-        if self.waiting and self.running:  # a higher band waits for a preemption
-            head = min(self.waiting, key=lambda s: s.request.priority)
-            full = len(self.running) >= self.max_batch or not self.residency.fits(head)
-            if full and priority_victim(self.running.values(), head) is not None:
-                return True
+        if self.running and self.residency.priority_victim_now() is not None:
+            return True  # a higher band waits for a preemption
         return any(not s.is_paused for s in self.running.values())
 
     # -- the step's phases: the stepping thread only ------------------------------
@@ -155,7 +152,7 @@ class Scheduler:
                 active = self.active_tenants() if active is None else active
                 self.residency.fair.arrive(wish.request.tenant, active)
                 active.add(wish.request.tenant)
-                self.waiting.append(wish)
+                self.residency.enqueue(wish)
                 if wish.generated_ids:  # a stream rebuilt elsewhere (Engine.submit)
                     events += self._replay(wish)
                 continue
@@ -203,8 +200,9 @@ class Scheduler:
         prefill: list[Chunk] = []
         used = 0
         timed = self.max_step_ms is not None  # then a late chunk's prefix counts (costs)
-        # Admission order within a band; a higher band's prompt first (``engine.priority``).
-        for seq in sorted(self.running.values(), key=lambda s: s.request.priority):
+        # Admission order within a band; a higher band's prompt first (``engine.priority``:
+        # the band it runs at, so one admitted by aging is not starved of prefill).
+        for seq in sorted(self.running.values(), key=band_of):
             if seq.is_paused or not seq.needs_prefill:
                 continue
             left = seq.num_to_cache

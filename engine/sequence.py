@@ -53,6 +53,10 @@ class Sequence:
     num_priority_preemptions: int = 0  # of those, for a higher band (``engine.priority``)
     submitted_at: float | None = None  # the scheduler's clock when its submit was applied
     was_admitted: bool = False  # once admitted (its queue wait is counted then)
+    # Aging (``engine.aging``): the band aging admitted it at, kept while it runs (None:
+    # its request's), and the step it last entered the waiting queue at (its wait).
+    aged_band: int | None = None
+    entered_queue_step: int = 0
     num_lost: int = 0  # positions cached when last preempted: the ones computed again
     # Prompt positions its first admission found in the prefix cache (None before it):
     # what its usage reports as cached. A later admission, after a preemption, does not

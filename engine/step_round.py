@@ -168,13 +168,16 @@ def boundary_statistics(scheduler: Scheduler, timing: StepTiming,
 
 
 def band_statistics(scheduler: Scheduler) -> dict[str, Any]:
-    """Per band (``engine.priority``): waiting now, mean queue wait, preemptions."""
+    """Per band (``engine.priority``): waiting now, mean queue wait, preemptions, the
+    longest queue wait in steps and admissions by aging (``engine.aging``)."""
     residency = scheduler.residency
     bands = residency.bands
     return {"waiting_by_band": waiting_by_band(scheduler.waiting),
             "wait_ms_by_band": bands.mean_wait_ms(),
             "preemptions_by_band": tuple(sorted(bands.preempted.items())),
-            "priority_preemptions": residency.num_priority_preemptions}
+            "priority_preemptions": residency.num_priority_preemptions,
+            "longest_wait_steps_by_band": tuple(sorted(bands.longest_wait_steps.items())),
+            "aged_admissions_by_band": tuple(sorted(bands.aged.items()))}
 
 
 def plan_statistics(plan: StepPlan) -> dict[str, Any]:

@@ -201,3 +201,7 @@ class EngineStatistics:
     wait_ms_by_band: tuple[tuple[int, float], ...] = ()  # mean wait before first admission
     preemptions_by_band: tuple[tuple[int, int], ...] = ()  # sequences of it preempted
     priority_preemptions: int = 0  # of all preemptions, those for a higher band
+    # Aging (``engine.aging``), per band: the most steps a sequence waited in the queue
+    # before an admission (since it last entered it), and admissions lifted by aging.
+    longest_wait_steps_by_band: tuple[tuple[int, int], ...] = ()
+    aged_admissions_by_band: tuple[tuple[int, int], ...] = ()

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from engine import GenerationRequest, SamplingParams
+from engine.aging import Aging
 from engine.engine import Engine
 from tools.lab.priority import FLEX, INTERACTIVE, Traffic, _jain, _run
 
@@ -39,3 +40,20 @@ def test_a_mixed_condition_counts_interactive_times_preemptions_and_no_leak(
         else:  # cancelled at the end of the condition: a prefix of its solo text
             assert solo.texts[rid].startswith(out.texts.get(rid, ""))
 
+
+
+def test_a_starved_condition_measures_the_low_bands_longest_wait_in_steps(
+    make_tiny_engine: Callable[..., Engine],
+) -> None:
+    """The interactive band keeps more streams than the batch holds; the flex stream's
+    wait in steps is measured, and aging admits it within a period and an answer."""
+    greedy = SamplingParams(ignore_eos=True)
+    high = [GenerationRequest(f"high{i}", "hello", 4, sampling=greedy, priority=INTERACTIVE)
+            for i in range(80)]
+    low = GenerationRequest("low0", "a flex prompt", 6, sampling=greedy, priority=FLEX)
+    engine = make_tiny_engine("tiny-gpt2", max_batch=2, num_blocks=256, block_size=4)
+    engine.scheduler.residency.aging = Aging(8)
+    out = _run(engine, Traffic(interactive=[(0, low)], loops={"high": (4, high)}), 30)
+    assert len(out.ttft) == 1  # admitted within the condition
+    assert 8 - 1 <= out.longest_wait_steps[FLEX] <= 8 + 4  # lifted at its 8th step
+    assert out.leaked_blocks == 0

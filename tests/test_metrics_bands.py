@@ -20,3 +20,8 @@ async def test_a_served_request_shows_in_its_bands_series(server: RunningServer)
     wait = value(samples, "streamscope_queue_wait_mean_seconds", band="0")
     assert wait == current["wait_ms_by_band"][0][1] / 1000
     assert value(samples, "streamscope_priority_preemptions_total") == 0
+    # Aging's floor, measured: the longest queue wait in steps; nothing lifted alone.
+    assert [band for band, _ in current["longest_wait_steps_by_band"]] == [0]
+    longest = value(samples, "streamscope_queue_wait_longest_steps", band="0")
+    assert longest == current["longest_wait_steps_by_band"][0][1]
+    assert current["aged_admissions_by_band"] == []

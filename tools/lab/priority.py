@@ -23,7 +23,14 @@ wall clock around the steps (``time.perf_counter``). Conditions, each on a fresh
   work per second (prompt tokens computed + decode tokens, the decode weighted as the
   engine's cost model weighs it: ``FairShare.decode_weight``) while both had work
   waiting, and Jain's index over the two; ``fair_fcfs`` is the same traffic with both
-  in one tenant, first come first served, for comparison.
+  in one tenant, first come first served, for comparison;
+* ``starved``: the floor of progress (``engine.aging``): the interactive band closed
+  loop with more streams than the batch holds (``--batch`` + 2, ``--answer`` tokens), so
+  strictly a lower band would never be admitted, and one flex stream submitted at step
+  0: ``longest_low_wait_steps`` is the most steps a flex sequence waited in the queue
+  (admitted, or still waiting when the condition ended), against ``aging_bound_steps``
+  (one band above it: a period, ``--aging`` steps, plus an interactive answer for a slot
+  to free); ``low_admitted`` whether it got its first token within the condition.
 
 Then every flood stream of ``mixed`` that was preempted by priority and ended within
 the condition (at most ``--compare``; the drain cancels the others) runs again alone:
@@ -43,6 +50,7 @@ import torch
 import trio
 
 from engine import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
+from engine.aging import PRIORITY_AGING_STEPS, Aging
 from engine.engine import Engine
 from engine.model import load_model
 from tools.lab.common import Lab, Report, experiment, pct
@@ -59,6 +67,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", type=int, default=None, help="preempted re-run (8)")
     parser.add_argument("--long-answer", type=int, default=None,
                         help="flood and long tenant's answer tokens (96; quick 24)")
+    parser.add_argument("--aging", type=int, default=None,
+                        help=f"aging period in steps ({PRIORITY_AGING_STEPS}; quick 20)")
 
 
 @dataclass
@@ -84,6 +94,7 @@ class Outcome:
     priority_preemptions: int = 0
     leaked_blocks: int = 0
     steps: int = 0
+    longest_wait_steps: dict[int, int] = field(default_factory=dict)  # by band, see _run
 
 
 @experiment("priority", "an interactive band beside a flex flood (TTFT and gaps against "
@@ -99,7 +110,8 @@ async def priority(lab: Lab) -> Report:
             "steps": lab.option("steps", 300, 60), "every": lab.option("every", 12, 6),
             "answer": lab.option("answer", 16, 6), "compare": lab.option("compare", 8, 3),
             "long_prompt": lab.pick(6, 2), "long_answer": lab.option("long_answer", 96, 24),
-            "short_answer": lab.pick(16, 6)}
+            "short_answer": lab.pick(16, 6),
+            "aging": lab.option("aging", PRIORITY_AGING_STEPS, 20)}
     return await trio.to_thread.run_sync(_run_all, lab, model, size)
 
 
@@ -110,7 +122,9 @@ def _run_all(lab: Lab, model: str, size: dict[str, Any]) -> Report:
     options = {"max_batch": size["batch"], "num_blocks": 4096, "block_size": 16}
 
     def engine() -> Engine:
-        return Engine(loaded, **options)
+        made = Engine(loaded, **options)
+        made.scheduler.residency.aging = Aging(size["aging"])
+        return made
 
     def flood_request(i: int, tenant: str = "flood", band: int = FLEX) -> GenerationRequest:
         seeded = SamplingParams(temperature=0.8, top_p=0.9, seed=100 + i, ignore_eos=True)
@@ -143,16 +157,24 @@ def _run_all(lab: Lab, model: str, size: dict[str, Any]) -> Report:
 
     fair = _run(engine(), pair(False), steps)
     fcfs = _run(engine(), pair(True), steps)
+    high = [GenerationRequest(f"high{i}", prompts[i % 32], size["answer"],
+                              sampling=SamplingParams(ignore_eos=True), priority=INTERACTIVE,
+                              tenant="interactive") for i in range(steps * 2)]
+    starved = _run(engine(), Traffic(interactive=[(0, flood_request(0, "low"))],
+                                     loops={"high": (size["batch"] + 2, high)}), steps)
     identical, compared = 0, sorted(mixed.preempted & mixed.finished)[: size["compare"]]
     for rid in compared:  # whole answers only (the drain cancels the rest)
         solo = _run(engine(), Traffic(interactive=[(0, mixed.requests[rid])]), 0)
         identical += solo.texts[rid] == mixed.texts.get(rid)
     summary = _summary(model, size, idle, alone, mixed, fair, fcfs)
-    summary.update(preempted_compared=len(compared), preempted_identical=identical)
+    summary.update(preempted_compared=len(compared), preempted_identical=identical,
+                   aging_steps=size["aging"], aging_bound_steps=size["aging"] + size["answer"],
+                   longest_low_wait_steps=starved.longest_wait_steps.get(FLEX),
+                   low_admitted=bool(starved.ttft), leaked_blocks_starved=starved.leaked_blocks)
     raw = {name: {"ttft_s": o.ttft, "steps": o.steps, "served": o.served,
                   "preempted": sorted(o.preempted)}
            for name, o in (("idle", idle), ("flood", alone), ("mixed", mixed),
-                           ("fair", fair), ("fair_fcfs", fcfs))}
+                           ("fair", fair), ("fair_fcfs", fcfs), ("starved", starved))}
     return Report(summary=summary, raw=raw)
 
 
@@ -254,7 +276,16 @@ def _run(engine: Engine, traffic: Traffic, steps: int) -> Outcome:
             for tenant, done in work.items():
                 out.served[tenant] = out.served.get(tenant, 0.0) + done
     out.steps = step
-    out.priority_preemptions = engine.statistics().priority_preemptions
+    stats = engine.statistics()
+    out.priority_preemptions = stats.priority_preemptions
+    # The most steps a sequence of each band waited in the queue: admitted (the engine's
+    # count), or still waiting now (a lower bound of its wait).
+    out.longest_wait_steps = dict(engine.scheduler.residency.bands.longest_wait_steps)
+    now = engine.scheduler.residency.aging.steps
+    for seq in engine.scheduler.waiting:
+        band = seq.request.priority
+        out.longest_wait_steps[band] = max(out.longest_wait_steps.get(band, 0),
+                                           now - seq.entered_queue_step)
     for rid in list(live):
         engine.cancel(rid)
     while engine.has_work():
