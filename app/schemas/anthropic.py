@@ -70,10 +70,10 @@ from .limits import (
     check_new_tokens,
     check_prompt_chars,
     check_schema_bytes,
-    check_tool_count,
     limits_of,
     salt_bytes,
 )
+from .tool_fields import tool_field_validators
 from .tool_formats import SpeaksToolFormats, answer_constraint, with_tools
 from .tools import CallsText, ToolUse, calls_text, json_schema_constraint
 from .unsupported import neutral_validator
@@ -186,31 +186,9 @@ class AnthropicPrompt(SpeaksToolFormats):
             )
         return value
 
-    @field_validator("tools")
-    @classmethod
-    def _tools_within_limit(cls, value: list[AnthropicTool] | None, info: ValidationInfo
-                            ) -> list[AnthropicTool] | None:
-        if value:
-            limits = limits_of(info, _HOW)
-            check_tool_count(len(value), limits)
-            check_schema_bytes([t.input_schema for t in value], limits,
-                               "the tools' input schemas")
-        try:
-            check_tools(value, None)  # names given twice
-        except ValueError as exc:
-            raise PydanticCustomError("invalid_tools", str(exc)) from None
-        return value
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _choice_among_tools(cls, value: ToolChoice | None, info: ValidationInfo
-                            ) -> ToolChoice | None:
-        if "tools" in info.data:  # else the tools were refused already
-            try:
-                check_tools(info.data["tools"], value)
-            except ValueError as exc:
-                raise PydanticCustomError("invalid_tool_choice", str(exc)) from None
-        return value
+    # The tools within the limits, named once; tool_choice among them (tool_fields.py).
+    _tools_checked, _choice_checked = tool_field_validators(
+        _HOW, lambda tool: tool.input_schema, "the tools' input schemas", check_tools)
 
     @model_validator(mode="after")
     def _within_limit(self, info: ValidationInfo) -> Self:

@@ -9,14 +9,15 @@ Two kinds of limit:
 * the server's, from settings (``RequestLimits``, passed as pydantic's validation
   context): the prompt's length, the number of new tokens, the tools and the schemas a
   request may have compiled, checked by ``check_prompt_chars``, ``check_new_tokens``,
-  ``check_tool_count`` and ``check_schema_bytes``, whose messages are worded here only.
+  ``check_tool_count`` and ``check_schema_bytes`` (both: ``check_tools_within_limit``),
+  whose messages are worded here only.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field, ValidationInfo
 from pydantic_core import PydanticCustomError
@@ -160,6 +161,13 @@ def check_schema_bytes(schemas: object, limits: RequestLimits, what: str) -> Non
             "over_limit",
             "{what} take {size} bytes as compact JSON, over this server's limit of {limit}",
             {"what": what, "size": size, "limit": limits.max_schema_bytes})
+
+
+def check_tools_within_limit(schemas: list[Any], limits: RequestLimits, what: str) -> None:
+    """Refuse more tools than the server allows, or their argument ``schemas`` (``what``
+    names them in the refusal) together longer than it compiles."""
+    check_tool_count(len(schemas), limits)
+    check_schema_bytes(schemas, limits, what)
 
 
 def check_new_tokens(value: int | None, limits: RequestLimits) -> int | None:

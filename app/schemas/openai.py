@@ -41,7 +41,6 @@ import uuid
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
-from pydantic_core import PydanticCustomError
 
 from engine import MAX_TOP_LOGPROBS, Constraint, GenerationRequest, SamplingParams
 
@@ -62,7 +61,6 @@ from .limits import (
     check_new_tokens,
     check_prompt_chars,
     check_schema_bytes,
-    check_tool_count,
     check_top_logprobs,
     limits_of,
     salt_bytes,
@@ -72,10 +70,11 @@ from .openai_tools import (
     FunctionTool,
     ResponseFormat,
     ToolChoice,
-    check_tool_choice,
+    check_tools,
     openai_tool_use,
 )
 from .penalties import LogitBias, Penalty, RepetitionPenalty, bias_pairs
+from .tool_fields import tool_field_validators
 from .tool_formats import SpeaksToolFormats, answer_constraint, with_tools
 from .tools import ToolUse
 from .unsupported import (
@@ -298,31 +297,10 @@ class ChatBody(OpenAIBody, SpeaksToolFormats):
     def _top_needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
         return check_top_logprobs(value, info.data.get("logprobs"))
 
-    @field_validator("tools")
-    @classmethod
-    def _tools_within_limit(cls, value: list[FunctionTool] | None, info: ValidationInfo
-                            ) -> list[FunctionTool] | None:
-        if value:
-            limits = limits_of(info, _HOW)
-            check_tool_count(len(value), limits)
-            check_schema_bytes([t.function.spec().parameters for t in value], limits,
-                               "the tools' parameters")
-        try:
-            check_tool_choice(None, value)  # names given twice
-        except ValueError as exc:
-            raise PydanticCustomError("invalid_tools", str(exc)) from None
-        return value
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _choice_among_tools(cls, value: ToolChoice | None, info: ValidationInfo
-                            ) -> ToolChoice | None:
-        if "tools" in info.data:  # else the tools were refused already
-            try:
-                check_tool_choice(value, info.data["tools"])
-            except ValueError as exc:
-                raise PydanticCustomError("invalid_tool_choice", str(exc)) from None
-        return value
+    # The tools within the limits, named once; tool_choice among them (tool_fields.py).
+    _tools_checked, _choice_checked = tool_field_validators(
+        _HOW, lambda tool: tool.function.spec().parameters, "the tools' parameters",
+        check_tools)
 
     def asked_tool_use(self) -> ToolUse | None:
         """What the request asks of its tools (None: no tools, or ``tool_choice: none``);

@@ -66,12 +66,12 @@ from .limits import (
     check_new_tokens,
     check_prompt_chars,
     check_schema_bytes,
-    check_tool_count,
+    check_tools_within_limit,
     limits_of,
 )
 from .responses_items import InputItem, content_parts, template_messages
 from .tool_formats import SpeaksToolFormats, answer_constraint, with_tools
-from .tools import ToolSpec, ToolUse, json_schema_constraint
+from .tools import ToolSpec, ToolUse, function_spec, json_schema_constraint
 from .unsupported import neutral_validator
 
 _HOW = "validate a Responses body with the request limits as its context"
@@ -105,10 +105,7 @@ class FunctionTool(BaseModel):
     strict: bool | None = None  # strict or not, the arguments are constrained
 
     def spec(self) -> ToolSpec:
-        parameters = self.parameters
-        if parameters is None:
-            parameters = {"type": "object", "properties": {}, "additionalProperties": False}
-        return ToolSpec(self.name, self.description, parameters)
+        return function_spec(self.name, self.description, self.parameters)
 
 
 class NamedFunction(BaseModel):
@@ -228,9 +225,8 @@ class ResponsesBody(SpeaksToolFormats):
                                       "background responses need store: true", {})
         limits = limits_of(info, _HOW)
         if self.tools:
-            check_tool_count(len(self.tools), limits)
-            check_schema_bytes([t.spec().parameters for t in self.tools], limits,
-                               "the tools' parameters")
+            check_tools_within_limit([t.spec().parameters for t in self.tools], limits,
+                                     "the tools' parameters")
         schema = self._format_schema()
         if schema is not None:
             check_schema_bytes(schema, limits, "text.format's schema")
