@@ -74,7 +74,7 @@ from .limits import (
     salt_bytes,
 )
 from .tool_fields import tool_field_validators
-from .tool_formats import SpeaksToolFormats, answer_constraint, with_tools
+from .tool_formats import SpeaksToolFormats, with_tools
 from .tools import CallsText, ToolUse, calls_text, json_schema_constraint
 from .unsupported import neutral_validator
 
@@ -155,6 +155,7 @@ class AnthropicPrompt(SpeaksToolFormats):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
     UNSUPPORTED: ClassVar[dict[str, tuple[object, ...]]] = PROMPT_UNSUPPORTED
+    FORMAT_PARAM: ClassVar[str] = "output_config.format"
 
     model: Annotated[str, Field(min_length=1)]
     messages: list[InputMessage] = Field(min_length=1)
@@ -212,18 +213,10 @@ class AnthropicPrompt(SpeaksToolFormats):
         ``tool_use`` answers it in the model's format (``SpeaksToolFormats``)."""
         return anthropic_tool_use(self.tools, self.tool_choice, self.answer_schema)
 
-    def constraint(self) -> Constraint | None:
-        """The engine's constraint on the answer: its tool format's (with tools),
-        ``output_config.format``'s, or None for free text."""
-        if (use := self.tool_use()) is not None:
-            return answer_constraint(use)
+    def format_constraint(self) -> Constraint | None:
+        """``output_config.format``'s schema as the engine's constraint, or None."""
         schema = self.answer_schema
         return None if schema is None else json_schema_constraint(schema)
-
-    @property
-    def constraint_param(self) -> str:
-        """The field to name when the constraint does not compile."""
-        return "tools" if self.tool_use() is not None else "output_config.format"
 
     def template_input(self) -> list[dict[str, str]]:
         """The conversation as a chat template takes it: the system prompt (if any) as

@@ -75,7 +75,7 @@ from .openai_tools import (
 )
 from .penalties import LogitBias, Penalty, RepetitionPenalty, bias_pairs
 from .tool_fields import tool_field_validators
-from .tool_formats import SpeaksToolFormats, answer_constraint, with_tools
+from .tool_formats import SpeaksToolFormats, with_tools
 from .tools import ToolUse
 from .unsupported import (
     CHAT_UNSUPPORTED,
@@ -157,14 +157,21 @@ class OpenAIBody(BaseModel):
         """The band it asks for (``priority_bands.asked_band``); None: neither field."""
         return asked_band(self.priority, self.service_tier)
 
+    FORMAT_PARAM: ClassVar[str] = "response_format"
+
     @property
     def constraint_param(self) -> str:
         """The field to name when the constraint does not compile."""
-        return "response_format"
+        return self.FORMAT_PARAM
+
+    def format_constraint(self) -> Constraint | None:
+        """``response_format``'s constraint on the answer, or None for free text."""
+        return None if self.response_format is None else self.response_format.constraint()
 
     def constraint(self) -> Constraint | None:
-        """The engine's constraint on the answer, or None for free text."""
-        return None if self.response_format is None else self.response_format.constraint()
+        """The engine's constraint on the answer (a chat body's tools win over it:
+        ``SpeaksToolFormats``)."""
+        return self.format_constraint()
 
     @property
     def choices(self) -> int:
@@ -248,8 +255,10 @@ class CompletionsBody(OpenAIBody):
         return self.prompt
 
 
-class ChatBody(OpenAIBody, SpeaksToolFormats):
-    """``POST /v1/chat/completions``: messages, rendered by the model's chat template."""
+class ChatBody(SpeaksToolFormats, OpenAIBody):
+    """``POST /v1/chat/completions``: messages, rendered by the model's chat template.
+    ``SpeaksToolFormats`` comes first: its ``constraint`` (tools win) and
+    ``constraint_param`` are the chat body's, over ``OpenAIBody``'s format alone."""
 
     UNSUPPORTED: ClassVar[dict[str, tuple[object, ...]]] = CHAT_UNSUPPORTED
 
@@ -307,14 +316,6 @@ class ChatBody(OpenAIBody, SpeaksToolFormats):
         ``tool_use`` answers it in the model's format (``SpeaksToolFormats``)."""
         return openai_tool_use(self.tools, self.tool_choice, self.parallel_tool_calls,
                                self.response_format)
-
-    @property
-    def constraint_param(self) -> str:
-        return "tools" if self.tool_use() is not None else "response_format"
-
-    def constraint(self) -> Constraint | None:
-        use = self.tool_use()
-        return super().constraint() if use is None else answer_constraint(use)
 
     def logprob_request(self) -> tuple[bool, int]:
         return bool(self.logprobs), self.top_logprobs or 0

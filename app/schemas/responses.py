@@ -70,7 +70,7 @@ from .limits import (
     limits_of,
 )
 from .responses_items import InputItem, content_parts, template_messages
-from .tool_formats import SpeaksToolFormats, answer_constraint, with_tools
+from .tool_formats import SpeaksToolFormats, with_tools
 from .tools import ToolSpec, ToolUse, function_spec, json_schema_constraint
 from .unsupported import neutral_validator
 
@@ -146,6 +146,7 @@ class ResponsesBody(SpeaksToolFormats):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
     UNSUPPORTED: ClassVar[dict[str, tuple[object, ...]]] = RESPONSES_UNSUPPORTED
+    FORMAT_PARAM: ClassVar[str] = "text.format"
 
     model: str | None = None
     input: Annotated[list[InputItem], Field(max_length=MAX_ITEMS)] | None = None
@@ -279,21 +280,12 @@ class ResponsesBody(SpeaksToolFormats):
                        parallel=self.parallel_tool_calls is not False,
                        response_schema=self._format_schema())
 
-    def constraint(self) -> Constraint | None:
-        """The engine's constraint on the answer: its tool format's (with tools),
-        ``text.format``'s, or None for free text."""
-        use = self.tool_use()
-        if use is not None:
-            return answer_constraint(use)
+    def format_constraint(self) -> Constraint | None:
+        """``text.format``'s constraint: any JSON object, a schema's document, or None."""
         if self.format_type == "json_object":
             return Constraint(ConstraintKind.JSON_OBJECT)
         schema = self._format_schema()
         return None if schema is None else json_schema_constraint(schema)
-
-    @property
-    def constraint_param(self) -> str:
-        """The field to name when the constraint does not compile."""
-        return "tools" if self.tool_use() is not None else "text.format"
 
     def prompt_turns(self, context: list[dict[str, Any]]) -> list[dict[str, str]]:
         """What the chat template renders: ``instructions`` as the system turn, then the
