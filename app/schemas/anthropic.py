@@ -67,10 +67,10 @@ from .limits import (
     Temperature,
     TopP,
     check_chat_size,
-    check_new_tokens,
     check_prompt_chars,
     check_schema_bytes,
     limits_of,
+    new_tokens_validator,
     salt_bytes,
 )
 from .tool_fields import tool_field_validators
@@ -267,10 +267,7 @@ class MessagesBody(AnthropicPrompt):
 
     _neutral = neutral_validator(list(ANTHROPIC_UNSUPPORTED))
 
-    @field_validator("max_tokens")
-    @classmethod
-    def _tokens_within_limit(cls, value: int, info: ValidationInfo) -> int | None:
-        return check_new_tokens(value, limits_of(info, _HOW))
+    _tokens_within_limit = new_tokens_validator(_HOW, "max_tokens")
 
     @property
     def is_streaming(self) -> bool:

@@ -58,11 +58,11 @@ from .limits import (
     Temperature,
     TopP,
     check_chat_size,
-    check_new_tokens,
     check_prompt_chars,
     check_schema_bytes,
     check_top_logprobs,
     limits_of,
+    new_tokens_validator,
     salt_bytes,
 )
 from .openai_messages import ChatMessage, template_input
@@ -134,10 +134,7 @@ class OpenAIBody(BaseModel):
     min_tokens: Any = None
     best_of: Any = None
 
-    @field_validator("max_tokens")
-    @classmethod
-    def _within_limit(cls, value: int | None, info: ValidationInfo) -> int | None:
-        return check_new_tokens(value, limits_of(info, _HOW))
+    _within_limit = new_tokens_validator(_HOW, "max_tokens")
 
     @field_validator("response_format")
     @classmethod
@@ -285,10 +282,7 @@ class ChatBody(SpeaksToolFormats, OpenAIBody):
 
     _neutral = neutral_validator(list(CHAT_UNSUPPORTED))
 
-    @field_validator("max_completion_tokens")
-    @classmethod
-    def _completion_within_limit(cls, value: int | None, info: ValidationInfo) -> int | None:
-        return check_new_tokens(value, limits_of(info, _HOW))
+    _completion_within_limit = new_tokens_validator(_HOW, "max_completion_tokens")
 
     @field_validator("messages")
     @classmethod

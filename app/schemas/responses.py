@@ -63,11 +63,11 @@ from .limits import (
     Temperature,
     TopP,
     check_chat_size,
-    check_new_tokens,
     check_prompt_chars,
     check_schema_bytes,
     check_tools_within_limit,
     limits_of,
+    new_tokens_validator,
 )
 from .responses_items import InputItem, content_parts, template_messages
 from .tool_formats import SpeaksToolFormats, with_tools
@@ -197,10 +197,7 @@ class ResponsesBody(SpeaksToolFormats):
             return [{"type": "message", "role": "user", "content": value}]
         return value
 
-    @field_validator("max_output_tokens")
-    @classmethod
-    def _within_limit(cls, value: int | None, info: ValidationInfo) -> int | None:
-        return check_new_tokens(value, limits_of(info, _HOW))
+    _within_limit = new_tokens_validator(_HOW, "max_output_tokens")
 
     @field_validator("metadata")
     @classmethod
