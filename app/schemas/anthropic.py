@@ -60,6 +60,7 @@ from .anthropic_blocks import (
     turn_text,
 )
 from .anthropic_output import OutputConfig
+from .content_text import content_text
 from .limits import (
     CacheSalt,
     NewTokens,
@@ -115,10 +116,6 @@ def _text_blocks(value: object, served: frozenset[str] = frozenset({"text"})) ->
                     {"index": index, "kind": kind[:40], "served": ", ".join(sorted(served))},
                 )
     return value
-
-
-def _joined(blocks: list[TextBlock]) -> str:
-    return "\n".join(block.text for block in blocks)
 
 
 class InputMessage(BaseModel):
@@ -227,7 +224,7 @@ class AnthropicPrompt(SpeaksToolFormats):
         write_calls = self.past_calls_writer()
         turns = [m.as_template_input(names, write_calls) for m in self.messages]
         if self.system is not None:
-            turns = [{"role": "system", "content": _joined(self.system)}, *turns]
+            turns = [{"role": "system", "content": content_text(self.system)}, *turns]
         return with_tools(turns, self.tool_use())
 
 
