@@ -1,7 +1,8 @@
 """API keys: what a key is, the keys it derives, a stream's read token, owned request ids.
 
-Pure: hashlib and hmac, no web framework and no clock of its own (``now`` is passed in),
-so that ``settings.py`` validates with it and ``auth.py`` (the HTTP side) uses it.
+Pure: hashlib, hmac and ``settings_json``'s JSON, no web framework and no clock of its
+own (``now`` is passed in), so that ``settings.py`` validates with it and ``auth.py``
+(the HTTP side) uses it.
 
 Keys. ``STREAMSCOPE_API_KEY`` is one key (named ``default``); ``STREAMSCOPE_API_KEYS``
 adds more, each with a name and, optionally, the most streams it may hold open at once,
@@ -37,11 +38,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import math
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from .settings_json import json_setting
 
 MIN_KEY_CHARS = 32
 MAX_NAME_CHARS = 64
@@ -54,6 +56,7 @@ KEYLESS_CACHE_KEY = b"streamscope keyless prefix cache"
 _RANDOM_HEX = 16  # an owned id: this many random hex digits, then as many of its tag
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 _FIELDS = frozenset({"name", "key", "max_streams"})
+_EXPECTED = 'a JSON list of {"name", "key", "max_streams"} objects'  # what a refusal asks
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,14 +85,9 @@ def parse_api_keys(value: object) -> tuple[ApiKey, ...]:
 
     Raises: ValueError naming the entry (its position and name) and the problem.
     """
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"expected a JSON list of {{\"name\", \"key\", "
-                             f"\"max_streams\"}} objects: {exc.msg} at {exc.pos}") from None
+    value = json_setting(value, _EXPECTED)
     if not isinstance(value, list | tuple):
-        raise ValueError('expected a JSON list of {"name", "key", "max_streams"} objects')
+        raise ValueError(f"expected {_EXPECTED}")
     keys = tuple(_entry(n, entry) for n, entry in enumerate(value, start=1))
     for what, values in (("name", [k.name for k in keys]), ("key", [k.key for k in keys])):
         if len(set(values)) != len(values):

@@ -8,7 +8,6 @@ name in ``priority_ceilings`` is one of the server's keys is checked there, with
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Annotated
 
@@ -18,6 +17,7 @@ from pydantic_settings import NoDecode
 from .priority_bands import DEFAULT_BAND, Priority, check_bands
 from .settings_engine import EngineSettings
 from .settings_env import setting as _setting
+from .settings_json import json_setting
 
 
 class BandSettings(EngineSettings):
@@ -45,12 +45,7 @@ class BandSettings(EngineSettings):
     def _bands(cls, value: object) -> tuple[tuple[str, int], ...]:
         """JSON text (or, in code, a mapping or pairs), held as sorted pairs: the
         settings stay hashable."""
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"expected a JSON object of names to bands: {exc.msg} "
-                                 f"at {exc.pos}") from None
+        value = json_setting(value, "a JSON object of names to bands")
         if isinstance(value, tuple | list) and all(isinstance(p, tuple) for p in value):
             value = dict(value)
         if not isinstance(value, Mapping):

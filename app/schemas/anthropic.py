@@ -60,6 +60,7 @@ from .anthropic_blocks import (
     turn_text,
 )
 from .anthropic_output import OutputConfig
+from .content_text import content_text
 from .limits import (
     CacheSalt,
     NewTokens,
@@ -67,14 +68,14 @@ from .limits import (
     Temperature,
     TopP,
     check_chat_size,
-    check_new_tokens,
     check_prompt_chars,
     check_schema_bytes,
-    check_tool_count,
     limits_of,
+    new_tokens_validator,
     salt_bytes,
 )
-from .tool_formats import SpeaksToolFormats, answer_constraint, with_tools
+from .tool_fields import tool_field_validators
+from .tool_formats import SpeaksToolFormats, with_tools
 from .tools import CallsText, ToolUse, calls_text, json_schema_constraint
 from .unsupported import neutral_validator
 
@@ -117,10 +118,6 @@ def _text_blocks(value: object, served: frozenset[str] = frozenset({"text"})) ->
     return value
 
 
-def _joined(blocks: list[TextBlock]) -> str:
-    return "\n".join(block.text for block in blocks)
-
-
 class InputMessage(BaseModel):
     """One turn: its role and its content (a string, or content blocks: text, and an
     assistant's ``tool_use`` or a user's ``tool_result``)."""
@@ -155,6 +152,7 @@ class AnthropicPrompt(SpeaksToolFormats):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
     UNSUPPORTED: ClassVar[dict[str, tuple[object, ...]]] = PROMPT_UNSUPPORTED
+    FORMAT_PARAM: ClassVar[str] = "output_config.format"
 
     model: Annotated[str, Field(min_length=1)]
     messages: list[InputMessage] = Field(min_length=1)
@@ -186,31 +184,9 @@ class AnthropicPrompt(SpeaksToolFormats):
             )
         return value
 
-    @field_validator("tools")
-    @classmethod
-    def _tools_within_limit(cls, value: list[AnthropicTool] | None, info: ValidationInfo
-                            ) -> list[AnthropicTool] | None:
-        if value:
-            limits = limits_of(info, _HOW)
-            check_tool_count(len(value), limits)
-            check_schema_bytes([t.input_schema for t in value], limits,
-                               "the tools' input schemas")
-        try:
-            check_tools(value, None)  # names given twice
-        except ValueError as exc:
-            raise PydanticCustomError("invalid_tools", str(exc)) from None
-        return value
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _choice_among_tools(cls, value: ToolChoice | None, info: ValidationInfo
-                            ) -> ToolChoice | None:
-        if "tools" in info.data:  # else the tools were refused already
-            try:
-                check_tools(info.data["tools"], value)
-            except ValueError as exc:
-                raise PydanticCustomError("invalid_tool_choice", str(exc)) from None
-        return value
+    # The tools within the limits, named once; tool_choice among them (tool_fields.py).
+    _tools_checked, _choice_checked = tool_field_validators(
+        _HOW, lambda tool: tool.input_schema, "the tools' input schemas", check_tools)
 
     @model_validator(mode="after")
     def _within_limit(self, info: ValidationInfo) -> Self:
@@ -234,18 +210,10 @@ class AnthropicPrompt(SpeaksToolFormats):
         ``tool_use`` answers it in the model's format (``SpeaksToolFormats``)."""
         return anthropic_tool_use(self.tools, self.tool_choice, self.answer_schema)
 
-    def constraint(self) -> Constraint | None:
-        """The engine's constraint on the answer: its tool format's (with tools),
-        ``output_config.format``'s, or None for free text."""
-        if (use := self.tool_use()) is not None:
-            return answer_constraint(use)
+    def format_constraint(self) -> Constraint | None:
+        """``output_config.format``'s schema as the engine's constraint, or None."""
         schema = self.answer_schema
         return None if schema is None else json_schema_constraint(schema)
-
-    @property
-    def constraint_param(self) -> str:
-        """The field to name when the constraint does not compile."""
-        return "tools" if self.tool_use() is not None else "output_config.format"
 
     def template_input(self) -> list[dict[str, str]]:
         """The conversation as a chat template takes it: the system prompt (if any) as
@@ -256,7 +224,7 @@ class AnthropicPrompt(SpeaksToolFormats):
         write_calls = self.past_calls_writer()
         turns = [m.as_template_input(names, write_calls) for m in self.messages]
         if self.system is not None:
-            turns = [{"role": "system", "content": _joined(self.system)}, *turns]
+            turns = [{"role": "system", "content": content_text(self.system)}, *turns]
         return with_tools(turns, self.tool_use())
 
 
@@ -296,10 +264,7 @@ class MessagesBody(AnthropicPrompt):
 
     _neutral = neutral_validator(list(ANTHROPIC_UNSUPPORTED))
 
-    @field_validator("max_tokens")
-    @classmethod
-    def _tokens_within_limit(cls, value: int, info: ValidationInfo) -> int | None:
-        return check_new_tokens(value, limits_of(info, _HOW))
+    _tokens_within_limit = new_tokens_validator(_HOW, "max_tokens")
 
     @property
     def is_streaming(self) -> bool:

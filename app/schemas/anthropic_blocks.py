@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .content_text import content_text
 from .tools import CallsText, ToolSpec, ToolUse, calls_text, result_text
 
 ToolName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,128}$")]
@@ -63,10 +64,7 @@ class ToolResultBlock(BaseModel):
 
     @property
     def text(self) -> str:
-        content = self.content
-        if content is None:
-            return ""
-        return content if isinstance(content, str) else "\n".join(b.text for b in content)
+        return content_text(self.content)
 
 
 ContentBlock = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]

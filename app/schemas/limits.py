@@ -9,16 +9,18 @@ Two kinds of limit:
 * the server's, from settings (``RequestLimits``, passed as pydantic's validation
   context): the prompt's length, the number of new tokens, the tools and the schemas a
   request may have compiled, checked by ``check_prompt_chars``, ``check_new_tokens``,
-  ``check_tool_count`` and ``check_schema_bytes``, whose messages are worded here only.
+  ``check_tool_count`` and ``check_schema_bytes`` (both: ``check_tools_within_limit``),
+  whose messages are worded here only; ``new_tokens_validator`` is the bodies' one
+  validator of their new-token fields.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import Field, ValidationInfo
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from engine import (
@@ -162,6 +164,13 @@ def check_schema_bytes(schemas: object, limits: RequestLimits, what: str) -> Non
             {"what": what, "size": size, "limit": limits.max_schema_bytes})
 
 
+def check_tools_within_limit(schemas: list[Any], limits: RequestLimits, what: str) -> None:
+    """Refuse more tools than the server allows, or their argument ``schemas`` (``what``
+    names them in the refusal) together longer than it compiles."""
+    check_tool_count(len(schemas), limits)
+    check_schema_bytes(schemas, limits, what)
+
+
 def check_new_tokens(value: int | None, limits: RequestLimits) -> int | None:
     """Refuse more new tokens than the operator allows; None (the default) passes. The
     model's context, which the prompt shares, is checked once the prompt is encoded
@@ -170,3 +179,15 @@ def check_new_tokens(value: int | None, limits: RequestLimits) -> int | None:
     if value is not None and limit is not None and value > limit:
         raise PydanticCustomError("over_limit", "must be at most {limit}", {"limit": limit})
     return value
+
+
+def new_tokens_validator(how: str, *fields: str) -> Any:
+    """A field validator of a body's new-token ``fields`` (``max_tokens``, ...): each
+    within the operator's cap (``check_new_tokens``); ``how`` as ``limits_of``'s.
+    Assign it in the class body, under a name of its own in each class (a subclass's
+    validator of the same name would replace its base's)."""
+
+    def within_limit(cls: Any, value: int | None, info: ValidationInfo) -> int | None:
+        return check_new_tokens(value, limits_of(info, how))
+
+    return field_validator(*fields)(classmethod(within_limit))  # type: ignore[arg-type]

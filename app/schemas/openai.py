@@ -41,7 +41,6 @@ import uuid
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
-from pydantic_core import PydanticCustomError
 
 from engine import MAX_TOP_LOGPROBS, Constraint, GenerationRequest, SamplingParams
 
@@ -59,12 +58,11 @@ from .limits import (
     Temperature,
     TopP,
     check_chat_size,
-    check_new_tokens,
     check_prompt_chars,
     check_schema_bytes,
-    check_tool_count,
     check_top_logprobs,
     limits_of,
+    new_tokens_validator,
     salt_bytes,
 )
 from .openai_messages import ChatMessage, template_input
@@ -72,11 +70,12 @@ from .openai_tools import (
     FunctionTool,
     ResponseFormat,
     ToolChoice,
-    check_tool_choice,
+    check_tools,
     openai_tool_use,
 )
 from .penalties import LogitBias, Penalty, RepetitionPenalty, bias_pairs
-from .tool_formats import SpeaksToolFormats, answer_constraint, with_tools
+from .tool_fields import tool_field_validators
+from .tool_formats import SpeaksToolFormats, with_tools
 from .tools import ToolUse
 from .unsupported import (
     CHAT_UNSUPPORTED,
@@ -135,10 +134,7 @@ class OpenAIBody(BaseModel):
     min_tokens: Any = None
     best_of: Any = None
 
-    @field_validator("max_tokens")
-    @classmethod
-    def _within_limit(cls, value: int | None, info: ValidationInfo) -> int | None:
-        return check_new_tokens(value, limits_of(info, _HOW))
+    _within_limit = new_tokens_validator(_HOW, "max_tokens")
 
     @field_validator("response_format")
     @classmethod
@@ -158,14 +154,21 @@ class OpenAIBody(BaseModel):
         """The band it asks for (``priority_bands.asked_band``); None: neither field."""
         return asked_band(self.priority, self.service_tier)
 
+    FORMAT_PARAM: ClassVar[str] = "response_format"
+
     @property
     def constraint_param(self) -> str:
         """The field to name when the constraint does not compile."""
-        return "response_format"
+        return self.FORMAT_PARAM
+
+    def format_constraint(self) -> Constraint | None:
+        """``response_format``'s constraint on the answer, or None for free text."""
+        return None if self.response_format is None else self.response_format.constraint()
 
     def constraint(self) -> Constraint | None:
-        """The engine's constraint on the answer, or None for free text."""
-        return None if self.response_format is None else self.response_format.constraint()
+        """The engine's constraint on the answer (a chat body's tools win over it:
+        ``SpeaksToolFormats``)."""
+        return self.format_constraint()
 
     @property
     def choices(self) -> int:
@@ -249,8 +252,10 @@ class CompletionsBody(OpenAIBody):
         return self.prompt
 
 
-class ChatBody(OpenAIBody, SpeaksToolFormats):
-    """``POST /v1/chat/completions``: messages, rendered by the model's chat template."""
+class ChatBody(SpeaksToolFormats, OpenAIBody):
+    """``POST /v1/chat/completions``: messages, rendered by the model's chat template.
+    ``SpeaksToolFormats`` comes first: its ``constraint`` (tools win) and
+    ``constraint_param`` are the chat body's, over ``OpenAIBody``'s format alone."""
 
     UNSUPPORTED: ClassVar[dict[str, tuple[object, ...]]] = CHAT_UNSUPPORTED
 
@@ -277,10 +282,7 @@ class ChatBody(OpenAIBody, SpeaksToolFormats):
 
     _neutral = neutral_validator(list(CHAT_UNSUPPORTED))
 
-    @field_validator("max_completion_tokens")
-    @classmethod
-    def _completion_within_limit(cls, value: int | None, info: ValidationInfo) -> int | None:
-        return check_new_tokens(value, limits_of(info, _HOW))
+    _completion_within_limit = new_tokens_validator(_HOW, "max_completion_tokens")
 
     @field_validator("messages")
     @classmethod
@@ -298,45 +300,16 @@ class ChatBody(OpenAIBody, SpeaksToolFormats):
     def _top_needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
         return check_top_logprobs(value, info.data.get("logprobs"))
 
-    @field_validator("tools")
-    @classmethod
-    def _tools_within_limit(cls, value: list[FunctionTool] | None, info: ValidationInfo
-                            ) -> list[FunctionTool] | None:
-        if value:
-            limits = limits_of(info, _HOW)
-            check_tool_count(len(value), limits)
-            check_schema_bytes([t.function.spec().parameters for t in value], limits,
-                               "the tools' parameters")
-        try:
-            check_tool_choice(None, value)  # names given twice
-        except ValueError as exc:
-            raise PydanticCustomError("invalid_tools", str(exc)) from None
-        return value
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _choice_among_tools(cls, value: ToolChoice | None, info: ValidationInfo
-                            ) -> ToolChoice | None:
-        if "tools" in info.data:  # else the tools were refused already
-            try:
-                check_tool_choice(value, info.data["tools"])
-            except ValueError as exc:
-                raise PydanticCustomError("invalid_tool_choice", str(exc)) from None
-        return value
+    # The tools within the limits, named once; tool_choice among them (tool_fields.py).
+    _tools_checked, _choice_checked = tool_field_validators(
+        _HOW, lambda tool: tool.function.spec().parameters, "the tools' parameters",
+        check_tools)
 
     def asked_tool_use(self) -> ToolUse | None:
         """What the request asks of its tools (None: no tools, or ``tool_choice: none``);
         ``tool_use`` answers it in the model's format (``SpeaksToolFormats``)."""
         return openai_tool_use(self.tools, self.tool_choice, self.parallel_tool_calls,
                                self.response_format)
-
-    @property
-    def constraint_param(self) -> str:
-        return "tools" if self.tool_use() is not None else "response_format"
-
-    def constraint(self) -> Constraint | None:
-        use = self.tool_use()
-        return super().constraint() if use is None else answer_constraint(use)
 
     def logprob_request(self) -> tuple[bool, int]:
         return bool(self.logprobs), self.top_logprobs or 0

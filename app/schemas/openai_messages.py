@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic_core import PydanticCustomError
 
+from .content_text import content_text
 from .tools import CallsText, arguments_value, calls_text, result_text
 
 
@@ -84,10 +85,7 @@ class ChatMessage(BaseModel):
     @property
     def text(self) -> str:
         """The content's text: parts joined by newlines (as vLLM does)."""
-        content = self.content
-        if content is None:
-            return ""
-        return content if isinstance(content, str) else "\n".join(p.text for p in content)
+        return content_text(self.content)
 
     def as_template_input(self, names: dict[str, str] | None = None,
                           write_calls: CallsText = calls_text) -> dict[str, str]:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine import Constraint, ConstraintKind
 
-from .tools import ToolSpec, ToolUse, json_schema_constraint
+from .tools import ToolSpec, ToolUse, function_spec, json_schema_constraint
 
 # OpenAI's rule for function and schema names.
 FunctionName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
@@ -39,10 +39,7 @@ class FunctionDefinition(BaseModel):
     strict: bool | None = None  # strict or not, the arguments are constrained
 
     def spec(self) -> ToolSpec:
-        parameters = self.parameters
-        if parameters is None:
-            parameters = {"type": "object", "properties": {}, "additionalProperties": False}
-        return ToolSpec(self.name, self.description, parameters)
+        return function_spec(self.name, self.description, self.parameters)
 
 
 class FunctionTool(BaseModel):
@@ -108,7 +105,7 @@ class ResponseFormat(BaseModel):
 ToolChoice = ToolChoiceMode | NamedToolChoice
 
 
-def check_tool_choice(choice: ToolChoice | None, tools: list[FunctionTool] | None) -> None:
+def check_tools(tools: list[FunctionTool] | None, choice: ToolChoice | None) -> None:
     """Refuse a ``tool_choice`` that asks for a call without tools, or names a function
     that is not among them; and tools named twice (raises ValueError)."""
     names = [t.function.name for t in tools or ()]

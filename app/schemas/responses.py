@@ -63,15 +63,15 @@ from .limits import (
     Temperature,
     TopP,
     check_chat_size,
-    check_new_tokens,
     check_prompt_chars,
     check_schema_bytes,
-    check_tool_count,
+    check_tools_within_limit,
     limits_of,
+    new_tokens_validator,
 )
 from .responses_items import InputItem, content_parts, template_messages
-from .tool_formats import SpeaksToolFormats, answer_constraint, with_tools
-from .tools import ToolSpec, ToolUse, json_schema_constraint
+from .tool_formats import SpeaksToolFormats, with_tools
+from .tools import ToolSpec, ToolUse, function_spec, json_schema_constraint
 from .unsupported import neutral_validator
 
 _HOW = "validate a Responses body with the request limits as its context"
@@ -105,10 +105,7 @@ class FunctionTool(BaseModel):
     strict: bool | None = None  # strict or not, the arguments are constrained
 
     def spec(self) -> ToolSpec:
-        parameters = self.parameters
-        if parameters is None:
-            parameters = {"type": "object", "properties": {}, "additionalProperties": False}
-        return ToolSpec(self.name, self.description, parameters)
+        return function_spec(self.name, self.description, self.parameters)
 
 
 class NamedFunction(BaseModel):
@@ -149,6 +146,7 @@ class ResponsesBody(SpeaksToolFormats):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
     UNSUPPORTED: ClassVar[dict[str, tuple[object, ...]]] = RESPONSES_UNSUPPORTED
+    FORMAT_PARAM: ClassVar[str] = "text.format"
 
     model: str | None = None
     input: Annotated[list[InputItem], Field(max_length=MAX_ITEMS)] | None = None
@@ -199,10 +197,7 @@ class ResponsesBody(SpeaksToolFormats):
             return [{"type": "message", "role": "user", "content": value}]
         return value
 
-    @field_validator("max_output_tokens")
-    @classmethod
-    def _within_limit(cls, value: int | None, info: ValidationInfo) -> int | None:
-        return check_new_tokens(value, limits_of(info, _HOW))
+    _within_limit = new_tokens_validator(_HOW, "max_output_tokens")
 
     @field_validator("metadata")
     @classmethod
@@ -228,9 +223,8 @@ class ResponsesBody(SpeaksToolFormats):
                                       "background responses need store: true", {})
         limits = limits_of(info, _HOW)
         if self.tools:
-            check_tool_count(len(self.tools), limits)
-            check_schema_bytes([t.spec().parameters for t in self.tools], limits,
-                               "the tools' parameters")
+            check_tools_within_limit([t.spec().parameters for t in self.tools], limits,
+                                     "the tools' parameters")
         schema = self._format_schema()
         if schema is not None:
             check_schema_bytes(schema, limits, "text.format's schema")
@@ -283,21 +277,12 @@ class ResponsesBody(SpeaksToolFormats):
                        parallel=self.parallel_tool_calls is not False,
                        response_schema=self._format_schema())
 
-    def constraint(self) -> Constraint | None:
-        """The engine's constraint on the answer: its tool format's (with tools),
-        ``text.format``'s, or None for free text."""
-        use = self.tool_use()
-        if use is not None:
-            return answer_constraint(use)
+    def format_constraint(self) -> Constraint | None:
+        """``text.format``'s constraint: any JSON object, a schema's document, or None."""
         if self.format_type == "json_object":
             return Constraint(ConstraintKind.JSON_OBJECT)
         schema = self._format_schema()
         return None if schema is None else json_schema_constraint(schema)
-
-    @property
-    def constraint_param(self) -> str:
-        """The field to name when the constraint does not compile."""
-        return "tools" if self.tool_use() is not None else "text.format"
 
     def prompt_turns(self, context: list[dict[str, Any]]) -> list[dict[str, str]]:
         """What the chat template renders: ``instructions`` as the system turn, then the

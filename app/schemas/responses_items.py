@@ -24,6 +24,7 @@ from pydantic import (
     field_validator,
 )
 
+from .content_text import content_text
 from .tools import CallsText, arguments_value, calls_text, result_text
 
 _FROZEN = ConfigDict(extra="ignore", strict=True, frozen=True)
@@ -85,8 +86,7 @@ class FunctionCallOutputItem(BaseModel):
     status: str | None = None
 
     def text(self) -> str:
-        output = self.output
-        return output if isinstance(output, str) else "\n".join(p.text for p in output)
+        return content_text(self.output)
 
 
 def _item_kind(value: Any) -> str | None:

@@ -44,7 +44,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, PrivateAttr
 
@@ -135,8 +135,15 @@ def template_tool_format(model: TemplateReader | None) -> str:
 class SpeaksToolFormats(BaseModel):
     """A request body whose tools are answered in the model's own format where its chat
     template has one (the module docstring), else in the generic one. A subclass says
-    what its request asks of its tools (``asked_tool_use``, in its API's words); the
-    route tells it the model (``speak_tools_of``) before it renders the prompt."""
+    what its request asks of its tools (``asked_tool_use``, in its API's words) and the
+    form of an answer that calls none (``format_constraint``, set by the field
+    ``FORMAT_PARAM``); the route tells it the model (``speak_tools_of``) before it
+    renders the prompt. Tools, when the answer may call them, win: the constraint is
+    their format's, and a constraint that does not compile is the tools' fault."""
+
+    # The field that sets the answer's form without tools (``response_format``,
+    # ``output_config.format``, ``text.format``): what a refusal of its schema names.
+    FORMAT_PARAM: ClassVar[str]
 
     _model_tool_format: str = PrivateAttr(GENERIC)  # the template's (``speak_tools_of``)
 
@@ -144,6 +151,24 @@ class SpeaksToolFormats(BaseModel):
         """What the request asks of its tools, in the generic format (None: no tools, or
         a choice of none)."""
         raise NotImplementedError
+
+    if TYPE_CHECKING:
+        # Declared, not defined: a body whose format lives in another base (the chat
+        # body's ``OpenAIBody``, after this mixin in its bases) keeps that one.
+        def format_constraint(self) -> Constraint | None:
+            """The engine's constraint on an answer without tools (``FORMAT_PARAM``'s),
+            or None for free text."""
+
+    def constraint(self) -> Constraint | None:
+        """The engine's constraint on the answer: its tool format's (with tools), else
+        ``format_constraint``'s."""
+        use = self.tool_use()
+        return self.format_constraint() if use is None else answer_constraint(use)
+
+    @property
+    def constraint_param(self) -> str:
+        """The field to name when the constraint does not compile."""
+        return "tools" if self.tool_use() is not None else self.FORMAT_PARAM
 
     def speak_tools_of(self, model: TemplateReader | None) -> None:
         """Answer with tools in the format of ``model``'s chat template (None: no model

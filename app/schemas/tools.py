@@ -56,6 +56,17 @@ class ToolSpec:
     parameters: Mapping[str, Any]
 
 
+def function_spec(name: str, description: str | None,
+                  parameters: Mapping[str, Any] | None) -> ToolSpec:
+    """An OpenAI-shaped function (chat's ``function``, a Responses ``function`` tool) as
+    a ``ToolSpec``. Without ``parameters`` (OpenAI lets them be left out) it takes no
+    arguments: an empty object's schema, a fresh one each time (a spec's schema is the
+    caller's to show and bound)."""
+    if parameters is None:
+        parameters = {"type": "object", "properties": {}, "additionalProperties": False}
+    return ToolSpec(name, description, parameters)
+
+
 @dataclass(frozen=True, slots=True)
 class ToolUse:
     """What a request asks of the tools it offers (``tool_choice`` none: no ToolUse).
