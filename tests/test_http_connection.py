@@ -33,8 +33,8 @@ from hypercorn.trio.tcp_server import TCPServer
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from app import ServedApp
-from app.edge import cli, hypercorn_patches
+from app import ServedApp, cli
+from app.edge import hypercorn_patches
 from tests.http_clients import parse_sse
 from tests.http_server import RunningServer
 
