@@ -45,6 +45,21 @@ def tiny_model() -> Callable[..., LoadedModel]:
     return get
 
 
+@pytest.fixture(scope="session")
+def embedded_model() -> LoadedModel:
+    """The embedded SmolLM2 model (float32, from its converted copy), loaded once for the
+    session's Engines: each load reads its 513 MiB copy again (seconds on a busy
+    machine).
+
+    As with ``tiny_model``, an Engine switches the model to paged attention, so a test
+    that runs the library's own attention, or checks the load itself
+    (``test_smoke_smollm2.py``, ``test_int4_linear.py``), loads its own.
+    """
+    from engine.model import load_model
+
+    return load_model("smollm2", "cpu")
+
+
 @pytest.fixture
 def make_tiny_engine(tiny_model: Callable[..., LoadedModel]) -> Iterator[Callable[..., Engine]]:
     """``make_tiny_engine(model="tiny-gpt2", precision="float32", **options)``: an Engine

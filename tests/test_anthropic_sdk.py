@@ -17,7 +17,6 @@ from typing import Any
 
 import anthropic
 import pytest
-import trio
 
 from app.settings import Settings
 from engine import FinishReason
@@ -384,12 +383,9 @@ async def test_metrics_count_the_route(chat_server: RunningServer, sdk: Any) -> 
 
 @pytest.mark.smoke
 async def test_smollm2_answers_through_its_own_chat_template(
-    start_server: StartServer, sdk: Any
+    start_server: StartServer, sdk: Any, embedded_model: LoadedModel
 ) -> None:
-    from engine.model import load_model
-
-    loaded = await trio.to_thread.run_sync(load_model, "smollm2", "cpu")
-    server = await start_server(make_engine=tiny_engine(loaded), model_name="smollm2")
+    server = await start_server(make_engine=tiny_engine(embedded_model), model_name="smollm2")
     client = sdk(server)
     question = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -51,10 +51,9 @@ WEATHER_TOOL: Any = {"type": "function", "function": {
 
 
 @pytest.fixture
-async def smollm2_server(start_server: StartServer) -> RunningServer:
-    from engine.model import load_model
-
-    loaded: LoadedModel = await trio.to_thread.run_sync(load_model, "smollm2", "cpu")
+async def smollm2_server(start_server: StartServer,
+                         embedded_model: LoadedModel) -> RunningServer:
+    loaded = embedded_model
     # The service's defaults for new tokens (none: the context), and a cache that holds
     # SmolLM2's whole context of 8,192 positions (the tests' 64 blocks hold 1,024).
     return await start_server(make_engine=tool_engine(loaded), model_name=MODEL,

@@ -145,8 +145,8 @@ def test_a_template_that_inspects_contents_refuses_special_token_text_only() -> 
 
 
 @pytest.fixture(scope="module")
-def smollm2() -> LoadedModel:
-    return load_model("smollm2", "cpu")
+def smollm2(embedded_model: LoadedModel) -> LoadedModel:
+    return embedded_model  # the session's one load (conftest.py)
 
 
 @pytest.mark.smoke

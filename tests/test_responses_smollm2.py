@@ -15,7 +15,7 @@ import pytest
 
 from app.settings import Settings
 from engine.engine import Engine
-from engine.model import LoadedModel, load_model
+from engine.model import LoadedModel
 from tests.http_server import RecordingEngine, RunningServer, StartServer
 
 pytestmark = pytest.mark.smoke
@@ -41,8 +41,8 @@ WEATHER = {"type": "function", **openai.pydantic_function_tool(Weather, name="we
 
 
 @pytest.fixture(scope="module")
-def smollm2() -> LoadedModel:
-    return load_model("smollm2", "cpu")
+def smollm2(embedded_model: LoadedModel) -> LoadedModel:
+    return embedded_model  # the session's one load (conftest.py)
 
 
 @pytest.fixture

@@ -207,3 +207,21 @@ def test_sse_checks_catch_each_fault(
     result = check_stream(sse_record(body, **headers), answer)
 
     assert {name for name, ok in result["checks"].items() if not ok} == failed
+
+
+def test_each_lab_module_registers_its_namesake_and_a_run_imports_only_it() -> None:
+    """``python -m tools.lab NAME`` imports only module ``NAME``: it must register ``NAME``,
+    and a run must not pay for torch, which only some experiments import."""
+    script = (
+        "import sys\n"
+        "import tools.lab.__main__ as lab\n"
+        "from tools.lab.common import REGISTRY\n"
+        "lab.load_experiments(['slowclient', '--quick'])\n"
+        "print(sorted(REGISTRY), 'torch' in sys.modules)\n"
+        "lab.load_experiments(['--list'])\n"
+        "print(len(REGISTRY) > 10 and set(REGISTRY) <= set(lab.experiment_modules()))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=COMMAND_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:2] == ["['slowclient'] False", "True"]

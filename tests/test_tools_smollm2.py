@@ -15,7 +15,6 @@ import anthropic
 import openai
 import pydantic
 import pytest
-import trio
 
 from engine.model import LoadedModel
 from tests.http_server import RunningServer, StartServer
@@ -40,10 +39,9 @@ class Weather(pydantic.BaseModel):
 
 
 @pytest.fixture
-async def smollm2_server(start_server: StartServer) -> RunningServer:
-    from engine.model import load_model
-
-    loaded: LoadedModel = await trio.to_thread.run_sync(load_model, "smollm2", "cpu")
+async def smollm2_server(start_server: StartServer,
+                         embedded_model: LoadedModel) -> RunningServer:
+    loaded = embedded_model
     return await start_server(make_engine=tool_engine(loaded), model_name=MODEL,
                               max_body_bytes=BIG_BODIES)
 

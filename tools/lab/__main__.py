@@ -42,11 +42,24 @@ from tools.lab.common import (
 )
 
 
-def load_experiments() -> None:
-    """Import every experiment module of the package; each registers itself."""
-    for module in pkgutil.iter_modules(tools.lab.__path__):
-        if module.name != "common" and not module.name.startswith("_"):
-            importlib.import_module(f"tools.lab.{module.name}")
+def experiment_modules() -> list[str]:
+    """The package's experiment modules (each registers one experiment, its namesake)."""
+    return [module.name for module in pkgutil.iter_modules(tools.lab.__path__)
+            if module.name != "common" and not module.name.startswith("_")]
+
+
+def load_experiments(argv: list[str] | None = None) -> None:
+    """Import the experiment ``argv`` names, or every one (``--list``, ``-h``, a name that
+    is no experiment: the parser lists them all); each registers itself.
+
+    Only the one named: some experiments import torch (``precision``), which would cost
+    every other run of the lab (one per experiment in the test suite) a second or two.
+    """
+    args = sys.argv[1:] if argv is None else argv
+    named = next((a for a in args if not a.startswith("-")), None)
+    modules = experiment_modules()
+    for name in [named] if named in modules else modules:
+        importlib.import_module(f"tools.lab.{name}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -139,7 +152,7 @@ async def run_experiment(
 
 
 def main(argv: list[str] | None = None) -> int:
-    load_experiments()
+    load_experiments(argv)
     args = parse_args(argv)
     exp = REGISTRY[args.experiment]
     report, meta = trio.run(run_experiment, exp, args)

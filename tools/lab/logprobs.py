@@ -6,7 +6,9 @@ Part 1, bytes per token. One stream of ``--max-new-tokens`` tokens (greedy,
 ``ignore_eos``, the first prompt) in each form: ``/v1/stream`` without log-probabilities
 and with ``top_logprobs`` 20; ``/v1/completions`` with ``logprobs`` 5 (its most);
 ``/v1/chat/completions`` with ``top_logprobs`` 20 (skipped, ``None``, when the model has no
-chat template). The figure is the body's bytes over the tokens.
+chat template). The figure is the body's bytes over the tokens. On the first policy's
+server of part 2, before its conditions: the bytes do not depend on the policy, and a
+server of its own would cost a start (seconds, most of a ``--quick`` run).
 
 Part 2, slow readers. As ``slowclient`` (eight streams on raw sockets, a server of its own
 per policy, queue limit 8, stall timeout 0.25 s; ``slowclient.one_condition``), with no
@@ -76,19 +78,22 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     "events with top_logprobs 20: bytes per token, and 4 slow readers among 8 per policy",
     server={"queue_limit": 8, "stall_timeout_s": 0.25},
     arguments=arguments,
+    own_servers=True,
 )
 async def logprobs(lab: Lab) -> Report:
     policies = list(lab.args.policies or LAB_POLICIES)
     tokens = lab.option("max_new_tokens", 256, 16)
     repetitions = lab.option("repetitions", 1, 1)
     prompts = lab.prompts(STREAMS)
-    forms, samples = await _bytes_per_token(lab, prompts[0], tokens)
-    objects, eager = _item_weights(samples)
+    forms: dict[str, float | None] = {}
+    samples: list[dict[str, Any]] = []
 
     read_bytes: int | None = getattr(lab.args, "read_bytes", None)
     runs: list[dict[str, Any]] = []
     for policy in policies:
         async with lab.server(policy=policy) as url:
+            if not forms:  # part 1, on the first server
+                forms, samples = await _bytes_per_token(lab, url, prompts[0], tokens)
             for rep in range(repetitions):
                 for k in SLOW_READERS:
                     await lab.wait_idle(url)
@@ -101,6 +106,8 @@ async def logprobs(lab: Lab) -> Report:
                     if lab.progress:
                         print(f"  {policy:<10} k={k}: healthy {run['healthy_completion_s']} s, "
                               f"peak queued {run['peak_queued']}", flush=True)
+
+    objects, eager = _item_weights(samples)
 
     def per_policy(policy: str, k: int, key: str) -> float | None:
         return median([r[key] for r in runs if r["policy"] == policy and r["k"] == k])
@@ -131,10 +138,10 @@ async def logprobs(lab: Lab) -> Report:
                   plot=lambda fig: _draw(fig, summary, policies))
 
 
-async def _bytes_per_token(lab: Lab, prompt: str, tokens: int
+async def _bytes_per_token(lab: Lab, url: str, prompt: str, tokens: int
                            ) -> tuple[dict[str, float | None], list[dict[str, Any]]]:
-    """Body bytes per token of each form, and the token events of the native stream with
-    ``top_logprobs`` 20 (their data)."""
+    """Body bytes per token of each form on the server at ``url``, and the token events of
+    the native stream with ``top_logprobs`` 20 (their data)."""
     common = {"max_tokens": tokens, "temperature": 0, "ignore_eos": True, "stream": True}
     bodies: dict[str, tuple[str, dict[str, Any]]] = {
         "native_none": ("/v1/stream", {"prompt": prompt, "max_new_tokens": tokens,
@@ -148,7 +155,7 @@ async def _bytes_per_token(lab: Lab, prompt: str, tokens: int
     }
     forms: dict[str, float | None] = {}
     samples: list[dict[str, Any]] = []
-    async with lab.client() as client:
+    async with lab.client(url) as client:
         for name, (path, body) in bodies.items():
             async with client.stream("POST", path, json=body) as response:
                 raw = b"".join([chunk async for chunk in response.aiter_raw()])
@@ -161,7 +168,7 @@ async def _bytes_per_token(lab: Lab, prompt: str, tokens: int
             if name == f"native_top{TOP}":
                 samples = [json.loads(e.data) for e in SSEParser().feed(raw)
                            if e.event == "token"]
-    await lab.wait_idle()
+    await lab.wait_idle(url)
     return forms, samples
 
 
