@@ -1,16 +1,16 @@
 """Many conversations over three replicas: least connections against conversation affinity.
 
 ``python -m tools.fleetbench [--replicas 3] [--conversations 12] [--turns 4]
-[--concurrency 6] [--json FILE]`` starts a Redis, ``--replicas`` ``streamscope serve``
-processes (the embedded model unless ``--model``) and HAProxy (``tools.cluster``), three
-times: with a copy of ``deploy/haproxy.cfg`` whose affinity rules are cut out (every
-request by least connections, the config as it was before conversation affinity); with
-the config as shipped; and with the config as shipped and a replica killed. Each time
-it runs the same conversations through the
-official openai SDK, half chat completions carrying ``prompt_cache_key``, half Responses
-chained by ``previous_response_id``, ``--concurrency`` at once, every request on a new
-connection (a shared pool without keep-alive, as many clients behind a NAT or a
-serverless function are: nothing but the key can keep a conversation in place).
+[--concurrency 6] [--rules 12] [--cache-blocks N] [--json FILE]`` starts a Redis,
+``--replicas`` ``streamscope serve`` processes (the embedded model unless ``--model``) and
+HAProxy (``tools.cluster``), three times: with a copy of ``deploy/haproxy.cfg`` whose
+affinity rules are cut out (every request by least connections, the config as it was
+before conversation affinity); with the config as shipped; and with the config as shipped
+and a replica killed. Each time it runs the same conversations through the official openai
+SDK, half chat completions carrying ``prompt_cache_key``, half Responses chained by
+``previous_response_id``, ``--concurrency`` at once, every request on a new connection (a
+shared pool without keep-alive, as many clients behind a NAT or a serverless function are:
+nothing but the key can keep a conversation in place).
 
 Each conversation opens with long instructions of its own (about 500 tokens, more with
 ``--rules``: an agent's system prompt), sent again at every turn. Each turn is streamed: its
@@ -23,7 +23,11 @@ and hit it again from the turn after.
 Writes, per configuration: cached / prompt tokens over turns 2 and later, TTFT p50 and
 p99 per turn number and over turns 2 and later, each replica's share of requests and
 its ratio to the mean, failed requests; and the affinity over least-connections ratios.
-Run it on an otherwise quiet machine: TTFT figures are ratios of one run.
+Run it on an otherwise quiet machine: TTFT figures are ratios of one run. A replica's
+cache sized by memory holds a few dozen such conversations; ``--cache-blocks`` (16
+positions a block) sizes it to hold only some of them, the case of a real fleet, whose
+conversations outnumber what one replica's cache holds: by least connections every
+replica must hold every conversation, with affinity each holds its share.
 """
 
 from __future__ import annotations
@@ -215,7 +219,9 @@ async def run_once(cfg: Path, args: argparse.Namespace, log_dir: Path,
     """One configuration: the conversations' turns; with ``kill``, the first half of the
     turns, then the replica that served most is killed (SIGKILL) and counted DOWN by
     HAProxy, then the rest."""
-    settings = {"model": args.model} if args.model else {}
+    settings: dict[str, object] = {"model": args.model} if args.model else {}
+    if args.cache_blocks:
+        settings["cache_blocks"] = args.cache_blocks
     # One torch thread a replica: three replicas on a small machine share its cores.
     async with open_cluster(args.replicas, log_dir=log_dir, settings=settings,
                             env={"OMP_NUM_THREADS": str(args.threads)},
@@ -299,6 +305,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=6)
     parser.add_argument("--rules", type=int, default=DEFAULT_RULES,
                         help="rules in each conversation's instructions (about 40 tokens each)")
+    parser.add_argument("--cache-blocks", type=int, default=None,
+                        help="STREAMSCOPE_CACHE_BLOCKS of each replica: a cache that holds "
+                        "some of the conversations, not all (a fleet's real case)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per replica")
     parser.add_argument("--model", default=None, help="STREAMSCOPE_MODEL of the replicas")
     parser.add_argument("--json", type=Path, default=None)
