@@ -1,7 +1,7 @@
 """Many conversations over three replicas: least connections against conversation affinity.
 
 ``python -m tools.fleetbench [--replicas 3] [--conversations 12] [--turns 4]
-[--concurrency 6] [--rules 12] [--cache-blocks N] [--json FILE]`` starts a Redis,
+[--concurrency 6] [--rules 12] [--interleave] [--cache-blocks N] [--json FILE]`` starts a Redis,
 ``--replicas`` ``streamscope serve`` processes (the embedded model unless ``--model``) and
 HAProxy (``tools.cluster``), three times: with a copy of ``deploy/haproxy.cfg`` whose
 affinity rules are cut out (every request by least connections, the config as it was
@@ -182,15 +182,21 @@ class Conversation:
 
 
 async def take_turns(conversations: list[Conversation], first: int, last: int,
-                     concurrency: int, after_kill: bool) -> None:
+                     concurrency: int, after_kill: bool, interleave: bool = False) -> None:
     """Turns ``first`` to ``last`` of every conversation, ``concurrency`` conversations
-    at once, in worker threads (the SDK's client is synchronous)."""
-    def run() -> None:
+    at once, in worker threads (the SDK's client is synchronous). By default a
+    conversation takes its turns back to back; with ``interleave``, turn k of every
+    conversation comes before turn k + 1 of any (users who read and think between turns,
+    whose requests arrive between one another's: what a fleet sees)."""
+    def run(turns: list[tuple[int, int]]) -> None:
         with ThreadPoolExecutor(concurrency) as pool:
-            for future in [pool.submit(c.take, first, last, after_kill) for c in conversations]:
-                future.result()
+            for low, high in turns:
+                futures = [pool.submit(c.take, low, high, after_kill) for c in conversations]
+                for future in futures:
+                    future.result()
 
-    await trio.to_thread.run_sync(run)
+    rounds = [(t, t) for t in range(first, last + 1)] if interleave else [(first, last)]
+    await trio.to_thread.run_sync(run, rounds)
 
 
 def summary(turns: list[Turn], replicas: int) -> dict[str, Any]:
@@ -230,14 +236,15 @@ async def run_once(cfg: Path, args: argparse.Namespace, log_dir: Path,
         conversations = [Conversation(cluster.url, model, i, args.answer, args.rules)
                          for i in range(args.conversations)]
         half = args.turns // 2 if kill else args.turns
-        await take_turns(conversations, 1, half, args.concurrency, False)
+        await take_turns(conversations, 1, half, args.concurrency, False, args.interleave)
         victim = None
         if kill:
             served = Counter(t.replica for c in conversations for t in c.turns if t.ok)
             victim = str(served.most_common(1)[0][0])
             next(r for r in cluster.replicas if r.name == victim).kill()
             await cluster.wait_in_pool(victim, up=False)
-            await take_turns(conversations, half + 1, args.turns, args.concurrency, True)
+            await take_turns(conversations, half + 1, args.turns, args.concurrency, True,
+                             args.interleave)
     turns = [t for c in conversations for t in c.turns]
     result = summary(turns, args.replicas)
     result["turns"] = [asdict(t) for t in turns]
@@ -305,6 +312,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=6)
     parser.add_argument("--rules", type=int, default=DEFAULT_RULES,
                         help="rules in each conversation's instructions (about 40 tokens each)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="turn k of every conversation before turn k + 1 of any")
     parser.add_argument("--cache-blocks", type=int, default=None,
                         help="STREAMSCOPE_CACHE_BLOCKS of each replica: a cache that holds "
                         "some of the conversations, not all (a fleet's real case)")
