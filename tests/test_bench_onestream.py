@@ -1,5 +1,5 @@
 """``python -m tools.bench onestream`` in its seconds-long form: both sides of the
-alternation are timed, and the engine step's parts fit inside it."""
+alternation are timed, and the engine step's parts fit inside it, step by step."""
 
 from __future__ import annotations
 
@@ -22,6 +22,6 @@ def test_onestream_bench_times_both_passes_and_parts_that_fit_in_a_step(tmp_path
         assert summary["library_ms_by_batch"][batch] > 0
         parts = summary["engine_parts_ms"][batch]
         assert 0 < parts["forward"] < parts["step"]
-        inside = parts["body_linears"] + parts["output_layer"] + parts["attention"]
         assert all(parts[k] > 0 for k in ("body_linears", "output_layer", "attention"))
-        assert inside <= parts["forward"]
+        # each step's own remainder (medians of parts need not add up to a median)
+        assert parts["rest_of_forward"] >= 0 and parts["outside_forward"] >= 0

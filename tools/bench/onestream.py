@@ -76,7 +76,7 @@ def parts(runner: Any, step: Callable[[], object], steps: int) -> dict[str, floa
 
     for module in runner.model.modules():
         if isinstance(module, _RowWise):
-            wrap(module, "forward", "output_layer" if module is head else "body_linears")
+            wrap(module, "_call", "output_layer" if module is head else "body_linears")
     wrap(llama_forward, "paged_attention", "attention")
     wrap(runner, "forward", "forward")
     figures: dict[str, list[float]] = defaultdict(list)
