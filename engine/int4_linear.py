@@ -21,10 +21,12 @@ A model without GGUF blocks (the tiny random test models, a local folder) gets t
 Q4_1 form made from its float weights (``q4_1_from_float``: min and max per group of 32),
 so the tests cover ``int4`` with the tiny models; that path does requantize.
 
-The output layer (tied to the embedding; Q8_0 in the file) runs its Q8_0 blocks exactly
-on the same kernel (``Q8_0Linear``: each 8-bit weight as two 4-bit ones); before, it
-stayed in bfloat16, which reads twice the bytes and took most of a one-row step's
-linear time (docs/results.md, "One stream").
+The output layer (tied to the embedding; Q8_0 in the file) stays in bfloat16
+(``cpu_linear.PackedLinear``): measured, int8 weight-only is no faster at one row and
+several times slower at 32 (docs/results.md, "int4"), and the Q8_0 blocks run exactly on
+this kernel as two 4-bit halves saved a millisecond or two of a one-row step but cost
+int4 a quarter of its speed at 32 rows and some agreement with float32 (docs/results.md,
+"One stream": measured, not kept).
 """
 
 from __future__ import annotations
@@ -126,52 +128,6 @@ class Int4Linear(_RowWise):
     def _call(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(
             rows, self.packed, GROUP, self.scales_zeros)
-
-
-class Q8_0Linear(_RowWise):
-    """A linear layer whose weight is Q8_0 blocks (``w = d*q``, ``q`` in -127..127, a
-    float16 ``d`` per 32 weights: the embedded model's output layer), exactly, on the int4
-    kernel: each ``q`` is ``16*hi + lo`` with ``hi`` in -8..7 and ``lo`` in 0..15, two int4
-    weights whose groups (``scale = 16d, zero = 0`` and ``scale = d, zero = 8d``) the kernel
-    takes as they are. The two halves lie end to end along the input, and each row is
-    given twice, so one call sums both in the kernel's float32 accumulator.
-
-    At one row this reads 28 MB of the embedded model's output layer where bfloat16 reads
-    57 MB, in a fraction of its time; at 32 rows torch's int4 kernel costs nearly a row's
-    time per row (docs/results.md, "One stream")."""
-
-    packed: torch.Tensor
-    scales_zeros: torch.Tensor
-
-    def __init__(self, layer: torch.nn.Module) -> None:
-        weight, bias = linear_weight(layer)
-        out_features, in_features = weight.shape
-        super().__init__(out_features, in_features,
-                         None if bias is None else bias.to(torch.bfloat16))
-        d, q = q8_0_from_float(weight)
-        hi = torch.div(q, 16, rounding_mode="floor")
-        halves = Q4_1(torch.cat([hi + 8, q - 16 * hi], dim=1).to(torch.uint8),
-                      torch.cat([16 * d, d], dim=1), torch.cat([-128 * d, 0 * d], dim=1))
-        kernel = Int4Linear(halves)
-        self.register_buffer("packed", kernel.packed)
-        self.register_buffer("scales_zeros", kernel.scales_zeros)
-
-    def _call(self, rows: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(
-            torch.cat([rows, rows], dim=-1), self.packed, GROUP, self.scales_zeros)
-
-
-def q8_0_from_float(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(d (out, in / 32) float32, q (out, in) int16 in -127..127): llama.cpp's Q8_0 of a
-    float weight (``d = amax / 127``). A weight that is Q8_0 blocks dequantized (the
-    embedded model's output layer, as transformers loads it) gives its blocks back
-    exactly: ``d*127`` and ``d*q`` are exact in float32 for a float16 ``d``."""
-    out_features, in_features = weight.shape
-    grouped = weight.float().reshape(out_features, in_features // GROUP, GROUP)
-    d = grouped.abs().amax(-1) / 127
-    step = torch.where(d > 0, d, torch.ones_like(d))
-    q = (grouped / step[..., None]).round().clamp(-127, 127).to(torch.int16)
-    return d, q.reshape(out_features, in_features)
 
 
 def _gives_the_parts(joined: Int4Linear, parts: list[Int4Linear], rows: int = 3) -> bool:

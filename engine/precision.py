@@ -16,8 +16,8 @@ concurrent-against-solo identity and its agreement with float32 (docs/results.md
   else as in bfloat16: a quarter of float32's weight bytes.
 * ``int4`` (CPU only): the linear layers on torch's int4 kernel with the GGUF file's own
   Q4_1 blocks (``int4_linear``; a model without them gets its float weights put in that
-  form), the output layer as Q8_0 blocks on the same kernel (``int4_linear.Q8_0Linear``),
-  the embedding in bfloat16, the KV cache bfloat16: the fastest at one stream.
+  form; a Llama layer's q/k/v and gate/up joined, ``fused_projections``), the output
+  layer and embedding in bfloat16, the KV cache bfloat16: the fastest at one stream.
 
 On a CPU, every precision but float32 runs its linear layers a row at a time as far as
 the bits go: ``batch_invariance`` measures at load, per layer shape, how many rows a call
@@ -147,10 +147,8 @@ def _layer_maker(
         if name in blocks:
             _, bias = cpu_linear.linear_weight(layer)
             return int4_linear.Int4Linear(blocks.pop(name), bias)
-        if layer is head and int4_linear.fits(layer):
-            return int4_linear.Q8_0Linear(layer)  # its Q8_0 blocks (int4_linear's docstring)
         if layer is head or not int4_linear.fits(layer):
-            return other(layer)
+            return other(layer)  # the output layer: bfloat16 (int4_linear's docstring)
         return int4_linear.Int4Linear.from_float(layer)
 
     return make

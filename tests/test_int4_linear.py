@@ -17,16 +17,14 @@ import torch
 from gguf import GGMLQuantizationType, quants
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
-from engine.cpu_linear import _RowWise
+from engine.cpu_linear import PackedLinear, _RowWise
 from engine.int4_linear import (
     Q4_1,
     Int4Linear,
-    Q8_0Linear,
     _reverse_permute_rows,
     gguf_layers,
     q4_1_from_float,
     q4_1_from_gguf,
-    q8_0_from_float,
 )
 from engine.model import load_model, smollm2_path
 
@@ -56,39 +54,6 @@ def test_the_kernel_computes_with_the_blocks_weight() -> None:
         got = layer(x).float()
     expected = x.float() @ blocks.dequantize().t()
     # bfloat16 scales and zeros, bfloat16 output: a few parts in a thousand
-    assert ((got - expected).abs().max() / expected.abs().max()).item() < 0.01
-
-
-def _q8_0_weight(out_features: int, in_features: int) -> tuple[torch.Tensor, torch.Tensor,
-                                                               torch.Tensor]:
-    """(weight, d, q): Q8_0 blocks (float16 d, each block's largest |q| 127) dequantized."""
-    generator = torch.Generator().manual_seed(4)
-    d = (torch.rand(out_features, in_features // 32, generator=generator) * 0.01).half().float()
-    q = torch.randint(-127, 128, (out_features, in_features), generator=generator)
-    q[:, ::32] = 127
-    weight = (q.float().reshape(out_features, -1, 32) * d[..., None]).reshape(q.shape)
-    return weight, d, q
-
-
-def test_q8_0_blocks_come_back_exactly_from_their_dequantized_weight() -> None:
-    weight, d, q = _q8_0_weight(96, 128)
-
-    found_d, found_q = q8_0_from_float(weight)
-
-    assert torch.equal(found_d, d) and torch.equal(found_q.long(), q)
-
-
-def test_the_q8_0_layer_computes_with_its_blocks_weight_on_the_int4_kernel() -> None:
-    weight, _, _ = _q8_0_weight(96, 128)
-    linear = torch.nn.Linear(128, 96, bias=False)
-    linear.weight.data = weight
-    layer = Q8_0Linear(linear)
-    x = torch.randn(5, 128, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
-
-    with torch.inference_mode():
-        got = layer(x).float()
-    expected = x.float() @ weight.t()
-    # bfloat16 scales (float16 in the blocks) and output: a few parts in a thousand
     assert ((got - expected).abs().max() / expected.abs().max()).item() < 0.01
 
 
@@ -144,11 +109,6 @@ def test_every_linear_layer_of_the_embedded_model_is_the_files_own_blocks(
     for name, blocks in layers.items():
         assert isinstance(blocks, Q4_1)
         assert torch.equal(blocks.dequantize(), weights[f"{name}.weight"]), name
-    head = model.get_output_embeddings().weight.detach()  # the file's Q8_0, dequantized
-    d, q = q8_0_from_float(head)
-    assert torch.equal((q.float().reshape(head.shape[0], -1, 32) * d[..., None])
-                       .reshape(head.shape), head)
-    assert torch.equal(d.half().float(), d)  # the file's float16 scales
     kept = gguf_layers(tmp_path / "no-such.gguf", *heads, keep)  # a later start reads these
     assert kept.keys() == layers.keys()
     for name, blocks in layers.items():
@@ -166,7 +126,7 @@ def test_the_embedded_model_in_int4_runs_the_files_blocks_and_answers() -> None:
 
     assert [type(m) for m in layers.values()].count(Int4Linear) == 210 + len(joined)
     assert len(joined) == 2 * 30  # each layer's q/k/v and gate/up (engine.fused_projections)
-    assert isinstance(loaded.model.get_output_embeddings(), Q8_0Linear)
+    assert isinstance(loaded.model.get_output_embeddings(), PackedLinear)
     engine = Engine(loaded, max_batch=2, num_blocks=16, block_size=16)
     engine.submit(GenerationRequest("capital", "The capital of France is", 8))
     events = []
