@@ -23,7 +23,10 @@ so the tests cover ``int4`` with the tiny models; that path does requantize.
 
 The output layer (tied to the embedding; Q8_0 in the file) stays in bfloat16
 (``cpu_linear.PackedLinear``): measured, int8 weight-only is no faster at one row and
-several times slower at 32 (docs/results.md, "int4").
+several times slower at 32 (docs/results.md, "int4"), and the Q8_0 blocks run exactly on
+this kernel as two 4-bit halves saved a millisecond or two of a one-row step but cost
+int4 a quarter of its speed at 32 rows and some agreement with float32 (docs/results.md,
+"One stream": measured, not kept).
 """
 
 from __future__ import annotations
@@ -74,16 +77,47 @@ class Int4Linear(_RowWise):
     packed: torch.Tensor
     scales_zeros: torch.Tensor
 
-    def __init__(self, blocks: Q4_1, bias: torch.Tensor | None = None) -> None:
-        out_features, in_features = blocks.q.shape
+    def __init__(self, blocks: Q4_1 | tuple[torch.Tensor, torch.Tensor],
+                 bias: torch.Tensor | None = None) -> None:
+        """``blocks``: the layer's Q4_1 blocks, or the kernel's (packed, scales_zeros)
+        already made (``joined``)."""
+        if isinstance(blocks, Q4_1):
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+                blocks.q.to(torch.int32).contiguous(), INNER_K_TILES)
+            # (in / 32, out, 2): per group, the scale and the zero of w = (q - 8)*scale + zero.
+            scales_zeros = torch.stack([blocks.d.t(), (blocks.m + 8 * blocks.d).t()], dim=-1)
+        else:
+            packed, scales_zeros = blocks
+        out_features, in_features = scales_zeros.shape[1], scales_zeros.shape[0] * GROUP
         super().__init__(out_features, in_features,
                          None if bias is None else bias.to(torch.bfloat16))
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-            blocks.q.to(torch.int32).contiguous(), INNER_K_TILES)
-        # (in / 32, out, 2): per group, the scale and the zero of w = (q - 8)*scale + zero.
-        scales_zeros = torch.stack([blocks.d.t(), (blocks.m + 8 * blocks.d).t()], dim=-1)
         self.register_buffer("packed", packed)
         self.register_buffer("scales_zeros", scales_zeros.to(torch.bfloat16).contiguous())
+
+    @classmethod
+    def joined(cls, parts: list[Int4Linear]) -> Int4Linear | None:
+        """One layer giving every part's outputs side by side in one call (a Llama
+        layer's query, key and value projections; its MLP's gate and up ones), or None
+        where the kernel's packing does not let the parts' weights be laid end to end.
+
+        The packed weights are concatenated along the outputs, the scales and zeros too,
+        and each part's ``packed`` becomes a view into the joined one (no second copy).
+        That torch's packing is blocked along the outputs (in blocks of 64 on this
+        build) is not assumed: the joined layer must give the parts' outputs bit for bit
+        on probe rows (``_gives_the_parts``), or the parts stay as they are."""
+        if len({p.in_features for p in parts}) != 1 or (
+                len({p.bias is None for p in parts}) != 1):
+            return None
+        biases: list[torch.Tensor] = [p.bias for p in parts if p.bias is not None]
+        joined = cls((torch.cat([p.packed for p in parts]),
+                      torch.cat([p.scales_zeros for p in parts], dim=1)),
+                     torch.cat(biases) if biases else None)
+        if not _gives_the_parts(joined, parts):
+            return None
+        views = joined.packed.split([p.packed.shape[0] for p in parts])
+        for part, view in zip(parts, views, strict=True):
+            part.packed = view
+        return joined
 
     @classmethod
     def from_float(cls, layer: torch.nn.Module) -> Int4Linear:
@@ -94,6 +128,14 @@ class Int4Linear(_RowWise):
     def _call(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(
             rows, self.packed, GROUP, self.scales_zeros)
+
+
+def _gives_the_parts(joined: Int4Linear, parts: list[Int4Linear], rows: int = 3) -> bool:
+    """Whether ``joined`` gives, on seeded random rows, each part's outputs bit for bit."""
+    generator = torch.Generator().manual_seed(GROUP)
+    x = torch.randn(rows, joined.in_features, generator=generator).to(torch.bfloat16)
+    with torch.inference_mode():
+        return torch.equal(joined._call(x), torch.cat([p._call(x) for p in parts], dim=-1))
 
 
 def fits(layer: torch.nn.Module) -> bool:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from . import cpu_linear, penalties, sampling
+from . import cpu_linear, llama_forward, penalties, sampling
 from .attention import ATTENTION_NAME, register_paged_attention
 from .constraint_costs import MASK_MS
 from .kv_cache import PagedKVCache
@@ -51,6 +51,8 @@ class ModelRunner:
         # Linear layers that keep a row's result alone (bfloat16, int8 on a CPU): then its
         # prefill attention is made independent of the chunking too (paged_batch.PagedBatch).
         self.rows_alone = cpu_linear.rows_alone(self.model)
+        # A Llama model's pass with fewer calls around the same ops (``llama_forward``).
+        self.llama_pass = llama_forward.for_model(self.model)
         config = self.model.config
         num_heads = config.num_attention_heads
         self.cache = PagedKVCache(
@@ -174,6 +176,9 @@ class ModelRunner:
     ) -> torch.Tensor:
         """Logits (rows, vocab): the last position of each row (``logits_to_keep=1``),
         or the positions ``logits_to_keep`` indexes in a packed row."""
+        if self.llama_pass is not None:
+            logits = self.llama_pass(input_ids, positions, batch, logits_to_keep)
+            return logits[0] if isinstance(logits_to_keep, torch.Tensor) else logits[:, -1, :]
         out = self.model(
             input_ids=input_ids,
             position_ids=positions,

@@ -16,8 +16,8 @@ concurrent-against-solo identity and its agreement with float32 (docs/results.md
   else as in bfloat16: a quarter of float32's weight bytes.
 * ``int4`` (CPU only): the linear layers on torch's int4 kernel with the GGUF file's own
   Q4_1 blocks (``int4_linear``; a model without them gets its float weights put in that
-  form), the output layer and embedding in bfloat16, the KV cache bfloat16: the fastest
-  at one stream.
+  form; a Llama layer's q/k/v and gate/up joined, ``fused_projections``), the output
+  layer and embedding in bfloat16, the KV cache bfloat16: the fastest at one stream.
 
 On a CPU, every precision but float32 runs its linear layers a row at a time as far as
 the bits go: ``batch_invariance`` measures at load, per layer shape, how many rows a call
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import batch_invariance, cpu_linear, int4_linear
+from . import batch_invariance, cpu_linear, fused_projections, int4_linear
 from .errors import PrecisionError
 
 if TYPE_CHECKING:
@@ -115,6 +115,8 @@ def apply(
     if make is not None:
         cpu_linear.swap_linears(model, make, before=lambda layers: batch_invariance.calibrate(
             layers, precision))
+    if precision == "int4":  # a Llama layer's q/k/v and gate/up in one call each
+        fused_projections.join_llama_projections(model, precision)
     if precision != "float32":
         model = model.to(dtype=torch.bfloat16)  # type: ignore[call-arg]
         _return_freed_memory()

@@ -97,7 +97,8 @@ def identity_of(name: str, device: str, block_size: int) -> dict[str, Any]:
     code = hashlib.sha256(b"".join((engine_dir / f).read_bytes()
                                    for f in ("attention.py", "model_runner.py", "cpu_linear.py",
                                              "precision.py", "int4_linear.py",
-                                             "batch_invariance.py")))
+                                             "batch_invariance.py", "llama_forward.py",
+                                             "fused_projections.py")))
     return {
         "model": name, "files": _files_of(name), "device": device,
         "threads": torch.get_num_threads(), "torch": torch.__version__,

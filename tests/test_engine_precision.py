@@ -75,7 +75,9 @@ def test_int4_puts_every_layer_but_the_output_in_q4_1_blocks_with_a_bfloat16_cac
     layers = [m for m in loaded.model.modules() if isinstance(m, Int4Linear)]
 
     assert not any(type(m).__name__ in ("Linear", "Conv1D") for m in loaded.model.modules())
-    assert len(layers) == 4 * 2 + (0 if model == "tiny-gpt2" else 3 * 2)  # per block
+    # per block; a Llama block's gate and up projections joined too (fused_projections:
+    # its 32-wide key and value ones are too narrow for the packing to join)
+    assert len(layers) == 4 * 2 + (0 if model == "tiny-gpt2" else (3 + 1) * 2)
     assert not isinstance(head, Int4Linear) and isinstance(head, _RowWise)
     assert {t.dtype for t in (*runner.cache.keys, *runner.cache.values)} == {torch.bfloat16}
     assert all(m.rows_per_call >= 1 for m in loaded.model.modules()

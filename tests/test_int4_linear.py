@@ -57,6 +57,24 @@ def test_the_kernel_computes_with_the_blocks_weight() -> None:
     assert ((got - expected).abs().max() / expected.abs().max()).item() < 0.01
 
 
+def test_joined_int4_layers_give_their_parts_outputs_and_share_their_weights() -> None:
+    generator = torch.Generator().manual_seed(6)
+    parts = [Int4Linear(q4_1_from_float(torch.randn(n, 64, generator=generator)))
+             for n in (128, 64, 64)]
+    x = torch.randn(7, 64, generator=generator).to(torch.bfloat16)
+    with torch.inference_mode():
+        alone = torch.cat([part(x) for part in parts], dim=-1)
+
+    joined = Int4Linear.joined(parts)
+
+    assert joined is not None and (joined.out_features, joined.in_features) == (256, 64)
+    with torch.inference_mode():
+        assert torch.equal(joined(x), alone)
+        assert torch.equal(torch.cat([part(x) for part in parts], dim=-1), alone)
+    assert {p.packed.untyped_storage().data_ptr() for p in parts} == {
+        joined.packed.untyped_storage().data_ptr()}
+
+
 def test_query_and_key_rows_follow_transformers_reverse_permutation() -> None:
     processor = LlamaTensorProcessor(config={"num_attention_heads": 9,
                                              "num_key_value_heads": 3})
@@ -103,9 +121,11 @@ def test_the_embedded_model_in_int4_runs_the_files_blocks_and_answers() -> None:
     from engine.engine import Engine
 
     loaded = load_model("smollm2", "cpu", precision="int4")
-    kinds = [type(m).__name__ for m in loaded.model.modules() if isinstance(m, _RowWise)]
+    layers = {name: m for name, m in loaded.model.named_modules() if isinstance(m, _RowWise)}
+    joined = [name for name in layers if name.endswith(("qkv_proj", "gate_up_proj"))]
 
-    assert kinds.count("Int4Linear") == 210
+    assert [type(m) for m in layers.values()].count(Int4Linear) == 210 + len(joined)
+    assert len(joined) == 2 * 30  # each layer's q/k/v and gate/up (engine.fused_projections)
     assert isinstance(loaded.model.get_output_embeddings(), PackedLinear)
     engine = Engine(loaded, max_batch=2, num_blocks=16, block_size=16)
     engine.submit(GenerationRequest("capital", "The capital of France is", 8))

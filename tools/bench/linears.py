@@ -26,6 +26,7 @@ import torch
 
 from engine.batch_invariance import shape_key
 from engine.cpu_linear import _RowWise
+from engine.fused_projections import JOINS
 from engine.model import load_model
 from engine.precision import PRECISIONS
 from tools.bench.common import bench
@@ -33,9 +34,14 @@ from tools.lab.common import Report
 
 
 def layers_of(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's linear layers as the engine runs them (float32's are ``nn.Linear``)."""
-    return [m for m in model.modules()
-            if isinstance(m, (_RowWise, torch.nn.Linear)) or type(m).__name__ == "Conv1D"]
+    """The model's linear layers as the engine runs them (float32's are ``nn.Linear``;
+    where projections are joined, ``engine.fused_projections``, the joined layer and not
+    its parts)."""
+    joined_parts = {id(getattr(holder, part)) for holder in model.modules()
+                    for _, parts, joined in JOINS if hasattr(holder, joined)
+                    for part in parts}
+    return [m for m in model.modules() if id(m) not in joined_parts and (
+        isinstance(m, (_RowWise, torch.nn.Linear)) or type(m).__name__ == "Conv1D")]
 
 
 def one_step(layers: list[torch.nn.Module], rows: dict[int, torch.Tensor]) -> float:

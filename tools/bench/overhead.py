@@ -18,7 +18,9 @@ steps (issue 37 item 5):
   wrapped in ``torch.compiler.disable``, so dynamo compiles the pieces between the
   attention calls and the attention stays eager; ``none`` times eager only.
 
-Compiled and eager steps share the engine, so they decode the same sequences; the
+Both sides call the library's forward (the engine's own Llama pass,
+``engine.llama_forward``, is set aside here; ``tools.bench onestream`` times it against the
+library's). Compiled and eager steps share the engine, so they decode the same sequences; the
 tokens of both are compared (``tokens_equal``: greedy argmax of the two sides' logits
 on the same step). Set ``TORCHINDUCTOR_CACHE_DIR`` to time a warm (cached) compile.
 """
@@ -64,6 +66,7 @@ def breakdown(loaded: LoadedModel, batch: int, args: argparse.Namespace) -> dict
     engine = engine_stepper(loaded, prompt_ids(loaded, batch, args.prompt_tokens),
                             args.warmup + args.steps + args.profile_steps + 2)
     runner: Any = engine.runner  # the ModelRunner: its methods are wrapped and swapped
+    runner.llama_pass = None  # the library's forward, whose body this breaks down
     spent: dict[str, float] = defaultdict(float)
     saved = model_runner.decode_batch
     _timed(model_runner, "decode_batch", spent)
@@ -155,6 +158,7 @@ def side_by_side(loaded: LoadedModel, compiled: torch.nn.Module, batch: int,
     steps = args.warmup + args.steps
     engine = engine_stepper(loaded, prompt_ids(loaded, batch, args.prompt_tokens), 2 * steps + 2)
     runner: Any = engine.runner  # the ModelRunner: its methods are wrapped and swapped
+    runner.llama_pass = None  # the library's forward, eager against compiled
     eager = runner.model
     logits: dict[str, torch.Tensor] = {}
     forward = runner.forward
