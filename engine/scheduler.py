@@ -16,15 +16,20 @@ prompts and recomputes) of this step, in arrival order (a higher band's first), 
 the step's prefill budget: ``max_prefill_tokens``, or fewer with a step-time target
 (``max_step_ms``), what the measured costs (``costs.StepCosts``) say fits beside this
 step's decode rows (a step with nothing to decode keeps the whole budget: no stream
-waits for it). A prompt that fits the budget's room is prefilled whole; one that does
-not waits for the next step, unless it is the first: then it is cut (chunked prefill),
-its first chunk fills the budget, and the rest follows in the next steps, so a long
-prompt never stalls the running streams for longer than the budget. Its first token
-comes with its last chunk. With a step-time target a chunk counts its cached prefix too
-(``costs.cost_tokens``), so a long prompt's late chunks, which attend over more
-positions, are cut shorter, and the budget is planned within the target over the
-measured margin (``costs.StepCosts.margin``): such a step's plan
-(``StepPlan.planned_ms``) is compared with what it took.
+waits for it). The band yielding: while a band has decode rows in the step, the
+prompts of lower bands share the budget within ``lower_band_budget`` (what adds at most
+``LOWER_BAND_STEP_SHARE`` of the decode pass, never under ``MIN_PREFILL_TOKENS``), so a
+flood's long prompts do not stretch an interactive stream's gaps; a higher band's own
+prompts keep the whole budget. A prompt that fits the budget's room is prefilled
+whole; one that does not waits for the next step, unless it is the first: then it is
+cut (chunked prefill), its first chunk fills the budget (or the lower band's share),
+and the rest follows in the next steps, so a long prompt never stalls the running
+streams for longer than the budget. Its first token comes with its last chunk. With a
+step-time target a chunk counts its cached prefix too (``costs.cost_tokens``), so a
+long prompt's late chunks, which attend over more positions, are cut shorter, and the
+budget is planned within the target over the measured margin
+(``costs.StepCosts.margin``): such a step's plan (``StepPlan.planned_ms``) is compared
+with what it took.
 
 ``record_token`` is the per-sequence error boundary: it turns one sampled token
 (or the exception its sampling raised) into events through the ``token_record.
@@ -60,6 +65,13 @@ from .types import EngineEvent, FinishEvent, FinishReason, TokenEvent
 # prefill a 1,000-token prompt; with it a step costs at most 1.5 targets.
 MIN_PREFILL_SHARE = 0.5
 MIN_PREFILL_TOKENS = 16
+# The band yielding (``Scheduler.lower_band_budget``): in a step with a higher band's
+# decode rows, a lower band's prompt chunks add at most this share of the step's decode
+# pass by the measured costs (its gaps stay within 1.5 steps of decoding alone), or,
+# before costs are measured, this share of ``max_prefill_tokens``; at least
+# MIN_PREFILL_TOKENS either way.
+LOWER_BAND_STEP_SHARE = 0.5
+LOWER_BAND_UNMEASURED_SHARE = 0.125
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,22 +209,29 @@ class Scheduler:
         self.residency.grant()  # decode rows' blocks (preempting), then admission
         decode = [s for s in self.running.values() if not s.is_paused and not s.needs_prefill]
         budget = self.prefill_budget(len(decode))
+        # The band yielding: while a band decodes in this step, a lower band's prompts
+        # share it within ``lower_band_budget`` (its docstring: the rule and its bound).
+        top = min((band_of(s) for s in decode), default=None)
+        lower_budget = budget if top is None else self.lower_band_budget(len(decode), budget)
         prefill: list[Chunk] = []
-        used = 0
+        used = lower_used = 0
         timed = self.max_step_ms is not None  # then a late chunk's prefix counts (costs)
         # Admission order within a band; a higher band's prompt first (``engine.priority``:
         # the band it runs at, so one admitted by aging is not starved of prefill).
         for seq in sorted(self.running.values(), key=band_of):
             if seq.is_paused or not seq.needs_prefill:
                 continue
+            lower = top is not None and band_of(seq) > top
+            room = min(budget - used, lower_budget - lower_used) if lower else budget - used
             left = seq.num_to_cache
             cost = cost_tokens(left, seq.num_prefilled) if timed else left
-            if used + cost <= budget:
+            if cost <= room:
                 prefill.append(Chunk(seq, seq.num_prefilled, seq.prefill_end))
                 used += cost
+                lower_used += cost if lower else 0
                 continue
-            if not prefill:  # the first prompt: cut it to the budget
-                take = max(tokens_within(budget, seq.num_prefilled) if timed else budget, 1)
+            if not prefill:  # the first prompt: cut it to the budget (or a lower band's)
+                take = max(tokens_within(room, seq.num_prefilled) if timed else room, 1)
                 prefill.append(Chunk(seq, seq.num_prefilled, seq.num_prefilled + take))
             break
         planned = None
@@ -235,6 +254,29 @@ class Scheduler:
         if within is None or least is None:  # nothing measured yet
             return self.max_prefill_tokens
         return min(self.max_prefill_tokens, max(within, least, MIN_PREFILL_TOKENS))
+
+    def lower_band_budget(self, decode_rows: int, budget: int) -> int:
+        """Prompt tokens (cost tokens with a step target) that the prompts of bands lower
+        than the highest band decoding may prefill in a step with ``decode_rows`` decode
+        rows, of the step's ``budget``: the band yielding.
+
+        A decode row's next token waits for the whole step, so a lower band's long prompt
+        chunk in it lengthens every higher-band token's gap (issue 48: a flex flood's
+        prompts beside interactive streams tripled their gap). Its bound: what the
+        measured costs say adds at most ``LOWER_BAND_STEP_SHARE`` of the step's decode
+        pass; before they are measured, ``LOWER_BAND_UNMEASURED_SHARE`` of the budget.
+        Never under ``MIN_PREFILL_TOKENS`` (nor over ``budget``): a lower band's prompts
+        and recomputes (a stream preempted for the higher band) still progress every
+        step no higher-band prompt fills, so the floor of progress holds. A higher band's
+        own prompts keep the whole budget (its TTFT); with no higher band decoding, the
+        lower band is the highest and keeps it too.
+        """
+        decode_ms = self.costs.decode_ms(decode_rows)
+        within = None if not decode_ms else self.costs.prefill_tokens_within(
+            decode_ms * (1 + LOWER_BAND_STEP_SHARE), decode_rows, self.mixed_step)
+        if within is None:  # nothing measured yet
+            within = int(self.max_prefill_tokens * LOWER_BAND_UNMEASURED_SHARE)
+        return min(budget, max(within, MIN_PREFILL_TOKENS))
 
     def record_chunk(self, chunk: Chunk, token: Outcome | None) -> list[EngineEvent]:
         """A prefilled chunk: its positions are cached; a fresh prompt's last chunk
