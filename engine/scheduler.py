@@ -16,13 +16,13 @@ prompts and recomputes) of this step, in arrival order (a higher band's first), 
 the step's prefill budget: ``max_prefill_tokens``, or fewer with a step-time target
 (``max_step_ms``), what the measured costs (``costs.StepCosts``) say fits beside this
 step's decode rows (a step with nothing to decode keeps the whole budget: no stream
-waits for it). The band yielding: while a band has decode rows in the step, the
-prompts of lower bands share the budget within ``lower_band_budget`` (what adds at most
-``LOWER_BAND_STEP_SHARE`` of the decode pass, never under ``MIN_PREFILL_TOKENS``), so a
-flood's long prompts do not stretch an interactive stream's gaps; a higher band's own
-prompts keep the whole budget. A prompt that fits the budget's room is prefilled
+waits for it). The band yielding (``band_yield``): while a higher band has rows in the
+step, the rows of lower bands ride in it only as far as the measured costs say keeps the
+step within a share of what the higher band's rows cost alone (their decode rows in
+rotation, then their prompts; at least one row and ``MIN_PREFILL_TOKENS``), so a flood
+does not stretch an interactive stream's gaps or its TTFT. A prompt that fits is prefilled
 whole; one that does not waits for the next step, unless it is the first: then it is
-cut (chunked prefill), its first chunk fills the budget (or the lower band's share),
+cut (chunked prefill), its first chunk fills the budget (or the lower bands' share),
 and the rest follows in the next steps, so a long prompt never stalls the running
 streams for longer than the budget. Its first token comes with its last chunk. With a
 step-time target a chunk counts its cached prefix too (``costs.cost_tokens``), so a
@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 from .admission import DEFAULT_WATERMARK, ON_DEMAND, AdmissionPolicy
 from .aging import band_of
+from .band_yield import BandYield
 from .block_allocator import BlockAllocator
 from .costs import StepCosts, cost_tokens, tokens_within
 from .inbox import Inbox, Op
@@ -65,13 +66,6 @@ from .types import EngineEvent, FinishEvent, FinishReason, TokenEvent
 # prefill a 1,000-token prompt; with it a step costs at most 1.5 targets.
 MIN_PREFILL_SHARE = 0.5
 MIN_PREFILL_TOKENS = 16
-# The band yielding (``Scheduler.lower_band_budget``): in a step with a higher band's
-# decode rows, a lower band's prompt chunks add at most this share of the step's decode
-# pass by the measured costs (its gaps stay within 1.5 steps of decoding alone), or,
-# before costs are measured, this share of ``max_prefill_tokens``; at least
-# MIN_PREFILL_TOKENS either way.
-LOWER_BAND_STEP_SHARE = 0.5
-LOWER_BAND_UNMEASURED_SHARE = 0.125
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +132,7 @@ class Scheduler:
         self.running: dict[str, Sequence] = self.residency.running  # in admission order
         self.inbox = Inbox()  # the wishes of other threads: Engine.submit, cancel, ...
         self._resumed: list[Sequence] = []  # replayed by apply_inbox: see take_resumed
+        self._plans = 0  # plans made (a lower band's rows ride in rotation: band_yield)
 
     def has_work(self) -> bool:
         """Whether a step would do anything. For the step's caller, between steps."""
@@ -207,38 +202,62 @@ class Scheduler:
         """Admit what fits, then choose this step's decode rows and prompt chunks."""
         self.residency.fair.weigh(self.costs, self.num_decoding)  # fair shares' weights
         self.residency.grant()  # decode rows' blocks (preempting), then admission
-        decode = [s for s in self.running.values() if not s.is_paused and not s.needs_prefill]
+        self._plans += 1
+        live = [s for s in self.running.values() if not s.is_paused]
+        decode = [s for s in live if not s.needs_prefill]
         budget = self.prefill_budget(len(decode))
-        # The band yielding: while a band decodes in this step, a lower band's prompts
-        # share it within ``lower_band_budget`` (its docstring: the rule and its bound).
-        top = min((band_of(s) for s in decode), default=None)
-        lower_budget = budget if top is None else self.lower_band_budget(len(decode), budget)
-        prefill: list[Chunk] = []
-        used = lower_used = 0
         timed = self.max_step_ms is not None  # then a late chunk's prefix counts (costs)
-        # Admission order within a band; a higher band's prompt first (``engine.priority``:
-        # the band it runs at, so one admitted by aging is not starved of prefill).
-        for seq in sorted(self.running.values(), key=band_of):
-            if seq.is_paused or not seq.needs_prefill:
-                continue
-            lower = top is not None and band_of(seq) > top
-            room = min(budget - used, lower_budget - lower_used) if lower else budget - used
-            left = seq.num_to_cache
-            cost = cost_tokens(left, seq.num_prefilled) if timed else left
-            if cost <= room:
-                prefill.append(Chunk(seq, seq.num_prefilled, seq.prefill_end))
-                used += cost
-                lower_used += cost if lower else 0
-                continue
-            if not prefill:  # the first prompt: cut it to the budget (or a lower band's)
-                take = max(tokens_within(room, seq.num_prefilled) if timed else room, 1)
-                prefill.append(Chunk(seq, seq.num_prefilled, seq.num_prefilled + take))
-            break
+        # A higher band's prompt first (``engine.priority``: the band it runs at, so one
+        # admitted by aging is not starved of prefill); admission order within a band.
+        prompts = sorted((s for s in live if s.needs_prefill), key=band_of)
+        top = min((band_of(s) for s in live), default=None)
+        if top is None or all(band_of(s) <= top for s in live):
+            prefill, _ = self._chunks(prompts, budget, [], timed)
+        else:  # the band yielding (``engine.band_yield``): the higher band's rows first
+            rule = BandYield(self.costs, self.mixed_step, self.max_prefill_tokens,
+                             MIN_PREFILL_TOKENS)
+            higher = [s for s in decode if band_of(s) <= top]
+            prefill, used = self._chunks([s for s in prompts if band_of(s) <= top], budget,
+                                         [], timed)
+            limit = rule.limit_ms(len(higher), used)
+            riding = set(map(id, rule.decode_rows(
+                [s for s in decode if band_of(s) > top], len(higher), used, limit,
+                lambda s: self._plans - s.last_decode_plan)))
+            decode = [s for s in decode if band_of(s) <= top or id(s) in riding]
+            room = rule.prompt_budget(len(decode), used, limit, budget - used)
+            prefill, _ = self._chunks([s for s in prompts if band_of(s) > top], room,
+                                      prefill, timed)
+        for seq in decode:
+            seq.last_decode_plan = self._plans
         planned = None
         if timed and prefill and decode:
             cost = sum(cost_tokens(c.end - c.start, c.start) for c in prefill)
             planned = self.costs.step_ms(len(decode), cost, self.mixed_step)
         return StepPlan(prefill, decode, planned)
+
+    @staticmethod
+    def _chunks(prompts: list[Sequence], budget: int, prefill: list[Chunk],
+                timed: bool) -> tuple[list[Chunk], int]:
+        """``prefill`` with chunks of ``prompts`` (in order) within ``budget`` prompt
+        tokens (cost tokens when ``timed``), and what they count. A prompt that fits is
+        prefilled whole; the first that does not waits for the next step, unless it is
+        the first of ``prompts`` to be taken: then it is cut to the budget (chunked
+        prefill; a lower band's first prompt beside a higher band's chunks too, so its
+        share is used: ``engine.band_yield``)."""
+        used = 0
+        for seq in prompts:
+            left = seq.num_to_cache
+            cost = cost_tokens(left, seq.num_prefilled) if timed else left
+            if used + cost <= budget:
+                prefill.append(Chunk(seq, seq.num_prefilled, seq.prefill_end))
+                used += cost
+                continue
+            if not used and budget > 0:  # the first prompt: cut it to the budget
+                take = max(tokens_within(budget, seq.num_prefilled) if timed else budget, 1)
+                prefill.append(Chunk(seq, seq.num_prefilled, seq.num_prefilled + take))
+                used = budget
+            break
+        return prefill, used
 
     def prefill_budget(self, decode_rows: int) -> int:
         """Prompt tokens a step with ``decode_rows`` decode rows may prefill.
@@ -254,29 +273,6 @@ class Scheduler:
         if within is None or least is None:  # nothing measured yet
             return self.max_prefill_tokens
         return min(self.max_prefill_tokens, max(within, least, MIN_PREFILL_TOKENS))
-
-    def lower_band_budget(self, decode_rows: int, budget: int) -> int:
-        """Prompt tokens (cost tokens with a step target) that the prompts of bands lower
-        than the highest band decoding may prefill in a step with ``decode_rows`` decode
-        rows, of the step's ``budget``: the band yielding.
-
-        A decode row's next token waits for the whole step, so a lower band's long prompt
-        chunk in it lengthens every higher-band token's gap (issue 48: a flex flood's
-        prompts beside interactive streams tripled their gap). Its bound: what the
-        measured costs say adds at most ``LOWER_BAND_STEP_SHARE`` of the step's decode
-        pass; before they are measured, ``LOWER_BAND_UNMEASURED_SHARE`` of the budget.
-        Never under ``MIN_PREFILL_TOKENS`` (nor over ``budget``): a lower band's prompts
-        and recomputes (a stream preempted for the higher band) still progress every
-        step no higher-band prompt fills, so the floor of progress holds. A higher band's
-        own prompts keep the whole budget (its TTFT); with no higher band decoding, the
-        lower band is the highest and keeps it too.
-        """
-        decode_ms = self.costs.decode_ms(decode_rows)
-        within = None if not decode_ms else self.costs.prefill_tokens_within(
-            decode_ms * (1 + LOWER_BAND_STEP_SHARE), decode_rows, self.mixed_step)
-        if within is None:  # nothing measured yet
-            within = int(self.max_prefill_tokens * LOWER_BAND_UNMEASURED_SHARE)
-        return min(budget, max(within, MIN_PREFILL_TOKENS))
 
     def record_chunk(self, chunk: Chunk, token: Outcome | None) -> list[EngineEvent]:
         """A prefilled chunk: its positions are cached; a fresh prompt's last chunk

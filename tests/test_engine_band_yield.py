@@ -9,9 +9,11 @@ replaced before each step, so the plan is the rule's and not this machine's timi
 from __future__ import annotations
 
 from engine import GenerationRequest, SamplingParams
+from engine.band_yield import LOWER_BAND_STEP_SHARE, LOWER_BAND_UNMEASURED_SHARE, BandYield
 from engine.costs import StepCosts
 from engine.engine import Engine
-from engine.scheduler import LOWER_BAND_UNMEASURED_SHARE, MIN_PREFILL_TOKENS
+from engine.scheduler import MIN_PREFILL_TOKENS
+from engine.sequence import Sequence
 from tests.engine_steps import run_until_idle
 from tests.scripted_runner import scripted_engine
 
@@ -71,15 +73,68 @@ def test_a_higher_bands_prompt_keeps_the_whole_budget_beside_its_own_decode_rows
     run_until_idle(engine)
 
 
-def test_measured_costs_bound_a_lower_band_to_half_a_decode_pass_never_under_the_floor(
-) -> None:
-    scheduler = scripted_engine(max_prefill_tokens=BUDGET).scheduler
-    scheduler.mixed_step = False  # the prefill line prices the prompt tokens
-    costs = scheduler.costs = StepCosts()
+def _measured(costs: StepCosts) -> StepCosts:
+    """Costs as a machine might measure them: a prefill pass 4 ms + 0.5 ms a token; a
+    decode pass 20 ms at 1 row, 24 at 2, 40 at 8."""
     for tokens, ms in ((8, 8.0), (32, 20.0)):
-        costs.observe_prefill(tokens, ms)  # 4 ms + 0.5 ms per token
-    costs.observe_decode(2, 40.0)
-    assert scheduler.lower_band_budget(2, BUDGET) == (40.0 * 0.5 - 4.0) / 0.5  # 32
-    assert scheduler.lower_band_budget(2, 8) == 8  # never over the step's budget
-    costs.observe_decode(4, 10.0)  # half of 10 ms fits fewer than the floor
-    assert scheduler.lower_band_budget(4, BUDGET) == MIN_PREFILL_TOKENS
+        costs.observe_prefill(tokens, ms)
+    for rows, ms in ((1, 20.0), (2, 24.0), (8, 40.0)):
+        costs.observe_decode(rows, ms)
+    return costs
+
+
+def test_measured_costs_bound_the_step_to_a_share_over_the_higher_bands_rows() -> None:
+    rule = BandYield(_measured(StepCosts()), False, BUDGET, MIN_PREFILL_TOKENS)
+    limit = rule.limit_ms(1, 0)  # one higher decode row alone: 20 ms
+    assert limit == 20.0 * (1 + LOWER_BAND_STEP_SHARE)
+    rows = [_row(f"low{i}", waited=i) for i in range(7)]
+    riding = rule.decode_rows(rows, 1, 0, limit, lambda s: s.last_decode_plan)
+    # 1 + n rows within 25 ms: 2 rows 24 ms, 3 rows 26.7 (interpolated): one lower row,
+    # the one that waited longest
+    assert [s.request.request_id for s in riding] == ["low6"]
+    assert rule.decode_rows(rows, 1, 0, 10.0, lambda s: s.last_decode_plan) == rows[-1:]
+    # the lower prompts: what keeps 2 decode rows (24 ms) within 25 ms: (25-24-4)/0.5 < 0
+    assert rule.prompt_budget(2, 0, limit, BUDGET) == MIN_PREFILL_TOKENS  # the floor
+    assert rule.prompt_budget(2, 0, 60.0, BUDGET) == (60.0 - 24.0 - 4.0) / 0.5  # 64
+    assert rule.prompt_budget(2, 10, 60.0, BUDGET) == 64 - 10  # the higher's counted
+    assert rule.prompt_budget(2, 0, 60.0, 8) == 8  # never over the room left
+    assert rule.prompt_budget(2, 0, limit, 0) == 0  # nor any when none is left
+
+
+def test_before_costs_are_measured_every_row_rides_and_prompts_get_the_fixed_share() -> None:
+    rule = BandYield(StepCosts(), False, BUDGET, MIN_PREFILL_TOKENS)
+    assert rule.limit_ms(1, 0) is None
+    rows = [_row(f"low{i}", waited=i) for i in range(3)]
+    assert rule.decode_rows(rows, 1, 0, None, lambda s: s.last_decode_plan) == rows
+    assert rule.prompt_budget(4, 0, None, BUDGET) == int(BUDGET * LOWER_BAND_UNMEASURED_SHARE)
+
+
+def test_a_lower_bands_decode_rows_ride_in_rotation_beside_a_higher_band() -> None:
+    """With measured costs that leave room for one lower row, each of three lower rows
+    gets its token at least every third step (the floor), and their texts are whole."""
+    engine = scripted_engine(max_prefill_tokens=BUDGET, num_blocks=128, mixed_step=False)
+    for i in range(3):
+        _submit(engine, f"low{i}", 2, "x", 40)
+    _submit(engine, "high", 0, "a", 40)
+    _step_unmeasured(engine)  # every prompt prefilled: all decode from now on
+    steps_since = {f"low{i}": 0 for i in range(3)}
+    for _ in range(12):
+        engine.costs = engine.scheduler.costs = _measured(StepCosts())
+        before = {rid: len(engine.scheduler.running[rid].generated_ids) for rid in steps_since}
+        assert "high" in engine.scheduler.running
+        high = len(engine.scheduler.running["high"].generated_ids)
+        engine.step()
+        assert len(engine.scheduler.running["high"].generated_ids) == high + 1  # every step
+        grew = [rid for rid in steps_since
+                if len(engine.scheduler.running[rid].generated_ids) > before[rid]]
+        assert len(grew) == 1  # one lower row fits the share
+        for rid in steps_since:
+            steps_since[rid] = 0 if rid in grew else steps_since[rid] + 1
+            assert steps_since[rid] < 3  # each rode within the last three steps
+    run_until_idle(engine)
+
+
+def _row(request_id: str, waited: int) -> Sequence:
+    """A sequence stand-in for the rule's ranking (it reads only what ``waited`` does)."""
+    return Sequence(GenerationRequest(request_id, "x", 1), [1], None, None, None,  # type: ignore[arg-type]
+                    last_decode_plan=waited)

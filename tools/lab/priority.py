@@ -16,11 +16,13 @@ wall clock around the steps (``time.perf_counter``). Conditions, each on a fresh
   ``--flood`` streams, more than the batch holds, kept up closed loop: a finished flood
   stream is replaced), for the same number of steps;
 * ``mixed``: both at once. Interactive TTFT (submit to first token) and inter-token gap,
-  p95, against ``idle``'s; the flood's tokens/s over the steps in which no interactive
-  request was in the engine, against ``flood``'s over the same steps
-  (``flood_idle_share``: those steps are mixed's first ones, the flood's prompts
-  prefilling, and its tail, the flood recomputing streams preempted for the interactive
-  band; the flood alone over all its steps, a steady state, would not compare like);
+  p95, against ``idle``'s. ``flood`` and ``mixed`` run half as many steps again after
+  the last interactive arrival (a lull); the flood's tokens/s over mixed's steps in which
+  no interactive request was in the engine, against ``flood``'s over the same steps
+  (``flood_idle_share``: those steps are mixed's first few, the flood's prompts
+  prefilling in both, and the lull, in which mixed's flood recomputes the streams
+  preempted for the interactive band while the flood alone runs on: what the interactive
+  key costs the flood once it is idle);
 * ``fair``: two tenants in one band, closed loop, "long" (long prompts and answers) and
   "short" (short ones), each keeping ``--batch`` streams in the engine: each one's served
   work per second (prompt tokens computed + decode tokens, the decode weighted as the
@@ -145,9 +147,11 @@ def _run_all(lab: Lab, model: str, size: dict[str, Any]) -> Report:
     steps = size["steps"]
     _run(engine(), Traffic(interactive=[(0, interactive[0][1])]), 0)  # warm up: not counted
     idle = _run(engine(), Traffic(interactive=interactive), steps)
-    alone = _run(engine(), Traffic(loops={"flood": (size["flood"], flood)}), steps)
+    # The flood alone and mixed run a lull of steps // 2 more after the interactive
+    # arrivals end: the steps the flood has the engine to itself again (its share there).
+    alone = _run(engine(), Traffic(loops={"flood": (size["flood"], flood)}), steps * 3 // 2)
     mixed = _run(engine(), Traffic(interactive=interactive,
-                                   loops={"flood": (size["flood"], flood)}), steps)
+                                   loops={"flood": (size["flood"], flood)}), steps * 3 // 2)
 
     def pair(one_tenant: bool) -> Traffic:
         def tenant(name: str) -> str:
