@@ -21,10 +21,14 @@ flood (and a stream preempted for the higher band, recomputing) always progresse
 the higher band is idle the lower band is the top band and keeps the whole step: the
 flood's rate while the interactive key is idle is its rate alone (``flood_idle_share``).
 
-Before the costs are measured (the first steps) nothing is known to compare with: every
-decode row runs and a lower band's prompts get ``LOWER_BAND_UNMEASURED_SHARE`` of the
-budget. Which rows ride in a step never changes a row's tokens: each row's bits are its
-solo run's in any batch (``engine.batch_invariance``); only when they come changes.
+The reference is a lower estimate where the costs have only seen bigger batches (a flood
+keeps the batch full, so one higher row alone may never have run: ``decode_ms_low``); the
+lower band's rows are priced by the costs as they are, so an unseen batch size is not
+assumed cheap, and once it has run it is known. Before the costs are measured (the first
+steps) nothing is known to compare with: every decode row runs and a lower band's prompts
+get ``LOWER_BAND_UNMEASURED_SHARE`` of the budget. Which rows ride in a step never
+changes a row's tokens: each row's bits are its solo run's in any batch
+(``engine.batch_invariance``); only when they come changes.
 """
 
 from __future__ import annotations
@@ -62,10 +66,11 @@ class BandYield:
         """The longest the step may take: ``1 + LOWER_BAND_STEP_SHARE`` times what the
         higher band's ``higher_rows`` decode rows and prompt tokens counting
         ``higher_cost`` take alone; None before the costs can say."""
-        reference = self.costs.step_ms(higher_rows, higher_cost, self.mixed)
-        if not reference:
+        decode = self.costs.decode_ms_low(higher_rows)  # never overestimated: see there
+        line = self.costs.step_line(higher_rows, self.mixed) if higher_cost else (0.0, 0.0)
+        if decode is None or line is None or not (higher_rows or higher_cost):
             return None
-        return reference * (1 + LOWER_BAND_STEP_SHARE)
+        return (decode + line[0] + line[1] * higher_cost) * (1 + LOWER_BAND_STEP_SHARE)
 
     def decode_rows(self, lower: list[Sequence], higher_rows: int, higher_cost: int,
                     limit: float | None, waited: Callable[[Sequence], int]) -> list[Sequence]:

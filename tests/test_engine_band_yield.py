@@ -101,6 +101,22 @@ def test_measured_costs_bound_the_step_to_a_share_over_the_higher_bands_rows() -
     assert rule.prompt_budget(2, 0, limit, 0) == 0  # nor any when none is left
 
 
+def test_where_only_full_batches_ran_the_reference_is_not_overestimated() -> None:
+    """A flood keeps the batch full, so the costs may have seen only 8-row passes: the
+    higher band's one row alone is then estimated lower (``decode_ms_low``), not as an
+    8-row pass, which would let the whole flood ride; the lower rows are priced as seen."""
+    costs = StepCosts()
+    costs.observe_decode(8, 40.0)
+    assert costs.decode_ms(1) == 40.0  # the planning estimate: not assumed cheaper
+    assert costs.decode_ms_low(1) == 40.0 * (1 / 8) ** 0.5
+    assert costs.decode_ms_low(9) == costs.decode_ms(9)  # above what was seen: the same
+    rule = BandYield(costs, False, BUDGET, MIN_PREFILL_TOKENS)
+    limit = rule.limit_ms(1, 0)
+    assert limit == 40.0 * (1 / 8) ** 0.5 * (1 + LOWER_BAND_STEP_SHARE)
+    rows = [_row(f"low{i}", waited=i) for i in range(7)]
+    assert len(rule.decode_rows(rows, 1, 0, limit, lambda s: s.last_decode_plan)) == 1
+
+
 def test_before_costs_are_measured_every_row_rides_and_prompts_get_the_fixed_share() -> None:
     rule = BandYield(StepCosts(), False, BUDGET, MIN_PREFILL_TOKENS)
     assert rule.limit_ms(1, 0) is None
