@@ -1,33 +1,39 @@
 """The band yielding: a step that carries a higher band's rows stays about as short as
-those rows alone would make it, so an interactive stream is not slowed by a batch job.
+those rows need, so an interactive stream is not slowed by a batch job.
 
 Every row of a step waits for the whole step: a decode row's next token, and a prompt's
-first token, come when the slowest part of the pass is done. So a lower band's rows in
-a step carrying a higher band's rows stretch the higher band's inter-token gaps and its
-TTFT. On the embedded model (2 threads) a decode pass of 8 rows took twice one of 1 row,
-and a flex flood's prompt chunks came on top: in ``tools.lab priority`` an interactive
-stream beside a flood had its inter-token gap p95 at 3.8 times an idle server's.
+first token, come when the pass is done. So a lower band's work in a step carrying a
+higher band's rows stretches the higher band's inter-token gaps and its TTFT: in
+``tools.lab priority`` a flex flood's prompt chunks, prefilled beside interactive
+streams, made their inter-token gap p95 3.8 times an idle server's. Two rules, for a step
+whose highest band present (``top``: decoding or prefilling) has lower bands beside it:
 
-The rule, for a step whose highest band present (``top``: decoding or prefilling) has
-lower bands beside it: the higher band's own rows (``top`` and above) are planned first,
-with the whole budget; their cost by the measured ``StepCosts`` is the step's reference;
-the lower bands then ride in it while the step stays within ``1 + LOWER_BAND_STEP_SHARE``
-of the reference: their decode rows first, the ones that waited longest (fewest recent
-plans) before others, then their prompts within what is left. The bound of its cost to
-the lower bands, the floor of progress: at least one lower decode row in every such step
-(in rotation, so each row waits at most as many steps as the lower band has decode rows)
-and at least ``MIN_PREFILL_TOKENS`` of their prompts when a step has room for any, so a
-flood (and a stream preempted for the higher band, recomputing) always progresses. When
-the higher band is idle the lower band is the top band and keeps the whole step: the
-flood's rate while the interactive key is idle is its rate alone (``flood_idle_share``).
+* **a step with a higher band's prompt** (its first token waits for it): the higher
+  band's rows are planned first, with the whole budget, and their cost alone by the
+  measured ``StepCosts`` is the reference; the lower bands' decode rows ride while the
+  step stays within ``1 + LOWER_BAND_STEP_SHARE`` of it (in turn: the one that rode such
+  a step longest ago first; at least one), their prompts wait for the next step;
+* **a step of decode rows only**: every decode row rides (on the embedded model a pass of
+  8 rows costs about what an idle server's step with a prompt does, so the gaps stay
+  near the idle server's; limiting them too held the flood's rows in their slots so long
+  that the interactive band ran out of rows it may preempt, ``PRIORITY_PREEMPTION_CAP``:
+  TTFT p95 14.6 times idle), and the lower bands' prompts add at most
+  ``LOWER_BAND_STEP_SHARE`` of the decode pass by the costs, never under
+  ``MIN_PREFILL_TOKENS``: the floor of progress for a flood's prompts and for a stream
+  preempted for the higher band, recomputing.
+
+A higher band's prompt arrives now and then, so the lower band loses a step's decode rows
+now and then and a prompt chunk's share in the others; when the higher band is idle the
+lower band is the top band and keeps the whole step (the flood's rate while the
+interactive key is idle is its rate alone: ``flood_idle_share``).
 
 The reference is a lower estimate where the costs have only seen bigger batches (a flood
 keeps the batch full, so one higher row alone may never have run: ``decode_ms_low``); the
 lower band's rows are priced by the costs as they are, so an unseen batch size is not
 assumed cheap, and once it has run it is known. Before the costs are measured (the first
-steps) nothing is known to compare with: every decode row runs and a lower band's prompts
-get ``LOWER_BAND_UNMEASURED_SHARE`` of the budget. Which rows ride in a step never
-changes a row's tokens: each row's bits are its solo run's in any batch
+steps) every decode row runs and a lower band's prompts get
+``LOWER_BAND_UNMEASURED_SHARE`` of the budget. Which rows ride in a step never changes a
+row's tokens: each row's bits are its solo run's in any batch
 (``engine.batch_invariance``); only when they come changes.
 """
 
@@ -88,16 +94,15 @@ class BandYield:
             rows += 1
         return ranked[:rows]
 
-    def prompt_budget(self, decode_rows: int, higher_cost: int, limit: float | None,
-                      room: int) -> int:
+    def prompt_budget(self, decode_rows: int, budget: int) -> int:
         """Prompt tokens (cost tokens with a step target) the lower bands may prefill in
-        a step of ``decode_rows`` decode rows whose higher band's prompts count
-        ``higher_cost``, of ``room`` left in the step's budget: what keeps the step
-        within ``limit``, the unmeasured share before the costs can say; never under
-        ``floor_tokens`` (nor over ``room``)."""
-        if limit is None:
-            within = int(self.max_prefill_tokens * LOWER_BAND_UNMEASURED_SHARE)
-        else:
-            fits = self.costs.prefill_tokens_within(limit, decode_rows, self.mixed)
-            within = 0 if fits is None else fits - higher_cost
-        return max(min(room, max(within, self.floor_tokens)), 0)
+        a step of ``decode_rows`` decode rows and no higher band's prompt, of the step's
+        ``budget``: what adds at most ``LOWER_BAND_STEP_SHARE`` of the decode pass by the
+        costs, the unmeasured share before they can say; never under ``floor_tokens``
+        (nor over ``budget``)."""
+        decode = self.costs.decode_ms(decode_rows)
+        fits = None if not decode else self.costs.prefill_tokens_within(
+            decode * (1 + LOWER_BAND_STEP_SHARE), decode_rows, self.mixed)
+        if fits is None:  # nothing measured yet
+            fits = int(self.max_prefill_tokens * LOWER_BAND_UNMEASURED_SHARE)
+        return min(budget, max(fits, self.floor_tokens))

@@ -132,7 +132,7 @@ class Scheduler:
         self.running: dict[str, Sequence] = self.residency.running  # in admission order
         self.inbox = Inbox()  # the wishes of other threads: Engine.submit, cancel, ...
         self._resumed: list[Sequence] = []  # replayed by apply_inbox: see take_resumed
-        self._plans = 0  # plans made (a lower band's rows ride in rotation: band_yield)
+        self._plans = 0  # plans made (lower rows ride yielding steps in turn: band_yield)
 
     def has_work(self) -> bool:
         """Whether a step would do anything. For the step's caller, between steps."""
@@ -216,19 +216,19 @@ class Scheduler:
         else:  # the band yielding (``engine.band_yield``): the higher band's rows first
             rule = BandYield(self.costs, self.mixed_step, self.max_prefill_tokens,
                              MIN_PREFILL_TOKENS)
-            higher = [s for s in decode if band_of(s) <= top]
             prefill, used = self._chunks([s for s in prompts if band_of(s) <= top], budget,
                                          [], timed)
-            limit = rule.limit_ms(len(higher), used)
-            riding = set(map(id, rule.decode_rows(
-                [s for s in decode if band_of(s) > top], len(higher), used, limit,
-                lambda s: self._plans - s.last_decode_plan)))
-            decode = [s for s in decode if band_of(s) <= top or id(s) in riding]
-            room = rule.prompt_budget(len(decode), used, limit, budget - used)
-            prefill, _ = self._chunks([s for s in prompts if band_of(s) > top], room,
-                                      prefill, timed)
-        for seq in decode:
-            seq.last_decode_plan = self._plans
+            if prefill:  # a higher band's first token waits for this step: rows yield
+                higher = sum(band_of(s) <= top for s in decode)
+                riding = set(map(id, rule.decode_rows(
+                    [s for s in decode if band_of(s) > top], higher, used,
+                    rule.limit_ms(higher, used), lambda s: self._plans - s.last_decode_plan)))
+                decode = [s for s in decode if band_of(s) <= top or id(s) in riding]
+                for seq in decode:
+                    seq.last_decode_plan = self._plans  # rode in a yielding step
+            else:  # decode rows only: lower prompts within a share of the decode pass
+                prefill, _ = self._chunks([s for s in prompts if band_of(s) > top],
+                                          rule.prompt_budget(len(decode), budget), [], timed)
         planned = None
         if timed and prefill and decode:
             cost = sum(cost_tokens(c.end - c.start, c.start) for c in prefill)

@@ -93,12 +93,17 @@ def test_measured_costs_bound_the_step_to_a_share_over_the_higher_bands_rows() -
     # the one that waited longest
     assert [s.request.request_id for s in riding] == ["low6"]
     assert rule.decode_rows(rows, 1, 0, 10.0, lambda s: s.last_decode_plan) == rows[-1:]
-    # the lower prompts: what keeps 2 decode rows (24 ms) within 25 ms: (25-24-4)/0.5 < 0
-    assert rule.prompt_budget(2, 0, limit, BUDGET) == MIN_PREFILL_TOKENS  # the floor
-    assert rule.prompt_budget(2, 0, 60.0, BUDGET) == (60.0 - 24.0 - 4.0) / 0.5  # 64
-    assert rule.prompt_budget(2, 10, 60.0, BUDGET) == 64 - 10  # the higher's counted
-    assert rule.prompt_budget(2, 0, 60.0, 8) == 8  # never over the room left
-    assert rule.prompt_budget(2, 0, limit, 0) == 0  # nor any when none is left
+    assert rule.prompt_budget(2, BUDGET) == MIN_PREFILL_TOKENS  # 24 ms: none fits, the floor
+    slow = StepCosts()
+    for tokens, ms in ((8, 8.0), (32, 20.0)):
+        slow.observe_prefill(tokens, ms)  # 4 ms + 0.5 ms a token
+    slow.observe_decode(2, 200.0)
+    decode = 200.0
+    wide = BandYield(slow, False, BUDGET, MIN_PREFILL_TOKENS)
+    expected = int((decode * (1 + LOWER_BAND_STEP_SHARE) - decode - 4.0) / 0.5)
+    assert expected > MIN_PREFILL_TOKENS
+    assert wide.prompt_budget(2, BUDGET) == expected
+    assert wide.prompt_budget(2, 8) == 8  # never over the step's budget
 
 
 def test_where_only_full_batches_ran_the_reference_is_not_overestimated() -> None:
@@ -122,31 +127,31 @@ def test_before_costs_are_measured_every_row_rides_and_prompts_get_the_fixed_sha
     assert rule.limit_ms(1, 0) is None
     rows = [_row(f"low{i}", waited=i) for i in range(3)]
     assert rule.decode_rows(rows, 1, 0, None, lambda s: s.last_decode_plan) == rows
-    assert rule.prompt_budget(4, 0, None, BUDGET) == int(BUDGET * LOWER_BAND_UNMEASURED_SHARE)
+    assert rule.prompt_budget(4, BUDGET) == int(BUDGET * LOWER_BAND_UNMEASURED_SHARE)
 
 
-def test_a_lower_bands_decode_rows_ride_in_rotation_beside_a_higher_band() -> None:
-    """With measured costs that leave room for one lower row, each of three lower rows
-    gets its token at least every third step (the floor), and their texts are whole."""
-    engine = scripted_engine(max_prefill_tokens=BUDGET, num_blocks=128, mixed_step=False)
+def test_a_higher_bands_prompt_step_carries_few_lower_rows_and_the_next_carries_all() -> None:
+    """A step with a higher band's prompt carries the lower band's decode rows only as the
+    costs allow (here one: the floor), the one that waited longest; the next step, decode
+    rows only, carries them all again, and every answer is whole."""
+    engine = scripted_engine(max_prefill_tokens=BUDGET, num_blocks=128)
     for i in range(3):
         _submit(engine, f"low{i}", 2, "x", 40)
-    _submit(engine, "high", 0, "a", 40)
-    _step_unmeasured(engine)  # every prompt prefilled: all decode from now on
-    steps_since = {f"low{i}": 0 for i in range(3)}
-    for _ in range(12):
+    _step_unmeasured(engine)  # the lower prompts: they decode from now on
+    _step_unmeasured(engine)
+    running = engine.scheduler.running
+    for k in range(4):
+        _submit(engine, f"high{k}", 0, "a", 2)
+        before = {rid: len(running[rid].generated_ids) for rid in ("low0", "low1", "low2")}
         engine.costs = engine.scheduler.costs = _measured(StepCosts())
-        before = {rid: len(engine.scheduler.running[rid].generated_ids) for rid in steps_since}
-        assert "high" in engine.scheduler.running
-        high = len(engine.scheduler.running["high"].generated_ids)
-        engine.step()
-        assert len(engine.scheduler.running["high"].generated_ids) == high + 1  # every step
-        grew = [rid for rid in steps_since
-                if len(engine.scheduler.running[rid].generated_ids) > before[rid]]
-        assert len(grew) == 1  # one lower row fits the share
-        for rid in steps_since:
-            steps_since[rid] = 0 if rid in grew else steps_since[rid] + 1
-            assert steps_since[rid] < 3  # each rode within the last three steps
+        engine.step()  # high{k}'s prompt: its first token waits for this step
+        assert f"high{k}" in running and running[f"high{k}"].generated_ids
+        grew = [rid for rid in before if len(running[rid].generated_ids) > before[rid]]
+        assert grew == [f"low{k % 3}"]  # one lower row, in rotation
+        before = {rid: len(running[rid].generated_ids) for rid in before}
+        engine.costs = engine.scheduler.costs = _measured(StepCosts())
+        engine.step()  # decode rows only: every lower row rides
+        assert all(len(running[rid].generated_ids) == before[rid] + 1 for rid in before)
     run_until_idle(engine)
 
 
