@@ -19,7 +19,7 @@ whose highest band present (``top``: decoding or prefilling) has lower bands bes
   that the interactive band ran out of rows it may preempt, ``PRIORITY_PREEMPTION_CAP``:
   TTFT p95 14.6 times idle), and the lower bands' prompts add at most
   ``LOWER_BAND_STEP_SHARE`` of the decode pass by the costs, never under
-  ``MIN_PREFILL_TOKENS``: the floor of progress for a flood's prompts and for a stream
+  ``LOWER_BAND_FLOOR_TOKENS``: the floor of progress for a flood's prompts and for a stream
   preempted for the higher band, recomputing.
 
 A higher band's prompt arrives now and then, so the lower band loses a step's decode rows
@@ -47,7 +47,11 @@ from .sequence import Sequence
 
 # How much a lower band's rows may lengthen a step carrying a higher band's, as a share of
 # what the higher band's rows cost alone (measured: ``tools.lab priority``, docs/engine.md).
-LOWER_BAND_STEP_SHARE = 0.25
+LOWER_BAND_STEP_SHARE = 0.1
+# The least prompt tokens the lower bands get in a step of decode rows only: the floor of
+# progress of their prompts (on the embedded model, 16 tokens added a third to an 8-row
+# decode pass, more than the share; 8 add a sixth).
+LOWER_BAND_FLOOR_TOKENS = 8
 # A lower band's prompt tokens beside a higher band's rows before the costs are measured.
 LOWER_BAND_UNMEASURED_SHARE = 0.125
 
@@ -60,13 +64,11 @@ class BandYield:
         costs: the engine's measured step costs.
         mixed: whether the step's prefill and decode share one pass (``Scheduler.mixed_step``).
         max_prefill_tokens: the engine's prefill budget (the unmeasured share is of it).
-        floor_tokens: the least prompt tokens a lower band gets in a step with room.
     """
 
     costs: StepCosts
     mixed: bool
     max_prefill_tokens: int
-    floor_tokens: int
 
     def limit_ms(self, higher_rows: int, higher_cost: int) -> float | None:
         """The longest the step may take: ``1 + LOWER_BAND_STEP_SHARE`` times what the
@@ -98,11 +100,12 @@ class BandYield:
         """Prompt tokens (cost tokens with a step target) the lower bands may prefill in
         a step of ``decode_rows`` decode rows and no higher band's prompt, of the step's
         ``budget``: what adds at most ``LOWER_BAND_STEP_SHARE`` of the decode pass by the
-        costs, the unmeasured share before they can say; never under ``floor_tokens``
+        costs, the unmeasured share before they can say; never under
+        ``LOWER_BAND_FLOOR_TOKENS``
         (nor over ``budget``)."""
         decode = self.costs.decode_ms(decode_rows)
         fits = None if not decode else self.costs.prefill_tokens_within(
             decode * (1 + LOWER_BAND_STEP_SHARE), decode_rows, self.mixed)
         if fits is None:  # nothing measured yet
             fits = int(self.max_prefill_tokens * LOWER_BAND_UNMEASURED_SHARE)
-        return min(budget, max(fits, self.floor_tokens))
+        return min(budget, max(fits, LOWER_BAND_FLOOR_TOKENS))

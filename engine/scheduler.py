@@ -19,7 +19,7 @@ step's decode rows (a step with nothing to decode keeps the whole budget: no str
 waits for it). The band yielding (``band_yield``): while a higher band has rows in the
 step, the rows of lower bands ride in it only as far as the measured costs say keeps the
 step within a share of what the higher band's rows cost alone (their decode rows in
-rotation, then their prompts; at least one row and ``MIN_PREFILL_TOKENS``), so a flood
+rotation, then their prompts; never none of either), so a flood
 does not stretch an interactive stream's gaps or its TTFT. A prompt that fits is prefilled
 whole; one that does not waits for the next step, unless it is the first: then it is
 cut (chunked prefill), its first chunk fills the budget (or the lower bands' share),
@@ -214,8 +214,7 @@ class Scheduler:
         if top is None or all(band_of(s) <= top for s in live):
             prefill, _ = self._chunks(prompts, budget, [], timed)
         else:  # the band yielding (``engine.band_yield``): the higher band's rows first
-            rule = BandYield(self.costs, self.mixed_step, self.max_prefill_tokens,
-                             MIN_PREFILL_TOKENS)
+            rule = BandYield(self.costs, self.mixed_step, self.max_prefill_tokens)
             prefill, used = self._chunks([s for s in prompts if band_of(s) <= top], budget,
                                          [], timed)
             if prefill:  # a higher band's first token waits for this step: rows yield

@@ -9,10 +9,14 @@ replaced before each step, so the plan is the rule's and not this machine's timi
 from __future__ import annotations
 
 from engine import GenerationRequest, SamplingParams
-from engine.band_yield import LOWER_BAND_STEP_SHARE, LOWER_BAND_UNMEASURED_SHARE, BandYield
+from engine.band_yield import (
+    LOWER_BAND_FLOOR_TOKENS,
+    LOWER_BAND_STEP_SHARE,
+    LOWER_BAND_UNMEASURED_SHARE,
+    BandYield,
+)
 from engine.costs import StepCosts
 from engine.engine import Engine
-from engine.scheduler import MIN_PREFILL_TOKENS
 from engine.sequence import Sequence
 from tests.engine_steps import run_until_idle
 from tests.scripted_runner import scripted_engine
@@ -38,7 +42,7 @@ def test_a_lower_bands_prompt_beside_a_higher_bands_decode_rows_is_bounded_and_p
     _submit(engine, "high", 0, "a", 20)
     _step_unmeasured(engine)  # high's prompt: it decodes from now on
     _submit(engine, "low", 2, LONG_PROMPT, 4)
-    share = max(int(BUDGET * LOWER_BAND_UNMEASURED_SHARE), MIN_PREFILL_TOKENS)
+    share = max(int(BUDGET * LOWER_BAND_UNMEASURED_SHARE), LOWER_BAND_FLOOR_TOKENS)
     chunks = []  # low's prefilled tokens in each step beside high's decode row
     _step_unmeasured(engine)  # low admitted: its first chunk
     low = engine.scheduler.running["low"]
@@ -84,7 +88,7 @@ def _measured(costs: StepCosts) -> StepCosts:
 
 
 def test_measured_costs_bound_the_step_to_a_share_over_the_higher_bands_rows() -> None:
-    rule = BandYield(_measured(StepCosts()), False, BUDGET, MIN_PREFILL_TOKENS)
+    rule = BandYield(_measured(StepCosts()), False, BUDGET)
     limit = rule.limit_ms(1, 0)  # one higher decode row alone: 20 ms
     assert limit == 20.0 * (1 + LOWER_BAND_STEP_SHARE)
     rows = [_row(f"low{i}", waited=i) for i in range(7)]
@@ -93,15 +97,15 @@ def test_measured_costs_bound_the_step_to_a_share_over_the_higher_bands_rows() -
     # the one that waited longest
     assert [s.request.request_id for s in riding] == ["low6"]
     assert rule.decode_rows(rows, 1, 0, 10.0, lambda s: s.last_decode_plan) == rows[-1:]
-    assert rule.prompt_budget(2, BUDGET) == MIN_PREFILL_TOKENS  # 24 ms: none fits, the floor
+    assert rule.prompt_budget(2, BUDGET) == LOWER_BAND_FLOOR_TOKENS  # 24 ms: none fits, the floor
     slow = StepCosts()
     for tokens, ms in ((8, 8.0), (32, 20.0)):
         slow.observe_prefill(tokens, ms)  # 4 ms + 0.5 ms a token
     slow.observe_decode(2, 200.0)
     decode = 200.0
-    wide = BandYield(slow, False, BUDGET, MIN_PREFILL_TOKENS)
+    wide = BandYield(slow, False, BUDGET)
     expected = int((decode * (1 + LOWER_BAND_STEP_SHARE) - decode - 4.0) / 0.5)
-    assert expected > MIN_PREFILL_TOKENS
+    assert expected > LOWER_BAND_FLOOR_TOKENS
     assert wide.prompt_budget(2, BUDGET) == expected
     assert wide.prompt_budget(2, 8) == 8  # never over the step's budget
 
@@ -115,7 +119,7 @@ def test_where_only_full_batches_ran_the_reference_is_not_overestimated() -> Non
     assert costs.decode_ms(1) == 40.0  # the planning estimate: not assumed cheaper
     assert costs.decode_ms_low(1) == 40.0 * (1 / 8) ** 0.5
     assert costs.decode_ms_low(9) == costs.decode_ms(9)  # above what was seen: the same
-    rule = BandYield(costs, False, BUDGET, MIN_PREFILL_TOKENS)
+    rule = BandYield(costs, False, BUDGET)
     limit = rule.limit_ms(1, 0)
     assert limit == 40.0 * (1 / 8) ** 0.5 * (1 + LOWER_BAND_STEP_SHARE)
     rows = [_row(f"low{i}", waited=i) for i in range(7)]
@@ -123,7 +127,7 @@ def test_where_only_full_batches_ran_the_reference_is_not_overestimated() -> Non
 
 
 def test_before_costs_are_measured_every_row_rides_and_prompts_get_the_fixed_share() -> None:
-    rule = BandYield(StepCosts(), False, BUDGET, MIN_PREFILL_TOKENS)
+    rule = BandYield(StepCosts(), False, BUDGET)
     assert rule.limit_ms(1, 0) is None
     rows = [_row(f"low{i}", waited=i) for i in range(3)]
     assert rule.decode_rows(rows, 1, 0, None, lambda s: s.last_decode_plan) == rows
