@@ -1,6 +1,8 @@
-"""The band yielding (``Scheduler.lower_band_budget``): while a higher band has decode
-rows in a step, a lower band's prompt chunks get a bounded share of the prefill budget,
-never none; a higher band's own prompts and a band decoding alone keep the whole budget.
+"""The band yielding (``engine.band_yield``, applied by ``Scheduler.schedule``): in a step
+of decode rows only, a lower band's prompt chunks beside a higher band's rows get a bounded
+share, never none; in a step with a higher band's prompt, the lower band's decode rows ride
+within the cost limit, in turn, at least one; a higher band's own prompts and a band with
+none above it keep the whole budget.
 
 On the real Engine over the scripted runner (one token a character); the costs are
 replaced before each step, so the plan is the rule's and not this machine's timing.
