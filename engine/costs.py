@@ -181,6 +181,18 @@ class StepCosts:
         nearest = max(below) if below else min(above)
         return known[nearest] * max(1.0, rows / nearest) ** 0.5  # grows sublinearly
 
+    def decode_ms_low(self, rows: int) -> float | None:
+        """``decode_ms``, but below the smallest batch seen a lower estimate, shrinking as
+        it grows (sublinearly): where only full batches ran, a smaller one is not assumed
+        as slow as they are. For a reference that must not be overestimated (the band
+        yielding's: what a higher band's rows cost alone); None before any was seen."""
+        with self._lock:
+            smallest = min(self._decode_ms, default=None)
+        estimate = self.decode_ms(rows)
+        if estimate is None or smallest is None or rows >= smallest:
+            return estimate
+        return estimate * (rows / smallest) ** 0.5
+
     def prefill_tokens_within(
         self, target_ms: float, decode_rows: int, mixed: bool = False
     ) -> int | None:

@@ -16,15 +16,20 @@ prompts and recomputes) of this step, in arrival order (a higher band's first), 
 the step's prefill budget: ``max_prefill_tokens``, or fewer with a step-time target
 (``max_step_ms``), what the measured costs (``costs.StepCosts``) say fits beside this
 step's decode rows (a step with nothing to decode keeps the whole budget: no stream
-waits for it). A prompt that fits the budget's room is prefilled whole; one that does
-not waits for the next step, unless it is the first: then it is cut (chunked prefill),
-its first chunk fills the budget, and the rest follows in the next steps, so a long
-prompt never stalls the running streams for longer than the budget. Its first token
-comes with its last chunk. With a step-time target a chunk counts its cached prefix too
-(``costs.cost_tokens``), so a long prompt's late chunks, which attend over more
-positions, are cut shorter, and the budget is planned within the target over the
-measured margin (``costs.StepCosts.margin``): such a step's plan
-(``StepPlan.planned_ms``) is compared with what it took.
+waits for it). The band yielding (``band_yield``): while a higher band has rows in the
+step, the rows of lower bands ride in it only as far as the measured costs say keeps the
+step within a share of what the higher band's rows cost alone (their decode rows in
+rotation, then their prompts; never none of either), so a flood
+does not stretch an interactive stream's gaps or its TTFT. A prompt that fits is prefilled
+whole; one that does not waits for the next step, unless it is the first: then it is
+cut (chunked prefill), its first chunk fills the budget (or the lower bands' share),
+and the rest follows in the next steps, so a long prompt never stalls the running
+streams for longer than the budget. Its first token comes with its last chunk. With a
+step-time target a chunk counts its cached prefix too (``costs.cost_tokens``), so a
+long prompt's late chunks, which attend over more positions, are cut shorter, and the
+budget is planned within the target over the measured margin
+(``costs.StepCosts.margin``): such a step's plan (``StepPlan.planned_ms``) is compared
+with what it took.
 
 ``record_token`` is the per-sequence error boundary: it turns one sampled token
 (or the exception its sampling raised) into events through the ``token_record.
@@ -43,6 +48,7 @@ from dataclasses import dataclass
 
 from .admission import DEFAULT_WATERMARK, ON_DEMAND, AdmissionPolicy
 from .aging import band_of
+from .band_yield import BandYield
 from .block_allocator import BlockAllocator
 from .costs import StepCosts, cost_tokens, tokens_within
 from .inbox import Inbox, Op
@@ -126,6 +132,7 @@ class Scheduler:
         self.running: dict[str, Sequence] = self.residency.running  # in admission order
         self.inbox = Inbox()  # the wishes of other threads: Engine.submit, cancel, ...
         self._resumed: list[Sequence] = []  # replayed by apply_inbox: see take_resumed
+        self._plans = 0  # plans made (lower rows ride yielding steps in turn: band_yield)
 
     def has_work(self) -> bool:
         """Whether a step would do anything. For the step's caller, between steps."""
@@ -195,31 +202,61 @@ class Scheduler:
         """Admit what fits, then choose this step's decode rows and prompt chunks."""
         self.residency.fair.weigh(self.costs, self.num_decoding)  # fair shares' weights
         self.residency.grant()  # decode rows' blocks (preempting), then admission
-        decode = [s for s in self.running.values() if not s.is_paused and not s.needs_prefill]
+        self._plans += 1
+        live = [s for s in self.running.values() if not s.is_paused]
+        decode = [s for s in live if not s.needs_prefill]
         budget = self.prefill_budget(len(decode))
-        prefill: list[Chunk] = []
-        used = 0
         timed = self.max_step_ms is not None  # then a late chunk's prefix counts (costs)
-        # Admission order within a band; a higher band's prompt first (``engine.priority``:
-        # the band it runs at, so one admitted by aging is not starved of prefill).
-        for seq in sorted(self.running.values(), key=band_of):
-            if seq.is_paused or not seq.needs_prefill:
-                continue
+        # A higher band's prompt first (``engine.priority``: the band it runs at, so one
+        # admitted by aging is not starved of prefill); admission order within a band.
+        prompts = sorted((s for s in live if s.needs_prefill), key=band_of)
+        top = min((band_of(s) for s in live), default=None)
+        if top is None or all(band_of(s) <= top for s in live):
+            prefill, _ = self._chunks(prompts, budget, [], timed)
+        else:  # the band yielding (``engine.band_yield``): the higher band's rows first
+            rule = BandYield(self.costs, self.mixed_step, self.max_prefill_tokens)
+            prefill, used = self._chunks([s for s in prompts if band_of(s) <= top], budget,
+                                         [], timed)
+            if prefill:  # a higher band's first token waits for this step: rows yield
+                higher = sum(band_of(s) <= top for s in decode)
+                riding = set(map(id, rule.decode_rows(
+                    [s for s in decode if band_of(s) > top], higher, used,
+                    rule.limit_ms(higher, used), lambda s: self._plans - s.last_decode_plan)))
+                decode = [s for s in decode if band_of(s) <= top or id(s) in riding]
+                for seq in decode:
+                    seq.last_decode_plan = self._plans  # rode in a yielding step
+            else:  # decode rows only: lower prompts within a share of the decode pass
+                prefill, _ = self._chunks([s for s in prompts if band_of(s) > top],
+                                          rule.prompt_budget(len(decode), budget), [], timed)
+        planned = None
+        if timed and prefill and decode:
+            cost = sum(cost_tokens(c.end - c.start, c.start) for c in prefill)
+            planned = self.costs.step_ms(len(decode), cost, self.mixed_step)
+        return StepPlan(prefill, decode, planned)
+
+    @staticmethod
+    def _chunks(prompts: list[Sequence], budget: int, prefill: list[Chunk],
+                timed: bool) -> tuple[list[Chunk], int]:
+        """``prefill`` with chunks of ``prompts`` (in order) within ``budget`` prompt
+        tokens (cost tokens when ``timed``), and what they count. A prompt that fits is
+        prefilled whole; the first that does not waits for the next step, unless it is
+        the first of ``prompts`` to be taken: then it is cut to the budget (chunked
+        prefill; a lower band's first prompt beside a higher band's chunks too, so its
+        share is used: ``engine.band_yield``)."""
+        used = 0
+        for seq in prompts:
             left = seq.num_to_cache
             cost = cost_tokens(left, seq.num_prefilled) if timed else left
             if used + cost <= budget:
                 prefill.append(Chunk(seq, seq.num_prefilled, seq.prefill_end))
                 used += cost
                 continue
-            if not prefill:  # the first prompt: cut it to the budget
+            if not used and budget > 0:  # the first prompt: cut it to the budget
                 take = max(tokens_within(budget, seq.num_prefilled) if timed else budget, 1)
                 prefill.append(Chunk(seq, seq.num_prefilled, seq.num_prefilled + take))
+                used = budget
             break
-        planned = None
-        if timed and prefill and decode:
-            cost = sum(cost_tokens(c.end - c.start, c.start) for c in prefill)
-            planned = self.costs.step_ms(len(decode), cost, self.mixed_step)
-        return StepPlan(prefill, decode, planned)
+        return prefill, used
 
     def prefill_budget(self, decode_rows: int) -> int:
         """Prompt tokens a step with ``decode_rows`` decode rows may prefill.

@@ -57,6 +57,9 @@ class Sequence:
     # its request's), and the step it last entered the waiting queue at (its wait).
     aged_band: int | None = None
     entered_queue_step: int = 0
+    # The scheduler's plan it last decoded in beside a higher band's prompt
+    # (``engine.band_yield``: a lower band's decode rows ride those steps in turn).
+    last_decode_plan: int = 0
     num_lost: int = 0  # positions cached when last preempted: the ones computed again
     # Prompt positions its first admission found in the prefix cache (None before it):
     # what its usage reports as cached. A later admission, after a preemption, does not

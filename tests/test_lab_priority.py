@@ -9,13 +9,19 @@ from collections.abc import Callable
 from engine import GenerationRequest, SamplingParams
 from engine.aging import Aging
 from engine.engine import Engine
-from tools.lab.priority import FLEX, INTERACTIVE, Traffic, _jain, _run
+from tools.lab.priority import FLEX, INTERACTIVE, Outcome, Traffic, _jain, _rate_over, _run
 
 
 def test_jains_index_is_one_for_equal_shares_and_one_over_n_for_one_taker() -> None:
     assert _jain([3.0, 3.0]) == 1.0
     assert _jain([5.0, 0.0]) == 0.5
     assert _jain([]) is None
+
+
+def test_the_flood_alone_is_compared_over_the_same_steps_as_the_quiet_ones() -> None:
+    alone = Outcome(flood_steps=[(1, 1.0), (8, 1.0), (8, 1.0), (2, 1.0)])
+    assert _rate_over(alone, [0, 3]) == 1.5  # the first step and the last, not the middle
+    assert _rate_over(alone, [9]) is None
 
 
 def test_a_mixed_condition_counts_interactive_times_preemptions_and_no_leak(

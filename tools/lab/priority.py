@@ -16,8 +16,13 @@ wall clock around the steps (``time.perf_counter``). Conditions, each on a fresh
   ``--flood`` streams, more than the batch holds, kept up closed loop: a finished flood
   stream is replaced), for the same number of steps;
 * ``mixed``: both at once. Interactive TTFT (submit to first token) and inter-token gap,
-  p95, against ``idle``'s; the flood's tokens/s over the steps in which no interactive
-  request was in the engine, against ``flood``'s (``flood_idle_share``);
+  p95, against ``idle``'s. ``flood`` and ``mixed`` run half as many steps again after
+  the last interactive arrival (a lull); the flood's tokens/s over mixed's steps in which
+  no interactive request was in the engine, against ``flood``'s over the same steps
+  (``flood_idle_share``: those steps are mixed's first few, the flood's prompts
+  prefilling in both, and the lull, in which mixed's flood recomputes the streams
+  preempted for the interactive band while the flood alone runs on: what the interactive
+  key costs the flood once it is idle);
 * ``fair``: two tenants in one band, closed loop, "long" (long prompts and answers) and
   "short" (short ones), each keeping ``--batch`` streams in the engine: each one's served
   work per second (prompt tokens computed + decode tokens, the decode weighted as the
@@ -85,6 +90,8 @@ class Outcome:
     gaps: list[float] = field(default_factory=list)  # interactive, s
     flood_tokens_quiet: int = 0  # flood tokens made in steps with no interactive in
     quiet_s: float = 0.0
+    quiet_steps: list[int] = field(default_factory=list)  # those steps' indices
+    flood_steps: list[tuple[int, float]] = field(default_factory=list)  # (tokens, s) a step
     served: dict[str, float] = field(default_factory=dict)  # work while all backlogged
     both_s: float = 0.0
     texts: dict[str, str] = field(default_factory=dict)
@@ -140,9 +147,11 @@ def _run_all(lab: Lab, model: str, size: dict[str, Any]) -> Report:
     steps = size["steps"]
     _run(engine(), Traffic(interactive=[(0, interactive[0][1])]), 0)  # warm up: not counted
     idle = _run(engine(), Traffic(interactive=interactive), steps)
-    alone = _run(engine(), Traffic(loops={"flood": (size["flood"], flood)}), steps)
+    # The flood alone and mixed run a lull of steps // 2 more after the interactive
+    # arrivals end: the steps the flood has the engine to itself again (its share there).
+    alone = _run(engine(), Traffic(loops={"flood": (size["flood"], flood)}), steps * 3 // 2)
     mixed = _run(engine(), Traffic(interactive=interactive,
-                                   loops={"flood": (size["flood"], flood)}), steps)
+                                   loops={"flood": (size["flood"], flood)}), steps * 3 // 2)
 
     def pair(one_tenant: bool) -> Traffic:
         def tenant(name: str) -> str:
@@ -193,9 +202,14 @@ def _summary(model: str, size: dict[str, Any], idle: Outcome, alone: Outcome, mi
         out[f"gap_p95_{name}"] = ms(o.gaps, 95)
     out["ttft_ratio"] = _ratio(out["ttft_p95_mixed"], out["ttft_p95_idle"])
     out["gap_ratio"] = _ratio(out["gap_p95_mixed"], out["gap_p95_idle"])
+    # The quiet steps of mixed are few and not typical (its first steps, the flood's
+    # prompts prefilling, and the tail after the last interactive answer, the flood
+    # recomputing its preempted streams), so the flood alone is taken over the same steps.
+    out["quiet_steps_mixed"] = len(mixed.quiet_steps)
     out["flood_tokens_per_s_alone"] = rate(alone)
+    out["flood_tokens_per_s_alone_same_steps"] = _rate_over(alone, mixed.quiet_steps)
     out["flood_tokens_per_s_quiet_mixed"] = rate(mixed)
-    out["flood_idle_share"] = _ratio(rate(mixed), rate(alone))
+    out["flood_idle_share"] = _ratio(rate(mixed), out["flood_tokens_per_s_alone_same_steps"])
     out["priority_preemptions_mixed"] = mixed.priority_preemptions
     for name, o in (("fair", fair), ("fair_fcfs", fcfs)):
         per_s = [w / o.both_s for w in o.served.values()] if o.both_s else []
@@ -204,6 +218,13 @@ def _summary(model: str, size: dict[str, Any], idle: Outcome, alone: Outcome, mi
                                      } if o.both_s else {}
     out["leaked_blocks"] = sum(o.leaked_blocks for o in (idle, alone, mixed, fair, fcfs))
     return out
+
+
+def _rate_over(o: Outcome, steps: list[int]) -> float | None:
+    """The flood's tokens/s of ``o`` over the steps ``steps`` (indices)."""
+    chosen = [o.flood_steps[i] for i in steps if i < len(o.flood_steps)]
+    seconds = sum(s for _, s in chosen)
+    return round(sum(n for n, _ in chosen) / seconds, 1) if seconds else None
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -268,7 +289,9 @@ def _run(engine: Engine, traffic: Traffic, steps: int) -> Outcome:
                 tenant = live.pop(rid)
                 if step < steps and loops[tenant][1]:
                     _submit(engine, loops[tenant][1].pop(0), out, live, tenant, prompt_len)
+        out.flood_steps.append((flood_tokens, now - t0))
         if quiet:
+            out.quiet_steps.append(step - 1)
             out.flood_tokens_quiet += flood_tokens
             out.quiet_s += now - t0
         if backlogged:  # the work of a step that began with both waiting
