@@ -6,21 +6,21 @@ Python and in the dispatch from Python than in their kernels: about 600 of them 
 the embedded model, 5 to 6 us each from ``engine.llama_forward``'s Python, most of a
 one-row step's time outside the int4 layers (docs/results.md, "One stream").
 ``torch.jit.script`` compiles ``decode_layers`` (the loop over the layers, op for op
-``LlamaPass._layer`` and ``engine.attention``'s decode of one read group) into a graph
+``LlamaPass._layer`` and ``engine.attention``'s decode of its read groups) into a graph
 that TorchScript's interpreter runs without the Python interpreter: the same aten
 operators on the same tensors in the same order, so the same bits
 (tests/test_llama_decode.py checks the logits against the Python pass's, and
 tests/test_llama_forward.py against transformers'). The interpreter also runs without
 the GIL, so the server's event loop can route and write a token while a step runs.
-Compiling takes tens of milliseconds, once, at the model's load.
+Compiling takes about ten milliseconds, once a process; TorchScript profiles the first
+call (tens of milliseconds more, once).
 
 Nothing here fuses or reorders arithmetic: TorchScript fuses only where a fuser is on for
 the device, and its CPU fusion is off unless switched on (``ScriptedDecode.of`` refuses
 to run otherwise: a fused kernel could round differently).
 
 Where it applies (``ScriptedDecode.fits``): a pass of decode rows only (no prompt
-chunks), every row in one read group (one padded length, in batch order: always so at
-one stream), the layers' projections joined int4 layers (``engine.fused_projections``)
+chunks), the layers' projections joined int4 layers (``engine.fused_projections``)
 without biases, and no more rows than every layer takes in one kernel call (its
 ``rows_per_call``: larger batches are split by ``cpu_linear``, in Python). Any other
 pass runs ``LlamaPass``'s Python layers, which compute the same bits; a row's result
@@ -67,23 +67,48 @@ def _int4(rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> tor
     return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, packed, 32, scales)  # INT4_GROUP
 
 
+def _attend(grouped: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+            read_rows: list[torch.Tensor | None], read_slots: list[torch.Tensor],
+            biases: list[torch.Tensor], order: torch.Tensor | None,
+            scaling: float) -> torch.Tensor:
+    """``engine.attention``'s ``_decode``: one gather and kernel call per read group
+    (its rows of ``grouped`` (rows, kv heads, query heads per kv head, dim), None for all
+    in order), the groups' rows back in batch order; (rows, heads * dim) out."""
+    kv_heads, dim = keys.shape[1], keys.shape[2]
+    parts: list[torch.Tensor] = []
+    for g in range(len(read_slots)):
+        rows_g = read_rows[g]
+        query = grouped if rows_g is None else grouped.index_select(0, rows_g)
+        shape = (query.shape[0], biases[g].shape[-1], kv_heads, dim)
+        cached_keys = keys.index_select(0, read_slots[g]).view(shape).transpose(1, 2)
+        cached_values = values.index_select(0, read_slots[g]).view(shape).transpose(1, 2)
+        out = F.scaled_dot_product_attention(query, cached_keys, cached_values,
+                                             attn_mask=biases[g], scale=scaling)
+        parts.append(out.reshape(query.shape[0], -1))
+    if order is None:
+        return parts[0]
+    return torch.cat(parts).index_select(0, order)
+
+
 def decode_layers(hidden: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
                   norms: list[torch.Tensor], epsilons: list[float],
                   weights: list[torch.Tensor], scalings: list[float],
                   keys: list[torch.Tensor], values: list[torch.Tensor],
-                  write_slots: torch.Tensor, read_slots: torch.Tensor, bias: torch.Tensor,
-                  heads: int, kv_heads: int, dim: int) -> torch.Tensor:
+                  write_slots: torch.Tensor, read_rows: list[torch.Tensor | None],
+                  read_slots: list[torch.Tensor], biases: list[torch.Tensor],
+                  order: torch.Tensor | None, heads: int, kv_heads: int,
+                  dim: int) -> torch.Tensor:
     """Every decoder layer over ``hidden`` (rows, width), one new position a row.
 
     ``LlamaPass._layer`` with joined int4 projections, and the attention of
-    ``engine.attention.paged_attention`` for a decode of one read group: the new keys
-    and values written at ``write_slots``, every row's padded positions gathered at
-    ``read_slots`` and masked by ``bias`` (rows, 1, 1, padded), the query heads that
-    share a kv head laid out as its positions. ``norms`` and ``epsilons`` hold each
-    layer's input then post-attention norm; ``weights``, ``WEIGHTS_PER_LAYER`` a layer.
+    ``engine.attention.paged_attention`` for a decode: the new keys and values written
+    at ``write_slots``, then per read group (``PagedBatch.reads``: its rows, the slots
+    it gathers, its mask (rows, 1, 1, padded)) one gather and one kernel call, the
+    query heads that share a kv head laid out as its positions, and the groups' rows put
+    back in batch order (``order``). ``norms`` and ``epsilons`` hold each layer's input
+    then post-attention norm; ``weights``, ``WEIGHTS_PER_LAYER`` a layer.
     """
     rows = hidden.shape[0]
-    padded = bias.shape[-1]
     half = dim // 2
     for i in range(len(keys)):
         w = i * 8  # WEIGHTS_PER_LAYER
@@ -93,14 +118,10 @@ def decode_layers(hidden: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Ten
         qk = qk * cos + qk.roll(half, dims=-1) * sin_signed
         keys[i].index_copy_(0, write_slots, qk[:, heads:])
         values[i].index_copy_(0, write_slots, qkv[:, heads + kv_heads:])
-        shape = (rows, padded, kv_heads, dim)
-        cached_keys = keys[i].index_select(0, read_slots).view(shape).transpose(1, 2)
-        cached_values = values[i].index_select(0, read_slots).view(shape).transpose(1, 2)
         grouped = qk[:, :heads].reshape(rows, kv_heads, heads // kv_heads, dim)
-        out = F.scaled_dot_product_attention(grouped, cached_keys, cached_values,
-                                             attn_mask=bias, scale=scalings[i])
-        hidden = hidden + _int4(out.reshape(rows, -1).contiguous(), weights[w + 2],
-                                weights[w + 3])
+        out = _attend(grouped, keys[i], values[i], read_rows, read_slots, biases, order,
+                      scalings[i])
+        hidden = hidden + _int4(out.contiguous(), weights[w + 2], weights[w + 3])
         x = _rms_norm(norms[2 * i + 1], epsilons[2 * i + 1], hidden)
         gate, up = _int4(x, weights[w + 4], weights[w + 5]).chunk(2, dim=-1)
         hidden = hidden + _int4(F.silu(gate) * up, weights[w + 6], weights[w + 7])
@@ -181,15 +202,15 @@ class ScriptedDecode:
     def fits(self, paged: PagedBatch, rows: int, new: int) -> bool:
         """Whether a pass of ``rows`` rows of ``new`` positions over ``paged`` is one
         this function computes (the module docstring)."""
-        return (new == 1 and not paged.prompt_lengths and len(paged.reads) == 1
-                and paged.reads[0].rows is None and paged.order is None
+        return (new == 1 and not paged.prompt_lengths and bool(paged.reads)
                 and rows <= self.max_rows)
 
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
                  paged: PagedBatch, heads: int, kv_heads: int, dim: int) -> torch.Tensor:
-        group = paged.reads[0]
+        reads = paged.reads
         result: torch.Tensor = self.script(
             hidden, cos, sin_signed, self.norms, self.epsilons, self.weights,
             self.scalings, paged.cache.keys, paged.cache.values, paged.write_slots,
-            group.slots, group.bias, heads, kv_heads, dim)
+            [group.rows for group in reads], [group.slots for group in reads],
+            [group.bias for group in reads], paged.order, heads, kv_heads, dim)
         return result

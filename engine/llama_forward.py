@@ -19,8 +19,8 @@ rotate_half(q) * sin``, SiLU-gated MLP), so its logits are transformers' bit for
   and the rotary embedding runs once over the query and key heads together.
 
 The attention is ``engine.attention.paged_attention``, called as transformers calls it.
-A decode pass that ``engine.llama_decode`` computes (joined int4 layers, one read group)
-runs its layers there instead: the same ops compiled by TorchScript, without Python.
+A decode pass that ``engine.llama_decode`` computes (joined int4 layers, decode rows
+only) runs its layers there instead: the same ops compiled by TorchScript, without Python.
 Models other than Llama keep transformers' own forward (``for_model`` returns None).
 """
 

@@ -1,6 +1,6 @@
 """The compiled decode layers (``engine.llama_decode``) give the Python layers' bits.
 
-``LlamaPass`` runs a decode pass of joined int4 layers and one read group through
+``LlamaPass`` runs a decode pass of joined int4 layers through
 ``ScriptedDecode`` (TorchScript) and every other pass through its Python layers; a row's
 logits must not depend on which path its pass took, so here each pass the compiled
 layers take is also run through the Python layers and through transformers' own forward
@@ -25,7 +25,7 @@ from tests.test_llama_forward import _wide_llama_int4
 
 SEEDED = SamplingParams(temperature=0.9, top_p=0.9, seed=3, ignore_eos=True)
 # Prompts of one length bucket (one read group when decoded together), and one longer
-# that ends first (its rows' passes take the Python layers, the two others' then not).
+# that ends first: passes of two read groups, then of one.
 PROMPTS = ["The capital of France is", "The capital of Italy is",
            "A stream is an HTTP response that never seems to end, token after token"]
 TOKENS = [10, 10, 3]
@@ -39,6 +39,7 @@ class _Watched:
         assert llama.scripted is not None
         self.scripted, self.llama, self.model = llama.scripted, llama, model
         self.verdicts: list[bool] = []
+        self.groups: list[int] = []  # each compiled pass's read groups
         self.max_rows = self.scripted.max_rows
 
     def fits(self, paged: PagedBatch, rows: int, new: int) -> bool:
@@ -53,6 +54,7 @@ class _Watched:
             python = self.llama._layer(layer, python, cos, sin, paged, hidden.shape[0])
         got: torch.Tensor = self.scripted(hidden, cos, sin, paged, heads, kv_heads, dim)
         self.verdicts.append(torch.equal(got, python))
+        self.groups.append(len(paged.reads))
         return got
 
 
@@ -102,6 +104,7 @@ def test_rows_decoded_together_get_their_solo_tokens_whichever_path() -> None:
         engine.submit(GenerationRequest(f"r{i}", prompt, TOKENS[i], sampling=SEEDED))
     together = tokens_by_request(run_until_idle(engine))
     assert watched.verdicts and all(watched.verdicts), watched.verdicts
+    assert 1 in watched.groups and max(watched.groups) > 1, watched.groups
     assert len(library) > len(watched.verdicts) and all(library), library
     for i, prompt in enumerate(PROMPTS):
         alone, _, solo_library = _engine_watched(max_batch=1)
