@@ -167,7 +167,13 @@ class ScriptedDecode:
     epsilons: list[float]
     weights: list[torch.Tensor]
     scalings: list[float]
-    max_rows: int  # the fewest rows_per_call of the layers: more rows go through Python
+    linears: tuple[Int4Linear, ...]  # every layer's, for their rows_per_call
+
+    @property
+    def max_rows(self) -> int:
+        """The fewest rows any layer takes in one call (``rows_per_call``, read now: a
+        calibration may set it after the pass is made); more go through Python."""
+        return min(linear.rows_per_call for linear in self.linears)
 
     @classmethod
     def of(cls, layers: Sequence[DecoderLayer]) -> ScriptedDecode | None:
@@ -196,14 +202,13 @@ class ScriptedDecode:
             logger.warning("the decode layers could not be compiled", exc_info=True)
             return None
         return cls(script, norms, epsilons, weights,
-                   [layer.scaling for layer in layers],
-                   min(linear.rows_per_call for linear in linears))
+                   [layer.scaling for layer in layers], tuple(linears))
 
     def fits(self, paged: PagedBatch, rows: int, new: int) -> bool:
         """Whether a pass of ``rows`` rows of ``new`` positions over ``paged`` is one
         this function computes (the module docstring)."""
         return (new == 1 and not paged.prompt_lengths and bool(paged.reads)
-                and rows <= self.max_rows)
+                and (rows == 1 or rows <= self.max_rows))
 
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
                  paged: PagedBatch, heads: int, kv_heads: int, dim: int) -> torch.Tensor:

@@ -9,7 +9,6 @@ on the same weights and cache, and the logits must be equal.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -40,7 +39,6 @@ class _Watched:
         self.scripted, self.llama, self.model = llama.scripted, llama, model
         self.verdicts: list[bool] = []
         self.groups: list[int] = []  # each compiled pass's read groups
-        self.max_rows = self.scripted.max_rows
 
     def fits(self, paged: PagedBatch, rows: int, new: int) -> bool:
         return self.scripted.fits(paged, rows, new)
@@ -114,11 +112,9 @@ def test_rows_decoded_together_get_their_solo_tokens_whichever_path() -> None:
 
 
 def test_more_rows_than_a_kernel_call_takes_are_not_compiled_passes() -> None:
-    llama = LlamaPass(_wide_llama_int4().model)
-    scripted = llama.scripted
-    assert scripted is not None
-    narrow = replace(scripted, max_rows=1)
     engine = Engine(_wide_llama_int4(), max_batch=2, num_blocks=64, block_size=4)
+    scripted = engine.runner.llama_pass.scripted  # type: ignore[attr-defined]
+    assert isinstance(scripted, ScriptedDecode)
     seen: list[tuple[bool, bool]] = []
     runner: Any = engine.runner
     forward = runner.forward
@@ -126,7 +122,13 @@ def test_more_rows_than_a_kernel_call_takes_are_not_compiled_passes() -> None:
     def record(input_ids: torch.Tensor, positions: torch.Tensor, batch: PagedBatch,
                keep: int | torch.Tensor) -> torch.Tensor:
         rows, new = input_ids.shape
-        seen.append((scripted.fits(batch, rows, new), narrow.fits(batch, rows, new)))
+        wide = scripted.fits(batch, rows, new)
+        kept = [linear.rows_per_call for linear in scripted.linears]
+        for linear in scripted.linears:  # as a calibration after the pass was made
+            linear.rows_per_call = 1
+        seen.append((wide, scripted.fits(batch, rows, new)))
+        for linear, limit in zip(scripted.linears, kept, strict=True):
+            linear.rows_per_call = limit
         return forward(input_ids, positions, batch, keep)  # type: ignore[no-any-return]
 
     runner.forward = record
