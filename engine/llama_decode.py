@@ -150,9 +150,11 @@ class DecoderLayer(Protocol):
 @functools.cache
 def _compiled() -> Any:
     """``decode_layers`` through ``torch.jit.script``, once a process. torch 2.13 (pinned)
-    warns that TorchScript is deprecated for ``torch.compile``, which compiles the same
-    layers in tens of seconds where this takes milliseconds (docs/results.md, "torch.compile
-    of the decode forward"); the warning is for the future, the compiler works."""
+    warns that TorchScript is deprecated for ``torch.compile``, whose inductor took 15 s
+    to minutes to compile the decode forward at start, specialized per batch size and
+    length groups, and changed the logits' last bits (docs/results.md, "torch.compile of
+    the decode forward"), where this takes milliseconds and keeps them; the warning is
+    for the future, the compiler works."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return torch.jit.script(decode_layers)
