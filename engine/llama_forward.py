@@ -19,6 +19,8 @@ rotate_half(q) * sin``, SiLU-gated MLP), so its logits are transformers' bit for
   and the rotary embedding runs once over the query and key heads together.
 
 The attention is ``engine.attention.paged_attention``, called as transformers calls it.
+A decode pass that ``engine.llama_decode`` computes (joined int4 layers, decode rows
+only) runs its layers there instead: the same ops compiled by TorchScript, without Python.
 Models other than Llama keep transformers' own forward (``for_model`` returns None).
 """
 
@@ -33,6 +35,7 @@ import torch.nn.functional as F
 
 from .attention import paged_attention
 from .cpu_linear import _RowWise
+from .llama_decode import ScriptedDecode
 
 if TYPE_CHECKING:
     from .paged_batch import PagedBatch
@@ -65,6 +68,10 @@ class LlamaPass:
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        # the decode layers compiled (None where they do not apply); ``use_scripted``
+        # False runs every pass through the Python layers (tools.bench onestream's A/B)
+        self.scripted = ScriptedDecode.of(self.layers)
+        self.use_scripted = True
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, paged: PagedBatch,
                  logits_to_keep: int | torch.Tensor) -> torch.Tensor:
@@ -76,8 +83,13 @@ class LlamaPass:
         cos = cos.reshape(batch * new, 1, -1)
         sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1).reshape(batch * new, 1, -1)
         hidden = embedded.view(batch * new, width)
-        for layer in self.layers:
-            hidden = self._layer(layer, hidden, cos, sin, paged, batch)
+        scripted = self.scripted
+        if self.use_scripted and scripted is not None and scripted.fits(paged, batch, new):
+            hidden = scripted(hidden, cos, sin, paged, self.num_heads, self.num_kv_heads,
+                              self.head_dim)
+        else:
+            for layer in self.layers:
+                hidden = self._layer(layer, hidden, cos, sin, paged, batch)
         hidden = _rms_norm(*self.norm, hidden).view(batch, new, width)
         if isinstance(logits_to_keep, int):
             kept = hidden[:, -logits_to_keep:, :] if logits_to_keep else hidden

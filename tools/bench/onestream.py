@@ -6,12 +6,16 @@ decode steps of one engine alternately (issue 44's one-stream target):
 
 * ``library``: the model called through transformers' ``LlamaForCausalLM`` forward
   (the engine's path before ``engine.llama_forward``), its separate projections;
-* ``engine``: the engine's own pass (``engine.llama_forward.LlamaPass``: the same ops
-  with fewer calls, the joined int4 projections of ``engine.fused_projections``).
+* ``python_layers``: the engine's own pass (``engine.llama_forward.LlamaPass``: the same
+  ops with fewer calls, the joined int4 projections of ``engine.fused_projections``), its
+  decoder layers in Python;
+* ``engine``: the same pass as the engine runs it, a decode's layers compiled where
+  ``engine.llama_decode`` applies (joined int4 layers, one read group), else as above.
 
-Both sides decode the same sequences on the same cache, step after step, so a shared
-machine's load falls on both alike; each side's median and least step, and their ratio.
-Then, on the engine's side, where the step's time goes: the linear layers (the
+The sides decode the same sequences on the same cache, taking turns step after step, so
+a shared machine's load falls on each alike; each side's median and least step, and
+their ratios. Then, on the ``python_layers`` side (the compiled layers have no Python
+parts to time), where the step's time goes: the linear layers (the
 int4/bfloat16 body layers, the output layer), the attention (the paged cache's writes,
 gathers and kernel), the rest of the forward pass (norms, rotary, residuals, the
 Python between), and the step outside the forward (batch metadata, sampling, the
@@ -46,21 +50,26 @@ def _timing(spent: dict[str, float], key: str, call: Callable[..., Any]) -> Call
     return timed
 
 
+SIDES = ("library", "python_layers", "engine")
+
+
 def alternate(runner: Any, step: Callable[[], object], steps: int, warmup: int
               ) -> dict[str, list[float]]:
-    """Step ms of each side, the sides taking turns step by step."""
+    """Step ms of each side (``SIDES``), the sides taking turns step by step."""
     lean = runner.llama_pass
-    times: dict[str, list[float]] = {"library": [], "engine": []}
+    times: dict[str, list[float]] = {side: [] for side in SIDES}
     try:
-        for index in range(2 * (warmup + steps)):
-            side = "engine" if index % 2 else "library"
-            runner.llama_pass = lean if side == "engine" else None
+        for index in range(len(SIDES) * (warmup + steps)):
+            side = SIDES[index % len(SIDES)]
+            runner.llama_pass = None if side == "library" else lean
+            lean.use_scripted = side == "engine"
             started = time.perf_counter()
             step()
-            if index >= 2 * warmup:
+            if index >= len(SIDES) * warmup:
                 times[side].append((time.perf_counter() - started) * 1000)
     finally:
         runner.llama_pass = lean
+        lean.use_scripted = True
     return times
 
 
@@ -80,6 +89,7 @@ def parts(runner: Any, step: Callable[[], object], steps: int) -> dict[str, floa
     wrap(llama_forward, "paged_attention", "attention")
     wrap(runner, "forward", "forward")
     figures: dict[str, list[float]] = defaultdict(list)
+    runner.llama_pass.use_scripted = False  # the Python layers: their parts can be timed
     try:
         for _ in range(steps):
             spent.clear()
@@ -95,6 +105,7 @@ def parts(runner: Any, step: Callable[[], object], steps: int) -> dict[str, floa
                                ("outside_forward", total - spent["forward"])):
                 figures[key].append(value * 1000)
     finally:
+        runner.llama_pass.use_scripted = True
         for target, name, original in reversed(originals):
             if original is None:  # it was the class's: drop the instance's wrapper
                 delattr(target, name)
@@ -116,7 +127,7 @@ def run(args: argparse.Namespace) -> Report:
     loaded = load_model(args.model, "cpu", precision=args.precision)
     rows: list[dict[str, Any]] = []
     for batch in args.batches:
-        steps = 2 * (args.warmup + args.steps) + args.steps
+        steps = len(SIDES) * (args.warmup + args.steps) + args.steps
         engine = engine_stepper(loaded, prompt_ids(loaded, batch, args.prompt_tokens), steps)
         runner: Any = engine.runner
         if runner.llama_pass is None:
@@ -127,13 +138,17 @@ def run(args: argparse.Namespace) -> Report:
             row[f"{side}_ms"] = round(statistics.median(values), 2)
             row[f"{side}_least_ms"] = round(min(values), 2)
         row["engine_over_library"] = round(row["engine_ms"] / row["library_ms"], 3)
+        row["engine_over_python_layers"] = round(row["engine_ms"] / row["python_layers_ms"], 3)
         row["engine_parts_ms"] = parts(runner, engine.step, args.steps)
         rows.append(row)
     summary = {
         "model": args.model, "precision": loaded.precision,
         "engine_ms_by_batch": {str(r["batch"]): r["engine_ms"] for r in rows},
         "library_ms_by_batch": {str(r["batch"]): r["library_ms"] for r in rows},
+        "python_layers_ms_by_batch": {str(r["batch"]): r["python_layers_ms"] for r in rows},
         "engine_over_library": {str(r["batch"]): r["engine_over_library"] for r in rows},
+        "engine_over_python_layers": {str(r["batch"]): r["engine_over_python_layers"]
+                                      for r in rows},
         "engine_parts_ms": {str(r["batch"]): r["engine_parts_ms"] for r in rows},
     }
     return Report(summary, {"rows": rows})
