@@ -76,7 +76,8 @@ class EngineSettings(BaseSettings):
         "the weights' precision: float32, bfloat16 (the KV cache follows it: half the "
         "memory per position), int8 (int8 weights, bfloat16 compute; CPU only), int4 (the "
         "GGUF file's own 4-bit blocks, bfloat16 compute; CPU only; the fastest at one "
-        "stream) or auto (bfloat16 on a CPU that computes it natively, else float32); "
+        "stream) or auto (int4 on a CPU with AMX, bfloat16 on another that computes it "
+        "natively, else float32: engine.precision.default_precision says why); "
         "concurrent answers equal solo ones in each; one the device cannot run, or not "
         "exactly on this CPU, is refused at start. Speed and agreement with float32: "
         "docs/results.md")

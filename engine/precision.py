@@ -17,7 +17,8 @@ concurrent-against-solo identity and its agreement with float32 (docs/results.md
 * ``int4`` (CPU only): the linear layers on torch's int4 kernel with the GGUF file's own
   Q4_1 blocks (``int4_linear``; a model without them gets its float weights put in that
   form; a Llama layer's q/k/v and gate/up joined, ``fused_projections``), the output
-  layer and embedding in bfloat16, the KV cache bfloat16: the fastest at one stream.
+  layer and embedding in bfloat16, the KV cache bfloat16: the fastest at one stream, and
+  ``auto``'s choice on a CPU with AMX (``default_precision``).
 
 On a CPU, every precision but float32 runs its linear layers a row at a time as far as
 the bits go: ``batch_invariance`` measures at load, per layer shape, how many rows a call
@@ -52,37 +53,56 @@ PRECISIONS = ("float32", "bfloat16", "int8", "int4")
 CPU_ONLY = ("int8", "int4")  # torch's weight-only kernels: CPU ones
 
 
-def native_bf16_cpu() -> bool:
-    """Whether this CPU computes bfloat16 natively (AVX-512 BF16 or AMX-BF16 in
-    ``/proc/cpuinfo``'s flags; torch's capability string does not say)."""
+def _cpu_flags() -> list[str]:
+    """``/proc/cpuinfo``'s flags (torch's capability string does not name these)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
-                  if line.startswith("flags")), [])
+        return []
+    return next((line.split(":", 1)[1].split() for line in text.splitlines()
+                 if line.startswith("flags")), [])
+
+
+def native_bf16_cpu() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX-512 BF16 or AMX-BF16)."""
+    flags = _cpu_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def default_precision(device: torch.device) -> str:
-    """What ``auto`` tries first: bfloat16 on a CPU that computes it natively, float32
-    elsewhere (a GPU's bfloat16 is not measured here).
+def amx_cpu() -> bool:
+    """Whether this CPU has AMX tiles (AMX-BF16): the kind int4 was measured on to serve
+    both one stream and 32 within issue 44's targets (``default_precision``)."""
+    return "amx_bf16" in _cpu_flags()
 
-    Measured (docs/results.md, "int4"; issue 44's AMD figures): on a CPU with native
-    bfloat16 no precision is fastest at both ends. int4 is the fastest at one row (4.6x
-    bfloat16 on an AMD EPYC), bfloat16 the fastest at 32 rows (int4 1.25x slower there on
-    AMD). ``auto`` takes the one that serves 32 streams best, bfloat16; ``int4`` is the
-    setting for a single stream (the README's "Precision")."""
-    if device.type == "cpu" and native_bf16_cpu() and cpu_linear.packing_available():
+
+def default_precision(device: torch.device) -> str:
+    """What ``auto`` tries first: int4 on a CPU with AMX, bfloat16 on another CPU that
+    computes it natively, float32 elsewhere (a GPU's bfloat16 is not measured here).
+
+    Issue 44's rule: the precision that reaches both of its targets (one stream at least
+    0.8x ``llama-server``'s tokens/s, 32 streams at least 2x, TTFT p99 at 32 no worse)
+    where one does, else the one that serves 32 best. Measured side by side
+    (docs/results.md, "One stream"), on this project's Xeon with AMX, int4 with its
+    compiled decode layers reaches both (one stream 0.99x, 32 streams 2.45x, TTFT p99
+    0.13x) where bfloat16 does not (0.40x at one stream; 3.59x at 32). On an AMD EPYC
+    without AMX int4 was 1.25x slower than bfloat16 at 32 rows and the compiled layers
+    have not been measured there: bfloat16 stays its default until they are."""
+    if device.type != "cpu":
+        return "float32"
+    if amx_cpu():
+        return "int4"
+    if native_bf16_cpu() and cpu_linear.packing_available():
         return "bfloat16"
     return "float32"
 
 
 def auto_candidates(device: torch.device) -> list[str]:
     """``auto``'s order: ``default_precision`` first, then, should calibration refuse it
-    on this CPU (``batch_invariance``), the next fastest at 32 rows, float32 last (its
+    on this CPU (``batch_invariance``), the others by speed at 32 rows, float32 last (its
     layers are not sliced: nothing to refuse)."""
     first = default_precision(device)
+    if first == "int4":
+        return ["int4", "bfloat16", "int8", "float32"]
     if first == "bfloat16":
         return ["bfloat16", "int4", "int8", "float32"]
     return [first]

@@ -24,6 +24,7 @@ from engine.model import LoadedModel, load_model
 from engine.model_runner import ModelRunner
 from engine.precision import (
     PRECISIONS,
+    amx_cpu,
     auto_candidates,
     check,
     default_precision,
@@ -101,13 +102,27 @@ def test_every_precision_decodes_with_logprobs_and_seeded_sampling(
     assert all(e.logprobs is not None and len(e.logprobs.top) == 2 for e in tokens)
 
 
-def test_auto_is_bfloat16_on_a_cpu_that_computes_it_and_float32_elsewhere() -> None:
-    native = native_bf16_cpu() and packing_available()
-    assert default_precision(torch.device("cpu")) == ("bfloat16" if native else "float32")
+def test_auto_is_int4_with_amx_bfloat16_on_another_cpu_that_computes_it_float32_elsewhere(
+) -> None:
+    if amx_cpu():
+        expected = "int4"
+    else:
+        expected = "bfloat16" if native_bf16_cpu() and packing_available() else "float32"
+    assert default_precision(torch.device("cpu")) == expected
     assert default_precision(torch.device("cuda")) == "float32"
     assert auto_candidates(torch.device("cpu"))[0] == default_precision(torch.device("cpu"))
-    assert load_model("tiny-llama", "cpu", precision="auto").precision == default_precision(
-        torch.device("cpu"))
+    assert load_model("tiny-llama", "cpu", precision="auto").precision == expected
+
+
+@pytest.mark.parametrize(("amx", "order"), [(True, ["int4", "bfloat16"]),
+                                            (False, ["bfloat16", "int4"])])
+def test_auto_orders_its_candidates_by_the_cpu_kind(
+    monkeypatch: pytest.MonkeyPatch, amx: bool, order: list[str],
+) -> None:
+    monkeypatch.setattr(engine.precision, "native_bf16_cpu", lambda: True)
+    monkeypatch.setattr(engine.precision, "amx_cpu", lambda: amx)
+    monkeypatch.setattr(engine.precision.cpu_linear, "packing_available", lambda: True)
+    assert auto_candidates(torch.device("cpu"))[:2] == order
 
 
 def _not_exact(kind: str) -> Callable[[_RowWise, int], int]:
@@ -140,6 +155,7 @@ def test_auto_does_not_choose_a_precision_not_exact_on_this_cpu(
     # one is: auto then has candidates to fall back through (bfloat16 runs emulated
     # elsewhere, slower but exact).
     monkeypatch.setattr(engine.precision, "native_bf16_cpu", lambda: True)
+    monkeypatch.setattr(engine.precision, "amx_cpu", lambda: False)  # bfloat16 first
     candidates = auto_candidates(torch.device("cpu"))
     assert candidates[:2] == ["bfloat16", "int4"], candidates
     first = "PackedLinear"
