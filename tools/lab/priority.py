@@ -6,6 +6,9 @@ of this process; the lab's server it starts only idles)::
     nice -n 15 python -m tools.lab priority            # smollm2 (the embedded model)
     python -m tools.lab priority --quick               # tiny-gpt2, seconds
 
+In the server's default precision (``--precision auto``: int4 on a CPU with AMX; the
+summary's ``precision`` says which), float32 under ``--quick``.
+
 Arrivals are scheduled by step, so every condition sees the same traffic; times are the
 wall clock around the steps (``time.perf_counter``). Conditions, each on a fresh engine
 (``--batch`` slots, default 8):
@@ -72,6 +75,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", type=int, default=None, help="preempted re-run (8)")
     parser.add_argument("--long-answer", type=int, default=None,
                         help="flood and long tenant's answer tokens (96; quick 24)")
+    parser.add_argument("--precision", default=None,
+                        help="the weights' precision (engine.precision; auto, the server's "
+                             "default on this CPU; quick float32)")
     parser.add_argument("--aging", type=int, default=None,
                         help=f"aging period in steps ({PRIORITY_AGING_STEPS}; quick 20)")
 
@@ -118,12 +124,14 @@ async def priority(lab: Lab) -> Report:
             "answer": lab.option("answer", 16, 6), "compare": lab.option("compare", 8, 3),
             "long_prompt": lab.pick(6, 2), "long_answer": lab.option("long_answer", 96, 24),
             "short_answer": lab.pick(16, 6),
-            "aging": lab.option("aging", PRIORITY_AGING_STEPS, 20)}
+            "aging": lab.option("aging", PRIORITY_AGING_STEPS, 20),
+            "precision": args.precision or lab.pick("auto", "float32")}
     return await trio.to_thread.run_sync(_run_all, lab, model, size)
 
 
 def _run_all(lab: Lab, model: str, size: dict[str, Any]) -> Report:
-    loaded = load_model(model, "cpu")
+    loaded = load_model(model, "cpu", precision=size["precision"])
+    size["precision"] = loaded.precision  # what auto chose, in the summary
     prompts = lab.prompts(32)
     long_prompt = [" ".join(prompts[i:i + size["long_prompt"]]) for i in range(16)]
     options = {"max_batch": size["batch"], "num_blocks": 4096, "block_size": 16}
@@ -196,7 +204,8 @@ def _summary(model: str, size: dict[str, Any], idle: Outcome, alone: Outcome, mi
     def rate(o: Outcome) -> float | None:
         return round(o.flood_tokens_quiet / o.quiet_s, 1) if o.quiet_s else None
 
-    out: dict[str, Any] = {"model": model, **{k: size[k] for k in ("batch", "flood", "steps")}}
+    out: dict[str, Any] = {"model": model, **{k: size[k] for k in
+                                              ("precision", "batch", "flood", "steps")}}
     for name, o in (("idle", idle), ("mixed", mixed)):
         out[f"ttft_p95_{name}"] = ms(o.ttft, 95)
         out[f"gap_p95_{name}"] = ms(o.gaps, 95)
