@@ -42,10 +42,15 @@ bit), at most one per step. A running sequence's band is the one it was admitted
 only, never by the band aging lifted it to.
 
 Floor of progress, two halves. Once running: a sequence preempted by priority
-``PRIORITY_PREEMPTION_CAP`` times is never a priority victim again (it still yields to an
-exhausted pool, as every sequence does), so it is preempted by priority a bounded number
-of times and, readmitted after that, runs to its end; one admitted by aging is not the
-victim of the band it overtook either. Once waiting (fresh, or preempted and waiting to
+``PRIORITY_PREEMPTION_CAP`` times is a priority victim again only once it has made
+``PRIORITY_PROGRESS_TOKENS`` new tokens since its last such preemption
+(``may_preempt_for_priority``; it still yields to an exhausted pool, as every sequence
+does), so past the cap each priority preemption is paid for by that much progress and it
+is never starved; one admitted by aging is not the victim of the band it overtook either.
+(Without the renewal, "never again" past the cap, a flex flood kept up beside a steady
+interactive band ended with every running flood stream capped, slowed by the band
+yielding, and the interactive band waiting for one to finish: its TTFT p95 5.95 times
+idle in ``tools.lab priority`` in int4.) Once waiting (fresh, or preempted and waiting to
 be readmitted): bands are strict only for waits under the aging period; a band's head
 passed over by higher bands rises one band present per ``PRIORITY_AGING_STEPS`` steps
 and is admitted within (bands above it) x period steps plus a freed slot
@@ -63,8 +68,10 @@ from .aging import Aging, band_of
 from .costs import StepCosts
 from .sequence import Sequence
 
-# A sequence preempted by priority this many times is not a priority victim again.
+# A sequence preempted by priority this many times is not a priority victim again until
+# it has made PRIORITY_PROGRESS_TOKENS new tokens since the last (``may_preempt_for_priority``).
 PRIORITY_PREEMPTION_CAP = 2
+PRIORITY_PROGRESS_TOKENS = 16
 # A decode token's weight over a prefill token's before the costs measured both: VTC's
 # default (w_q = 2 w_p); measured, it is their ratio (per token of a prefill pass, per
 # row of a decode pass at the step's batch), within DECODE_WEIGHT_BOUNDS.
@@ -157,11 +164,19 @@ def lowest_band_youngest(running: Iterable[Sequence]) -> Sequence:
 def priority_victim(running: Iterable[Sequence], head: Sequence) -> Sequence | None:
     """The running sequence to preempt for ``head``: the youngest of the lowest band
     running below ``head``'s own band (not one aging lifts it to), among those under the
-    cap; None if there is none."""
+    cap (or past it with progress made: ``may_preempt_for_priority``); None if none."""
     band = head.request.priority
-    under = [s for s in running if band_of(s) > band
-             and s.num_priority_preemptions < PRIORITY_PREEMPTION_CAP]
+    under = [s for s in running if band_of(s) > band and may_preempt_for_priority(s)]
     return lowest_band_youngest(under) if under else None
+
+
+def may_preempt_for_priority(seq: Sequence) -> bool:
+    """Whether ``seq`` may be preempted for a higher band (the floor of progress, once
+    running: under the cap, or past it with ``PRIORITY_PROGRESS_TOKENS`` new tokens made
+    since its last priority preemption)."""
+    return (seq.num_priority_preemptions < PRIORITY_PREEMPTION_CAP
+            or len(seq.generated_ids) - seq.generated_at_priority_preemption
+            >= PRIORITY_PROGRESS_TOKENS)
 
 
 @dataclass

@@ -209,6 +209,8 @@ class Residency:
         seq.num_preemptions += 1
         self.num_preemptions += 1
         seq.num_priority_preemptions += by_priority
+        if by_priority:  # past the cap it is a victim again only after progress
+            seq.generated_at_priority_preemption = len(seq.generated_ids)
         self.num_priority_preemptions += by_priority
         self.bands.preempt(seq.request.priority, by_priority)
         seq.aged_band = None  # it waits in its own band again

@@ -51,6 +51,7 @@ class Sequence:
     num_recompute: int = 0
     num_preemptions: int = 0  # times this sequence lost its blocks to a preemption
     num_priority_preemptions: int = 0  # of those, for a higher band (``engine.priority``)
+    generated_at_priority_preemption: int = 0  # its tokens then (``engine.priority``)
     submitted_at: float | None = None  # the scheduler's clock when its submit was applied
     was_admitted: bool = False  # once admitted (its queue wait is counted then)
     # Aging (``engine.aging``): the band aging admitted it at, kept while it runs (None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .aging import PRIORITY_AGING_STEPS, band_of, risen_band
-from .priority import PRIORITY_PREEMPTION_CAP, ordered_waiting
+from .priority import may_preempt_for_priority, ordered_waiting
 from .scheduler import Scheduler
 from .step_timing import StepTiming
 
@@ -83,8 +83,7 @@ class Boundary:
             ahead=frozenset(ahead),
             waiting_bands=tuple((s.request.priority, s.num_to_cache) for s in scheduler.waiting
                                 if s not in heads),
-            preemptible=tuple(band_of(s) for s in running
-                              if s.num_priority_preemptions < PRIORITY_PREEMPTION_CAP),
+            preemptible=tuple(band_of(s) for s in running if may_preempt_for_priority(s)),
             heads=tuple((band, aging.passed_over.get(band, 0), s.num_to_cache)
                         for band, s in sorted(firsts.items())),
             present=frozenset({s.request.priority for s in scheduler.waiting}

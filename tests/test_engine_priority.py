@@ -16,7 +16,7 @@ import pytest
 from engine import EngineEvent, GenerationRequest, SamplingParams, TokenEvent
 from engine.costs import StepCosts
 from engine.engine import Engine
-from engine.priority import PRIORITY_PREEMPTION_CAP, FairShare
+from engine.priority import PRIORITY_PREEMPTION_CAP, PRIORITY_PROGRESS_TOKENS, FairShare
 from tests.engine_steps import run_until_idle, tokens_by_request
 from tests.scripted_runner import scripted_engine
 
@@ -95,7 +95,10 @@ def test_a_full_batch_preempts_the_lowest_bands_youngest_one_a_step() -> None:
     _assert_whole(engine)
 
 
-def test_a_stream_preempted_cap_times_is_not_preempted_again_and_finishes() -> None:
+def test_a_stream_preempted_cap_times_is_preempted_again_only_after_progress() -> None:
+    """Past the cap, a priority victim again only once it has made
+    ``PRIORITY_PROGRESS_TOKENS`` new tokens since its last priority preemption: it keeps
+    its slot until then (the floor of progress), and its text is whole at the end."""
     engine = scripted_engine(max_batch=1)
     _submit(engine, "low", priority=5, max_new=24, prompt="a")
     events = engine.step()
@@ -108,15 +111,19 @@ def test_a_stream_preempted_cap_times_is_not_preempted_again_and_finishes() -> N
         assert "low" not in engine.scheduler.running  # preempted for h{i}
     while not engine.scheduler.running.get("low"):
         events += engine.step()
+    low = engine.scheduler.running["low"]
+    at_last = low.generated_at_priority_preemption
     _submit(engine, "late", priority=0, max_new=2)
+    while len(low.generated_ids) - at_last < PRIORITY_PROGRESS_TOKENS:
+        assert list(engine.scheduler.running) == ["low"]  # the floor: it keeps its slot
+        events += engine.step()
     events += engine.step()
-    assert list(engine.scheduler.running) == ["low"]  # the floor: it keeps its slot
+    assert "late" in engine.scheduler.running  # progress made: a victim again
+    assert low.num_priority_preemptions == PRIORITY_PREEMPTION_CAP + 1
     events += run_until_idle(engine)
     tokens = tokens_by_request(events)
     assert "".join(map(chr, tokens["low"])) == "bcdefghijklmnopqrstuvwxyz"[:24]
-    order = [e.request_id for e in events if hasattr(e, "reason")]
-    assert order.index("low") < order.index("late")
-    assert engine.scheduler.residency.num_priority_preemptions == PRIORITY_PREEMPTION_CAP
+    assert engine.scheduler.residency.num_priority_preemptions == PRIORITY_PREEMPTION_CAP + 1
     _assert_whole(engine)
 
 
