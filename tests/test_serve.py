@@ -74,7 +74,10 @@ async def serve_process(tmp_path: Path, *args: str) -> AsyncIterator[Server]:
                 match = _LISTENING.search(log_path.read_text(errors="replace"))
                 await trio.sleep(POLL_S)
         server = Server(proc, log_path, proc.pid, int(match.group(1)))
-        await server.logged("streamscope serve: ready: model tiny-gpt2 on device cpu")
+        await server.logged("streamscope serve: ready: model tiny-gpt2 on device cpu, precision ")
+        # the precision the model was loaded in (what auto chose), and the setting
+        assert re.search(r"precision (float32|bfloat16|int8|int4) \(STREAMSCOPE_DTYPE=auto\)",
+                         server.log()), server.log()
         yield server
     finally:
         if proc.poll() is None:

@@ -278,17 +278,20 @@ async def _announce(app: StreamscopeApp, config: Config) -> None:
         phase = await app.runtime.loading_outcome()
         if phase is Phase.READY:
             print(f"streamscope serve: ready: model {settings.model} on device "
-                  f"{_loaded_device(app.runtime) or device}", flush=True)
+                  f"{_loaded(app.runtime, 'device') or device}, precision "
+                  f"{_loaded(app.runtime, 'precision') or '?'} (STREAMSCOPE_DTYPE="
+                  f"{settings.dtype})", flush=True)
         else:
             print(f"streamscope serve: not serving streams ({phase.value}): "
                   f"{app.runtime.failure or 'stopped while loading'}", flush=True)
 
 
-def _loaded_device(runtime: Runtime) -> str | None:
-    """The device the engine's model is on: ``engine.Engine.loaded.device``, where the
-    engine has one (duck-typed: the app knows the engine only by its protocol)."""
-    device = getattr(getattr(runtime.engine, "loaded", None), "device", None)
-    return None if device is None else str(device)
+def _loaded(runtime: Runtime, attribute: str) -> str | None:
+    """What the engine's model was loaded with (``engine.Engine.loaded``'s ``device`` or
+    ``precision``: what ``auto`` chose), where the engine has one (duck-typed: the app
+    knows the engine only by its protocol)."""
+    value = getattr(getattr(runtime.engine, "loaded", None), attribute, None)
+    return None if value is None else str(value)
 
 
 def _read_int(path: Path) -> int | None:
