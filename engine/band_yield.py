@@ -101,8 +101,7 @@ class BandYield:
         a step of ``decode_rows`` decode rows and no higher band's prompt, of the step's
         ``budget``: what adds at most ``LOWER_BAND_STEP_SHARE`` of the decode pass by the
         costs, the unmeasured share before they can say; never under
-        ``LOWER_BAND_FLOOR_TOKENS``
-        (nor over ``budget``)."""
+        ``LOWER_BAND_FLOOR_TOKENS`` (nor over ``budget``)."""
         decode = self.costs.decode_ms(decode_rows)
         fits = None if not decode else self.costs.prefill_tokens_within(
             decode * (1 + LOWER_BAND_STEP_SHARE), decode_rows, self.mixed)

@@ -16,15 +16,16 @@ prompts and recomputes) of this step, in arrival order (a higher band's first), 
 the step's prefill budget: ``max_prefill_tokens``, or fewer with a step-time target
 (``max_step_ms``), what the measured costs (``costs.StepCosts``) say fits beside this
 step's decode rows (a step with nothing to decode keeps the whole budget: no stream
-waits for it). The band yielding (``band_yield``): while a higher band has rows in the
-step, the rows of lower bands ride in it only as far as the measured costs say keeps the
-step within a share of what the higher band's rows cost alone (their decode rows in
-rotation, then their prompts; never none of either), so a flood
-does not stretch an interactive stream's gaps or its TTFT. A prompt that fits is prefilled
-whole; one that does not waits for the next step, unless it is the first: then it is
-cut (chunked prefill), its first chunk fills the budget (or the lower bands' share),
-and the rest follows in the next steps, so a long prompt never stalls the running
-streams for longer than the budget. Its first token comes with its last chunk. With a
+waits for it). The band yielding (``band_yield``): in a step carrying a higher band's
+prompt, the lower bands' decode rows ride only as far as the measured costs keep the step
+within a share over what the higher band's rows cost alone (in turn, at least one) and
+their prompts wait; in a step of decode rows only, every row rides and the lower bands'
+prompts get a share of the decode pass (never none), so a flood does not stretch an
+interactive stream's gaps or its TTFT. A prompt that fits is prefilled whole; one that
+does not waits for the next step, unless it is the first: then it is cut (chunked
+prefill), its first chunk fills the budget (or the lower bands' share), and the rest
+follows in the next steps, so a long prompt never stalls the running streams for longer
+than the budget. Its first token comes with its last chunk. With a
 step-time target a chunk counts its cached prefix too (``costs.cost_tokens``), so a
 long prompt's late chunks, which attend over more positions, are cut shorter, and the
 budget is planned within the target over the measured margin
@@ -212,22 +213,22 @@ class Scheduler:
         prompts = sorted((s for s in live if s.needs_prefill), key=band_of)
         top = min((band_of(s) for s in live), default=None)
         if top is None or all(band_of(s) <= top for s in live):
-            prefill, _ = self._chunks(prompts, budget, [], timed)
+            prefill, _ = self._chunks(prompts, budget, timed)
         else:  # the band yielding (``engine.band_yield``): the higher band's rows first
             rule = BandYield(self.costs, self.mixed_step, self.max_prefill_tokens)
             prefill, used = self._chunks([s for s in prompts if band_of(s) <= top], budget,
-                                         [], timed)
+                                         timed)
             if prefill:  # a higher band's first token waits for this step: rows yield
                 higher = sum(band_of(s) <= top for s in decode)
-                riding = set(map(id, rule.decode_rows(
+                riding = {s.request_id for s in rule.decode_rows(
                     [s for s in decode if band_of(s) > top], higher, used,
-                    rule.limit_ms(higher, used), lambda s: self._plans - s.last_decode_plan)))
-                decode = [s for s in decode if band_of(s) <= top or id(s) in riding]
+                    rule.limit_ms(higher, used), lambda s: self._plans - s.last_decode_plan)}
+                decode = [s for s in decode if band_of(s) <= top or s.request_id in riding]
                 for seq in decode:
                     seq.last_decode_plan = self._plans  # rode in a yielding step
             else:  # decode rows only: lower prompts within a share of the decode pass
                 prefill, _ = self._chunks([s for s in prompts if band_of(s) > top],
-                                          rule.prompt_budget(len(decode), budget), [], timed)
+                                          rule.prompt_budget(len(decode), budget), timed)
         planned = None
         if timed and prefill and decode:
             cost = sum(cost_tokens(c.end - c.start, c.start) for c in prefill)
@@ -235,14 +236,12 @@ class Scheduler:
         return StepPlan(prefill, decode, planned)
 
     @staticmethod
-    def _chunks(prompts: list[Sequence], budget: int, prefill: list[Chunk],
-                timed: bool) -> tuple[list[Chunk], int]:
-        """``prefill`` with chunks of ``prompts`` (in order) within ``budget`` prompt
-        tokens (cost tokens when ``timed``), and what they count. A prompt that fits is
-        prefilled whole; the first that does not waits for the next step, unless it is
-        the first of ``prompts`` to be taken: then it is cut to the budget (chunked
-        prefill; a lower band's first prompt beside a higher band's chunks too, so its
-        share is used: ``engine.band_yield``)."""
+    def _chunks(prompts: list[Sequence], budget: int, timed: bool) -> tuple[list[Chunk], int]:
+        """Chunks of ``prompts`` (in order) within ``budget`` prompt tokens (cost tokens
+        when ``timed``), and what they count. A prompt that fits is prefilled whole; the
+        first that does not waits for the next step, unless it is the first: then it is
+        cut to the budget (chunked prefill)."""
+        prefill: list[Chunk] = []
         used = 0
         for seq in prompts:
             left = seq.num_to_cache
@@ -251,7 +250,7 @@ class Scheduler:
                 prefill.append(Chunk(seq, seq.num_prefilled, seq.prefill_end))
                 used += cost
                 continue
-            if not used and budget > 0:  # the first prompt: cut it to the budget
+            if not prefill and budget > 0:  # the first prompt: cut it to the budget
                 take = max(tokens_within(budget, seq.num_prefilled) if timed else budget, 1)
                 prefill.append(Chunk(seq, seq.num_prefilled, seq.num_prefilled + take))
                 used = budget
