@@ -13,10 +13,14 @@ so a concurrent answer equals its solo run.
   the time of ``nn.Linear`` at one row (``python -m tools.bench step``). oneDNN picks its
   blocking by the number of rows, and measured on a Xeon with AMX a row's result is its
   solo result in any call of up to 32 rows but may differ in a last bit in a larger one
-  (a 192x576 layer at 33 rows; this is also why plain bfloat16 broke the identity), and
-  on an AMD EPYC without AMX from 13 rows on (1,536-to-576). So how many rows a call may
-  take is not assumed: ``engine.batch_invariance`` measures it at load, per layer shape,
-  on the CPU it runs on, and a call with more rows runs in slices of ``rows_per_call``.
+  (a 192x576 layer at 33 rows; this is also why plain bfloat16 broke the identity). On
+  an AMD EPYC without AMX (AVX-512 BF16) it is the other end: the 1,536-to-576 layer
+  computes a row alone by another path than any call of 2 to 256 rows, which all agree
+  (about one random row in eleven gets different last bits alone). So the call sizes
+  are not assumed: ``engine.batch_invariance`` measures them at load, per layer shape,
+  on the CPU it runs on; a call with more rows than ``rows_per_call`` runs in slices of
+  it, and one with fewer than ``min_rows_per_call`` (1 or 2) is padded with zero rows up
+  to it, so that a row alone takes the same path as a row among others.
 * ``Int8Linear`` (int8): weight-only int8, one scale per output channel, computed by
   torch's own quantizer (``PerChannelMinMaxObserver``, ``quantize_per_channel``), and
   torch's CPU kernel ``_weight_int8pack_mm`` (bfloat16 activations in and out): a
@@ -49,14 +53,15 @@ def linear_weight(layer: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | 
 
 
 class _RowWise(torch.nn.Module):
-    """Flattens the leading dimensions to rows, runs them through ``_call`` in slices of
-    at most ``rows_per_call`` rows, adds the bias.
+    """Flattens the leading dimensions to rows, runs them through ``_call`` in calls of
+    ``min_rows_per_call`` to ``rows_per_call`` rows (``_sliced``), adds the bias.
 
-    ``rows_per_call`` starts at 1 (a row alone: its solo result by definition, if the
-    kernel is deterministic) until ``engine.batch_invariance.calibrate`` measures how
-    many rows the kernel keeps each row's bits at, for this layer's shape, on this CPU.
+    Both start at 1 (a row alone: its solo result by definition, if the kernel is
+    deterministic) until ``engine.batch_invariance.calibrate`` measures which call sizes
+    the kernel keeps each row's bits in, for this layer's shape, on this CPU.
     """
 
+    min_rows_per_call: int = 1
     rows_per_call: int = 1
 
     def __init__(self, out_features: int, in_features: int, bias: torch.Tensor | None) -> None:
@@ -72,12 +77,21 @@ class _RowWise(torch.nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def _rows(self, rows: torch.Tensor) -> torch.Tensor:
-        if len(rows) <= self.rows_per_call:
+        return self._sliced(rows, self.min_rows_per_call, self.rows_per_call)
+
+    def _sliced(self, rows: torch.Tensor, fewest: int, most: int) -> torch.Tensor:
+        """``rows`` (2-D) through the kernel in calls of ``fewest`` to ``most`` rows: sliced
+        into calls of ``most``, a call short of ``fewest`` padded with zero rows (their
+        outputs dropped). The calibration measures a size pair with this very function."""
+        if fewest <= len(rows) <= most:
             return self._call(rows)
-        return torch.cat([self._call(part) for part in rows.split(self.rows_per_call)])
+        if len(rows) < fewest:
+            padding = rows.new_zeros(fewest - len(rows), rows.shape[1])
+            return self._call(torch.cat([rows, padding]))[: len(rows)]
+        return torch.cat([self._sliced(part, fewest, most) for part in rows.split(most)])
 
     def _call(self, rows: torch.Tensor) -> torch.Tensor:
-        """The kernel on one call's rows (2-D, at most ``rows_per_call``)."""
+        """The kernel on one call's rows (2-D, ``min_rows_per_call`` to ``rows_per_call``)."""
         raise NotImplementedError
 
 

@@ -22,7 +22,8 @@ to run otherwise: a fused kernel could round differently).
 Where it applies (``ScriptedDecode.fits``): a pass of decode rows only (no prompt
 chunks), the layers' projections joined int4 layers (``engine.fused_projections``)
 without biases, and no more rows than every layer takes in one kernel call (its
-``rows_per_call``: larger batches are split by ``cpu_linear``, in Python). Any other
+``rows_per_call``: larger batches are split by ``cpu_linear``, in Python), and every
+layer taking a row alone (a ``min_rows_per_call`` of 2 pads it, in Python). Any other
 pass runs ``LlamaPass``'s Python layers, which compute the same bits; a row's result
 is thus the same whichever path its batch takes.
 """
@@ -177,6 +178,13 @@ class ScriptedDecode:
         calibration may set it after the pass is made); more go through Python."""
         return min(linear.rows_per_call for linear in self.linears)
 
+    @property
+    def rows_alone(self) -> bool:
+        """Whether every layer takes a row alone in a call of its own (its calibrated
+        ``min_rows_per_call`` is 1): the compiled calls pad no rows, so a layer whose
+        kernel computes a lone row by another path goes through Python's slicing."""
+        return all(linear.min_rows_per_call == 1 for linear in self.linears)
+
     @classmethod
     def of(cls, layers: Sequence[DecoderLayer]) -> ScriptedDecode | None:
         """The compiled ``layers`` (a ``LlamaPass``'s), or None where they do not apply
@@ -210,7 +218,7 @@ class ScriptedDecode:
         """Whether a pass of ``rows`` rows of ``new`` positions over ``paged`` is one
         this function computes (the module docstring)."""
         return (new == 1 and not paged.prompt_lengths and bool(paged.reads)
-                and (rows == 1 or rows <= self.max_rows))
+                and (rows == 1 or rows <= self.max_rows) and self.rows_alone)
 
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
                  paged: PagedBatch, heads: int, kv_heads: int, dim: int) -> torch.Tensor:

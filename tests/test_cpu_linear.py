@@ -5,8 +5,9 @@ a batch of any size, bit for bit, and close to float32's.
 The shapes are the embedded model's (SmolLM2-135M: 576 wide, 3 key/value heads of 64,
 an MLP of 1,536, a vocabulary of 49,152), with random weights: the batch sizes that
 matter are around the calibrated call size (whatever this CPU's is: 32 on a Xeon with
-AMX, 12 for the 1,536-to-576 bfloat16 layer on an AMD EPYC), and a prefill's hundreds of
-rows. No test assumes a CPU's figure.
+AMX; on an AMD EPYC the 1,536-to-576 bfloat16 layer computes a row alone by another path,
+so its calls take two rows at least), and a prefill's hundreds of rows. No test assumes a
+CPU's figure.
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ def test_a_row_gets_its_solo_output_in_every_batch(
     make: Make, out_features: int, in_features: int,
 ) -> None:
     layer = make(_linear(out_features, in_features))
-    (limit,) = calibrate([layer], "test").values()  # on other rows than these
-    assert layer.rows_per_call == limit >= 1
+    ((fewest, limit),) = calibrate([layer], "test").values()  # on other rows than these
+    assert layer.rows_per_call == limit >= 1 and layer.min_rows_per_call == fewest
     counts = sorted({2, limit, limit + 1, 2 * limit + 1, 100, 300})
     rows = torch.randn(max(counts), in_features, generator=torch.Generator().manual_seed(3))
     rows = rows.to(torch.bfloat16)

@@ -137,3 +137,29 @@ def test_more_rows_than_a_kernel_call_takes_are_not_compiled_passes() -> None:
     run_until_idle(engine)
     assert (True, False) in seen  # two rows: compiled at the kernel's size, not at one
     assert (False, False) in seen  # the prefill: never compiled
+
+
+def test_a_layer_whose_calls_take_two_rows_at_least_keeps_every_pass_in_python() -> None:
+    # As on an AMD EPYC, where a kernel computes a row alone by another path and the
+    # calibration pads it to two (batch_invariance): the compiled calls do not pad.
+    reference = Engine(_wide_llama_int4(), max_batch=2, num_blocks=64, block_size=4)
+    engine = Engine(_wide_llama_int4(), max_batch=2, num_blocks=64, block_size=4)
+    scripted = engine.runner.llama_pass.scripted  # type: ignore[attr-defined]
+    assert isinstance(scripted, ScriptedDecode) and scripted.rows_alone
+    scripted.linears[-1].min_rows_per_call = 2
+    assert not scripted.rows_alone
+    compiled: list[bool] = []
+    runner: Any = engine.runner
+    forward = runner.forward
+
+    def record(input_ids: torch.Tensor, positions: torch.Tensor, batch: PagedBatch,
+               keep: int | torch.Tensor) -> torch.Tensor:
+        compiled.append(scripted.fits(batch, *input_ids.shape))
+        return forward(input_ids, positions, batch, keep)  # type: ignore[no-any-return]
+
+    runner.forward = record
+    for each in (engine, reference):
+        each.submit(GenerationRequest("r0", PROMPTS[0], 6, sampling=SEEDED))
+    tokens = tokens_by_request(run_until_idle(engine))
+    assert len(compiled) > 1 and not any(compiled)
+    assert tokens == tokens_by_request(run_until_idle(reference))  # padding keeps the bits
