@@ -2,14 +2,41 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+import os
+import tempfile
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from filelock import ReadWriteLock
 
 if TYPE_CHECKING:
     from engine.engine import Engine
     from engine.model import LoadedModel
+
+
+# -- the suite's two workers (pytest-xdist): a test marked `alone` runs with the other idle --
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[
+        None, object, object]:
+    """Under pytest-xdist, each test (its fixtures' setup and teardown included) holds a
+    read lock shared by the run's workers, and a test marked ``alone`` the write lock: it
+    waits for the test the other worker is running, and that worker waits for it. Such a
+    test compares real time between two phases of its own (a stream's gaps with and
+    without a slow neighbour, the event loop's stalls), which the other worker's load
+    would tilt; everything else runs two at a time. filelock's lock lets a waiting writer
+    in before new readers (SQLite's pending lock), so an ``alone`` test waits for one
+    test at most."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:  # one process (`-n 0`): nothing runs beside
+        return (yield)
+    lock = ReadWriteLock(Path(tempfile.gettempdir()) / f"streamscope-tests-{run}.db")
+    hold = lock.write_lock() if item.get_closest_marker("alone") else lock.read_lock()
+    with hold:
+        return (yield)
 
 
 # -- engine: tiny random models and engines that must end whole ----------------------------

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from engine.model import TINY_CORPUS
@@ -69,6 +70,7 @@ async def post_one(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> 
     return response.status_code, response.json()
 
 
+@pytest.mark.alone  # the event loop's stalls, in real time
 async def test_long_prompts_are_encoded_off_the_event_loop_while_steps_run(
     start_server: StartServer,
 ) -> None:

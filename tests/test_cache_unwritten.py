@@ -13,6 +13,8 @@ row's and a later chunk's reads stay within the positions written before them.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -162,21 +164,34 @@ def test_a_later_chunk_reads_only_its_written_prefix_and_itself() -> None:
 
 
 
-def _rss_anon_bytes() -> int:
+# Run in a process of its own: in the suite's process, a heap that earlier tests grew
+# and freed hands the cache pages that are already resident, and nothing shows (seen in
+# a pytest-xdist worker: 0.3 MiB "written").
+_MEASURE = """
+from pathlib import Path
+import torch
+from engine.kv_cache import PagedKVCache
+
+def rss_anon():
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("RssAnon:"):
             return int(line.split()[1]) * 1024
-    raise AssertionError("no RssAnon in /proc/self/status")
+    raise SystemExit("no RssAnon in /proc/self/status")
+
+before = rss_anon()
+cache = PagedKVCache(num_layers=8, num_blocks=2048, block_size=16, num_kv_heads=4,
+                     head_dim=16, dtype=torch.float32, device=torch.device("cpu"))
+allocated = rss_anon() - before
+cache.fill_for_test(1.0, list(range(512)))  # a quarter of the blocks: 32 MiB
+print(allocated, rss_anon() - before)
+"""
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux's /proc")
 def test_a_cache_commits_memory_only_where_it_is_written() -> None:
     # 8 layers x 2 x 8 MiB = 128 MiB allocated; zeros would commit all of it at once.
-    before = _rss_anon_bytes()
-    cache = PagedKVCache(num_layers=8, num_blocks=2048, block_size=16, num_kv_heads=4,
-                         head_dim=16, dtype=torch.float32, device=torch.device("cpu"))
-    allocated = _rss_anon_bytes() - before
-    cache.fill_for_test(1.0, list(range(512)))  # a quarter of the blocks: 32 MiB
-    written = _rss_anon_bytes() - before
+    measured = subprocess.run([sys.executable, "-c", _MEASURE], capture_output=True,
+                              text=True, check=True, cwd=Path(__file__).parent.parent)
+    allocated, written = map(int, measured.stdout.split())
     assert allocated < 16 * 2**20, allocated
     assert 24 * 2**20 < written < 64 * 2**20, written

@@ -19,6 +19,7 @@ import json
 import statistics
 from functools import partial
 
+import pytest
 import trio
 
 from engine import FinishReason
@@ -28,6 +29,8 @@ from tests.http_server import POLL_S, RunningServer, StartServer
 from tests.tls import Certificate
 from tools.lab._app import create_lab_app
 from tools.lab._settings import LabSettings
+
+pytestmark = pytest.mark.alone  # gaps with and without the slow stream, in real time
 
 PACE_S = 0.01  # one engine step
 TOKENS = 120  # each steady stream's; 1.2 s at the pace, past the slow one's drop

@@ -224,6 +224,7 @@ async def victims_gaps(
     return [b - a for v in victims for a, b in zip(v.arrivals, v.arrivals[1:], strict=False)]
 
 
+@pytest.mark.alone  # real time: its own phases compared
 async def test_other_clients_keep_their_pace_through_floods(
     tls_server: RunningServer, certificate: Certificate
 ) -> None:
