@@ -32,7 +32,10 @@ from streams import ServerSentEvent, SSEParser
 from tests.http_server import SETTLE_TIMEOUT_S, RunningServer
 from tests.tls import Certificate
 
-READ_TIMEOUT_S = 10.0  # a safety net only: every read waits for a condition
+# A safety net only (every read waits for a condition), so generous: a 480-token stream
+# over TLS takes 3.4 s here alone, and a test must pass on a machine 5x slower, or
+# beside the suite's other worker (it took over 10 s there once).
+READ_TIMEOUT_S = 30.0
 CONNECTION_WINDOW = 2**30  # granted at once: only the per-stream windows limit the server
 
 

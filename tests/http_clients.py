@@ -20,7 +20,10 @@ import trio
 from streams import ServerSentEvent, SSEParser
 
 # A safety net only: every read waits for a condition; this fires only if it never comes.
-READ_TIMEOUT_S = 10.0
+# A safety net only (every read waits for a condition), so generous: a 480-token stream
+# over TLS takes 3.4 s here alone, and a test must pass on a machine 5x slower, or
+# beside the suite's other worker (it took over 10 s there once).
+READ_TIMEOUT_S = 30.0
 
 LONG_PROMPT = "The capital of France is"  # 8 tokens for the tiny tokenizer
 # With ignore_eos: 480 steps, under half a second of decoding on this machine's CPU. Enough

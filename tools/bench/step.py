@@ -89,9 +89,10 @@ def measure(
     return statistics.median(engine_ms[warmup:]), statistics.median(plain_ms[warmup:])
 
 
-def rows_per_call(loaded: LoadedModel) -> dict[str, int]:
-    """The calibrated rows per call of each layer shape (``engine.batch_invariance``)."""
-    return {f"{kind} {in_f}->{out_f}": m.rows_per_call
+def rows_per_call(loaded: LoadedModel, bound: str = "rows_per_call") -> dict[str, int]:
+    """The calibrated most rows per call of each layer shape (``engine.batch_invariance``),
+    or with ``bound="min_rows_per_call"`` the fewest (2 where a lone row is padded)."""
+    return {f"{kind} {in_f}->{out_f}": getattr(m, bound)
             for m in loaded.model.modules() if isinstance(m, _RowWise)
             for kind, out_f, in_f in [shape_key(m)]}
 
@@ -135,5 +136,6 @@ def run(args: argparse.Namespace) -> Report:
         "ratio_at_largest_batch": rows[-1]["ratio"],
         "largest_over_smallest_batch": round(rows[-1]["engine_ms"] / base, 3),
         "rows_per_call": rows_per_call(loaded),
+        "min_rows_per_call": rows_per_call(loaded, "min_rows_per_call"),
     }
     return Report(summary, {"rows": rows})
