@@ -3,14 +3,12 @@
 Importing this package root loads no torch and changes nothing in the environment:
 it exposes the plain data types, errors and sampling limits that other packages may
 use, and ``load_engine``, which imports the torch parts when it is called (and only
-then sets what torch reads once, ``torch_env``, and switches the model hub offline:
-see ``offline``). Plain thread-safe Python; no
+then switches the model hub offline: see ``offline``). Plain thread-safe Python; no
 HTTP and no Trio here.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 from .errors import ChatTemplateError as ChatTemplateError
@@ -53,8 +51,6 @@ from .validation import validate_sampling as validate_sampling
 if TYPE_CHECKING:
     from .engine import Engine
 
-logger = logging.getLogger(__name__)
-
 
 def load_engine(
     model: str = "smollm2",
@@ -71,12 +67,9 @@ def load_engine(
     target, the calibration when a check agrees (``start_cache``, ``costs.calibrate``),
     and the linear layers' rows per call (``batch_invariance``).
     ``precision``: the weights' (``engine.precision``); ``PrecisionError`` if the
-    device cannot run it. Before it imports torch it sets the variables torch reads
-    once (``torch_env``: OpenMP's spin, huge pages), where the environment has none."""
+    device cannot run it."""
     from .startup import phase, recording
-    from .torch_env import huge_page_bytes, prepare
 
-    environment = prepare()
     with recording() as phases:
         with phase("import_torch"):
             import torch  # noqa: F401  # the first import of a start, timed as such
@@ -98,10 +91,6 @@ def load_engine(
         with reusing(converted_cache_dir() if calibrates else None, identity), phase("engine"):
             built = Engine(loaded, **engine_options)
     built.start_phases_s = phases.rounded()
-    in_huge_pages = huge_page_bytes()
-    logger.info("torch's environment: %s; %s after the load", environment.describe(),
-                "huge pages unknown" if in_huge_pages is None
-                else f"{in_huge_pages / 2**20:.0f} MiB in huge pages")
     return built
 
 

@@ -12,9 +12,7 @@ stalling every kernel of a pass), ``--quick`` (the tiny model), ``--out`` (defau
 ``results/``); ``python -m tools.bench NAME -h`` shows the bench's own. Writes
 ``OUT/NAME.json`` (the summary first, then how it was run, then the raw figures) and
 ``OUT/NAME.png`` where the bench draws one, prints the summary as a table, and exits 0.
-Shaped like ``python -m tools.lab``, whose report writer and table it uses. torch is
-loaded with what the server's engine sets first (``engine.torch_env``: OpenMP's spin,
-huge pages), so that a bench's step is the server's.
+Shaped like ``python -m tools.lab``, whose report writer and table it uses.
 """
 
 from __future__ import annotations
@@ -28,7 +26,6 @@ import time
 from pathlib import Path
 
 import tools.bench
-from engine.torch_env import prepare as prepare_torch
 from tools.bench.common import REGISTRY
 from tools.lab.common import format_table, write_report
 
@@ -70,7 +67,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    prepare_torch()  # before the benches import torch: as the server's engine runs
     load_benches()
     args = parse_args(argv)
     if args.threads:
