@@ -20,6 +20,11 @@ int4/bfloat16 body layers, the output layer), the attention (the paged cache's w
 gathers and kernel), the rest of the forward pass (norms, rotary, residuals, the
 Python between), and the step outside the forward (batch metadata, sampling, the
 scheduler): each part's median over the timed steps.
+
+``--profile`` adds the ``engine`` side's steps as torch's profiler sees them (the
+compiled layers' operators included, which the part timers cannot reach): each operator's
+own time per step, the largest first (``profile_ms_per_step``; the profiler's own cost is
+in them too, so read them as shares of ``profile_step_ms``).
 """
 
 from __future__ import annotations
@@ -114,11 +119,35 @@ def parts(runner: Any, step: Callable[[], object], steps: int) -> dict[str, floa
     return {key: round(statistics.median(values), 2) for key, values in figures.items()}
 
 
+PROFILED_OPS = 12  # the operators ``--profile`` reports, by their own time
+
+
+def profile(runner: Any, step: Callable[[], object], steps: int) -> dict[str, Any]:
+    """The ``engine`` side's ``steps`` steps under torch's profiler: each operator's own
+    milliseconds per step (``PROFILED_OPS`` of them), and the steps' mean."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    runner.llama_pass.use_scripted = True
+    with torch_profile(activities=[ProfilerActivity.CPU]) as profiled:
+        started = time.perf_counter()
+        for _ in range(steps):
+            step()
+        step_ms = (time.perf_counter() - started) * 1000 / steps
+    events = sorted(profiled.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    return {"profile_step_ms": round(step_ms, 2),
+            "profile_ms_per_step": {e.key: round(e.self_cpu_time_total / 1000 / steps, 3)
+                                    for e in events[:PROFILED_OPS]},
+            "profile_calls_per_step": {e.key: e.count // steps for e in events[:PROFILED_OPS]}}
+
+
 def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1])
     parser.add_argument("--steps", type=int, default=40, help="timed decode steps per side")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--profile", action="store_true",
+                        help="also the engine side's operators under torch's profiler")
 
 
 @bench("onestream", "a one-stream decode step: the engine's Llama pass against the "
@@ -127,7 +156,8 @@ def run(args: argparse.Namespace) -> Report:
     loaded = load_model(args.model, "cpu", precision=args.precision)
     rows: list[dict[str, Any]] = []
     for batch in args.batches:
-        steps = len(SIDES) * (args.warmup + args.steps) + args.steps
+        steps = (len(SIDES) * (args.warmup + args.steps) + args.steps
+                 + (args.steps if args.profile else 0))
         engine = engine_stepper(loaded, prompt_ids(loaded, batch, args.prompt_tokens), steps)
         runner: Any = engine.runner
         if runner.llama_pass is None:
@@ -140,6 +170,8 @@ def run(args: argparse.Namespace) -> Report:
         row["engine_over_library"] = round(row["engine_ms"] / row["library_ms"], 3)
         row["engine_over_python_layers"] = round(row["engine_ms"] / row["python_layers_ms"], 3)
         row["engine_parts_ms"] = parts(runner, engine.step, args.steps)
+        if args.profile:
+            row.update(profile(runner, engine.step, args.steps))
         rows.append(row)
     summary = {
         "model": args.model, "precision": loaded.precision,
@@ -151,4 +183,8 @@ def run(args: argparse.Namespace) -> Report:
                                       for r in rows},
         "engine_parts_ms": {str(r["batch"]): r["engine_parts_ms"] for r in rows},
     }
+    if args.profile:
+        summary["profile_ms_per_step"] = {str(r["batch"]): r["profile_ms_per_step"]
+                                          for r in rows}
+        summary["profile_step_ms"] = {str(r["batch"]): r["profile_step_ms"] for r in rows}
     return Report(summary, {"rows": rows})
