@@ -86,7 +86,7 @@ def default_precision(device: torch.device) -> str:
     compiled decode layers reaches both (one stream 0.99x, 32 streams 2.45x, TTFT p99
     0.13x) where bfloat16 does not (0.40x at one stream; 3.59x at 32). On an AMD EPYC
     without AMX (AVX-512 BF16) neither reaches both (docs/results.md, "On an AMD
-    EPYC"): int4 serves one stream best (0.69-0.84x in seven runs) and bfloat16 32 streams
+    EPYC"): int4 serves one stream best (0.74x, 7 alternated rounds) and bfloat16 32 streams
     (1.12-1.23x int4's tokens/s in the same runs, 2.41x ``llama-server``'s), so
     bfloat16 it is there, exact with its lone rows padded to two (``batch_invariance``)."""
     if device.type != "cpu":
