@@ -106,7 +106,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafts", type=int, nargs="+", default=[1, 2, 3, 4])
     parser.add_argument("--steps", type=int, default=40, help="timed steps per row count")
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--prompt-tokens", type=int, default=32,
+                        help="the cost's rows' prompts cut to this length (the prompts of "
+                        "tools/prompts.txt are 34-46 tokens: at 32, one length bucket)")
 
 
 @bench("lookup", "prompt-lookup speculation for one stream: its acceptance, a wider "
